@@ -1,0 +1,256 @@
+"""Benchmark the LingBot-World pipeline on a GPU through the same code the nodes use.
+
+    python bench/bench_pipeline.py pipeline --package DIR --size 480x832 --frames 81 \
+        --steps 4 --vram-cap-gb 24 --out results.json
+    python bench/bench_pipeline.py load-expert --package DIR --out load.json
+    python bench/bench_pipeline.py naive-load --package DIR --out naive.json
+
+Each mode runs in its own process so its peak RssAnon is its own. The JSON holds the keys
+that bench/RESULTS.md tabulates (size, frames, vram_cap_gb, block_swap, peak_rss_anon_gb,
+peak_vram_allocated_gb, s_per_step, kernel_floor_s_per_step, expert_switch_s, gpu, date,
+command) plus the per-phase figures.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _standalone import import_pack  # noqa: E402
+
+import_pack()
+from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
+from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
+from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
+from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
+from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
+from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
+from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
+from kernel_floor import block_floor_ms  # noqa: E402
+from memwatch import GB, MemoryWatch  # noqa: E402
+
+PROMPT = "A slow flight through a fantasy jungle towards an ancient castle, waterfalls in the distance."
+
+
+def cap_vram(cap_gb: float | None) -> None:
+    if cap_gb:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total))
+
+
+def base_record(args: argparse.Namespace) -> dict:
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "date": datetime.date.today().isoformat(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "vram_cap_gb": args.vram_cap_gb,
+        "torch": torch.__version__,
+    }
+
+
+class TimedExperts(DiskExperts):
+    """DiskExperts that records how long each load and release takes."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.events: list[tuple[str, str, float]] = []
+
+    def acquire(self, name: str):
+        if name in self._resident:
+            return self._resident[name]
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        model = super().acquire(name)
+        torch.cuda.synchronize()
+        self.events.append(("acquire", name, time.perf_counter() - started))
+        return model
+
+    def release(self, name: str) -> None:
+        started = time.perf_counter()
+        super().release(name)
+        self.events.append(("release", name, time.perf_counter() - started))
+
+
+def run_pipeline(args: argparse.Namespace) -> dict:
+    height, width = (int(v) for v in args.size.split("x"))
+    files = find_package(args.package)
+    config = read_config(files.high)
+    record = base_record(args) | {"size": args.size, "frames": args.frames, "steps": args.steps,
+                                  "block_swap": args.block_swap, "batch_cfg": not args.no_batch_cfg,
+                                  "compile": os.environ.get("LINGBOT_COMPILE", "1") != "0"}
+    cap_vram(args.vram_cap_gb)
+    device = torch.device("cuda")
+    cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-"))
+    from PIL import Image
+
+    image = Image.open(args.image) if args.image else Image.fromarray(
+        np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
+    with MemoryWatch() as watch:
+        with watch.phase("text_encode"):
+            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=cache_dir)
+        with watch.phase("text_encode_cached") as ph:
+            again = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=cache_dir)
+            ph["encoder_skipped"] = float(again.from_cache)
+        with watch.phase("vae_encode"):
+            condition = encode_image(files.vae, image, args.frames, height, width, device)
+        with watch.phase("camera"):
+            if args.camera_dir:
+                camera = camera_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy",
+                                           args.frames, height, width)
+            else:
+                camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
+        experts = TimedExperts(files.high, files.low, device)
+        step_times: list[float] = []
+        last = [0.0]
+
+        def on_step(i: int, n: int) -> None:
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            step_times.append(now - last[0])
+            last[0] = now
+
+        params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
+        with watch.phase("sampling") as ph:
+            last[0] = time.perf_counter()
+            latent = sample(experts, text, condition, camera, params, on_step=on_step)
+        with watch.phase("vae_decode"):
+            video = decode(files.vae, latent, device, tile=args.decode_tile or None)
+        record["video_shape"] = list(video.shape)
+        record["video_finite"] = bool(torch.isfinite(video).all())
+
+    loads = [e for e in experts.events if e[0] == "acquire"]
+    releases = [e for e in experts.events if e[0] == "release"]
+    # A step that follows a load includes it; steady steps are the others.
+    load_time = {e[1]: e[2] for e in loads}
+    timesteps = make_sampler(params.sampler, params.steps, params.shift).timesteps.tolist()
+    names = [expert_for(t, params.boundary) for t in timesteps]
+    first_of = {names.index(n) for n in set(names)}
+    steady = [t for i, t in enumerate(step_times) if i not in first_of]
+    record["step_seconds"] = step_times
+    record["expert_names"] = names
+    record["s_per_step"] = statistics.median(steady) if steady else None
+    record["time_to_first_step_s"] = step_times[0] if step_times else None
+    record["expert_load_s"] = load_time
+    record["expert_switch_s"] = (releases[0][2] + load_time.get("low", 0.0)) if len(loads) > 1 else None
+    record["phases"] = watch.phases
+    record["peak_rss_anon_gb"] = watch.peak_anon / GB
+    record["peak_rss_file_gb"] = watch.peak_file / GB
+    record["peak_vram_allocated_gb"] = max(p.get("peak_vram_allocated_gb", 0) for p in watch.phases.values())
+    record["peak_vram_reserved_gb"] = max(p.get("peak_vram_reserved_gb", 0) for p in watch.phases.values())
+    record["sampling_peak_vram_allocated_gb"] = watch.phases["sampling"]["peak_vram_allocated_gb"]
+    if args.kernel_floor:
+        tokens = condition.y.shape[1] * (condition.y.shape[2] // 2) * (condition.y.shape[3] // 2)
+        floor = block_floor_ms(tokens, config.dim, config.ffn_dim, config.num_heads, camera=True)
+        record["tokens"] = tokens
+        record["kernel_floor_block"] = floor
+        record["kernel_floor_s_per_step"] = floor["block_ms"] * config.num_layers * 2 / 1000.0  # CFG: 2 forwards
+        if record["s_per_step"]:
+            record["ratio_to_floor"] = record["s_per_step"] / record["kernel_floor_s_per_step"]
+    return record
+
+
+def run_load_expert(args: argparse.Namespace) -> dict:
+    """Load one NF4 expert to CUDA twice (the second from page cache); peak RssAnon."""
+    files = find_package(args.package)
+    record = base_record(args) | {"mode": "load-expert", "file_gb": sum(
+        p.stat().st_size for p in files.high.iterdir()) / GB}
+    with MemoryWatch() as watch:
+        for label in ("first", "page_cache"):
+            with watch.phase(f"load_{label}"):
+                model = load_nf4_expert(files.high, "cuda")
+            release_module(model)
+            del model
+    record["phases"] = watch.phases
+    record["load_s"] = {k: v["seconds"] for k, v in watch.phases.items()}
+    record["peak_rss_anon_gb"] = watch.peak_anon / GB
+    record["peak_rss_file_gb"] = watch.peak_file / GB
+    return record
+
+
+def run_naive_load(args: argparse.Namespace) -> dict:
+    """The community recipe's way: read the whole file into RAM, build on the CPU, move to GPU."""
+    import bitsandbytes as bnb
+    from safetensors.torch import load_file
+
+    from comfyui_lingbot_world.wan.model import LingBotDiT
+
+    files = find_package(args.package)
+    weights = files.high / "model.safetensors"
+    config = read_config(files.high)
+    record = base_record(args) | {"mode": "naive-load", "file_gb": weights.stat().st_size / GB}
+    suffix = ".weight.quant_state.bitsandbytes__nf4"
+    with MemoryWatch() as watch:
+        with watch.phase("naive_load"):
+            state = load_file(str(weights))  # the whole file in anonymous memory
+            with torch.device("meta"):
+                model = LingBotDiT(config).to(torch.bfloat16)
+            model = model.to_empty(device="cpu")  # a CPU skeleton, filled from the state dict below
+            quantized = [k[: -len(suffix)] for k in state if k.endswith(suffix)]
+            for name in quantized:
+                linear = model.get_submodule(name)
+                layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4", device="cpu")
+                stats = {k[len(name) + len(".weight."):]: v for k, v in state.items() if k.startswith(f"{name}.weight.")}
+                layer.weight = bnb.nn.Params4bit.from_prequantized(state[f"{name}.weight"], stats, requires_grad=False,
+                                                                   device="cpu", module=layer)
+                if linear.bias is not None:
+                    layer.bias = torch.nn.Parameter(state[f"{name}.bias"], requires_grad=False)
+                model.set_submodule(name, layer)
+            quantized_set = set(quantized)
+            plain = {k: v for k, v in state.items()
+                     if k.rsplit(".", 1)[0] not in quantized_set and k.split(".weight.")[0] not in quantized_set}
+            model.load_state_dict(plain, strict=False, assign=True)
+            model = model.to("cuda")
+            torch.cuda.synchronize()
+    record["phases"] = watch.phases
+    record["load_s"] = watch.phases["naive_load"]["seconds"]
+    record["peak_rss_anon_gb"] = watch.peak_anon / GB
+    return record
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("pipeline", "load-expert", "naive-load"))
+    p.add_argument("--package", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", default="480x832")
+    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--vram-cap-gb", type=float, default=None)
+    p.add_argument("--block-swap", type=int, default=0)
+    p.add_argument("--decode-tile", type=int, default=0)
+    p.add_argument("--image")
+    p.add_argument("--camera-dir")
+    p.add_argument("--kernel-floor", action="store_true")
+    p.add_argument("--no-batch-cfg", action="store_true", help="run the two CFG branches as separate passes")
+    args = p.parse_args()
+    runner = {"pipeline": run_pipeline, "load-expert": run_load_expert, "naive-load": run_naive_load}[args.mode]
+    try:
+        record = runner(args)
+    except torch.cuda.OutOfMemoryError as exc:
+        record = base_record(args) | {"mode": args.mode, "size": args.size, "frames": args.frames, "oom": str(exc)[:500]}
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (dict, list))}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The kernel floor of one DiT forward: one block's matmuls and attention timed alone.
+
+Dense bf16 matmuls (bitsandbytes' NF4 kernels run within ~2 % of them at these sizes) and
+PyTorch SDPA, each timed with CUDA events (median of repeats), summed per block and
+multiplied by the block count. Elementwise work (norms, modulation, RoPE) is left out on
+purpose: the floor is what no implementation can go below.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def _time_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def block_floor_ms(tokens: int, dim: int, ffn_dim: int, heads: int, text_len: int = 512,
+                   camera: bool = True) -> dict[str, float]:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(tokens, dim, device=dev, dtype=dt, generator=gen)
+    h = torch.randn(tokens, ffn_dim, device=dev, dtype=dt, generator=gen)
+    ctx = torch.randn(text_len, dim, device=dev, dtype=dt, generator=gen)
+    w_dd = torch.randn(dim, dim, device=dev, dtype=dt, generator=gen) * 0.01
+    w_up = torch.randn(ffn_dim, dim, device=dev, dtype=dt, generator=gen) * 0.01
+    w_down = torch.randn(dim, ffn_dim, device=dev, dtype=dt, generator=gen) * 0.01
+    hd = dim // heads
+    q = torch.randn(1, heads, tokens, hd, device=dev, dtype=dt, generator=gen)
+    kc = torch.randn(1, heads, text_len, hd, device=dev, dtype=dt, generator=gen)
+    square = _time_ms(lambda: F.linear(x, w_dd))
+    ctx_square = _time_ms(lambda: F.linear(ctx, w_dd))
+    parts = {
+        "self_qkvo_ms": 4 * square,
+        "cross_qo_ms": 2 * square,
+        "cross_kv_ms": 2 * ctx_square,
+        "ffn_ms": _time_ms(lambda: F.linear(x, w_up)) + _time_ms(lambda: F.linear(h, w_down)),
+        "self_attention_ms": _time_ms(lambda: F.scaled_dot_product_attention(q, q, q)),
+        "cross_attention_ms": _time_ms(lambda: F.scaled_dot_product_attention(q, kc, kc)),
+        "camera_ms": 4 * square if camera else 0.0,
+    }
+    parts["block_ms"] = sum(parts.values())
+    del x, h, ctx, w_dd, w_up, w_down, q, kc
+    torch.cuda.empty_cache()
+    return parts

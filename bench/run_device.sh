@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run on the lent GPU machine (see bench/RESULTS.md): makes an a14b synthetic NF4 package
+# (once per machine) and runs the benchmark modes given as arguments, writing JSON to $OUT.
+#   bash bench/run_device.sh load naive p480 p720 swap12 frames
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ -d .whl ]]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
+PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
+CAM=.bench_data/example00
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [[ ! -f "$PKG/low_noise_model_bnb_nf4/model.safetensors" ]]; then
+    /usr/bin/time -v python3 . make_checkpoint --preset a14b --layout nf4 --out "$PKG" --device cuda 2>"$OUT/make_checkpoint.time" \
+        | tee "$OUT/make_checkpoint.log"
+    grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
+fi
+bench() { python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
+for what in "$@"; do
+    echo "=== $what"
+    case "$what" in
+        load) bench load-expert --out "$OUT/load_expert.json" ;;
+        naive) bench naive-load --out "$OUT/naive_load.json" ;;
+        p480) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
+                  --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24.json" ;;
+        p480seq) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor --no-batch-cfg \
+                  --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_sequential_cfg.json" ;;
+        p480eager) LINGBOT_COMPILE=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
+                  --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
+        gputests) python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_fused.py tests/unit/test_block_swap.py tests/gpu 2>&1 | tail -15 ;;
+        p720) bench pipeline --size 720x1280 --frames 81 --steps 3 --vram-cap-gb 24 --kernel-floor --decode-tile 32 \
+                  --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p720_cap24.json" ;;
+        swap12) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 12 --block-swap "${SWAP_BLOCKS:-20}" \
+                  --kernel-floor --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap12_swap.json" ;;
+        frames) for f in 41 161; do
+                    bench pipeline --size 480x832 --frames $f --steps 3 --vram-cap-gb 24 --kernel-floor \
+                        --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_f${f}_cap24.json"
+                done ;;
+        *) echo "unknown benchmark $what" ;;
+    esac
+done

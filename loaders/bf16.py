@@ -1,0 +1,189 @@
+"""bf16 experts (SPEC §2 layout B): diffusers-style safetensors shards plus an index.
+
+Reading opens every shard as a memory map and streams each tensor onto the target device.
+With ``quantize="nf4"`` each linear layer is quantized the moment its weight arrives, so the
+peak stays about one bf16 layer above the finished NF4 model.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+from bitsandbytes.nn import Linear4bit
+from safetensors.torch import save_file
+from torch import nn
+
+from ..wan.config import DiTConfig
+from ..wan.model import LingBotDiT
+from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
+from .errors import CheckpointError, preview
+from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, read_config, require_layout, write_config
+from .nf4 import quantize_linear
+from .state_dict import check_keys, check_loaded, expected_tensors, materialize
+from .tensor_source import SafetensorsSource
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+_SHARD_NAME = "diffusion_pytorch_model-{index:05d}-of-{total:05d}.safetensors"
+
+
+# --- reading ------------------------------------------------------------------------------
+
+def _read_index(path: Path) -> dict[str, str]:
+    """weight_map of the index file (key -> shard file name), validated."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"cannot be read ({exc})") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(path, "has no 'weight_map' object (tensor name -> shard file)")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):
+            raise CheckpointError(path, f"weight_map assigns {key!r} to {name!r}, which is not a shard file name")
+    return weight_map
+
+
+def open_bf16_weights(folder: Path, device: torch.device | str) -> tuple[SafetensorsSource, Path]:
+    """The expert's shards as one source, and the file to name in errors about the whole set."""
+    index = folder / BF16_INDEX_FILE
+    if not index.is_file():
+        return SafetensorsSource([folder / BF16_SINGLE_FILE], device), folder / BF16_SINGLE_FILE
+    weight_map = _read_index(index)
+    shard_names = sorted(set(weight_map.values()))
+    missing = [name for name in shard_names if not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(index, f"names {len(missing)} shard file(s) that are not in the folder: {preview(missing)}")
+    files = {key: folder / name for key, name in weight_map.items()}
+    source = SafetensorsSource([folder / name for name in shard_names], device, files=files)
+    return source, index
+
+
+def load_bf16_expert(
+    folder: str | Path,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    quantize: str | None = None,
+) -> LingBotDiT:
+    """Load a layout-B expert onto ``device`` (eval mode, no gradients).
+
+    ``quantize="nf4"`` turns every nn.Linear into a bitsandbytes NF4 Linear4bit while loading
+    (blocksize 64, double quantization, compute dtype ``dtype``), as the NF4 package stores them.
+    """
+    if quantize not in (None, "nf4"):
+        raise ValueError(f"quantize={quantize!r}: only None or 'nf4' are supported")
+    folder = require_layout(folder, "bf16")
+    config_path = folder / CONFIG_FILE
+    config = read_config(folder)
+    device = torch.device(device)
+    source, described_by = open_bf16_weights(folder, device)
+    with source:
+        model = build_on_meta(config, config_path)
+        keys = source.keys()
+        check_block_count(config_path, config, described_by, keys)
+        expected = expected_tensors(model)
+        check_keys(described_by, expected, keys)
+        check_shapes(config_path, config, model, {k: source.shape(k) for k in keys}, source.file_of)
+
+        linears = linear_layers(model) if quantize else {}
+        deferred = {f"{name}.weight" for name in linears}
+        plain = {k: t for k, t in expected.items() if k not in deferred}
+        materialize(model, described_by, list(plain), source.read, device, float_dtype(dtype), expected=plain)
+        for name, linear in linears.items():
+            # One bf16 weight on the device at a time, quantized and dropped before the next.
+            materialize(linear, source.file_of(f"{name}.weight"), ["weight"],
+                        lambda _key, n=name: source.read(f"{n}.weight"), device, float_dtype(dtype),
+                        expected={"weight": linear.weight})
+            model.set_submodule(name, quantize_linear(linear, compute_dtype=dtype))
+            linear.weight = None  # type: ignore[assignment]
+    check_loaded(model, described_by)
+    return model.eval().requires_grad_(False)
+
+
+# --- writing ------------------------------------------------------------------------------
+
+class ShardWriter:
+    """Collect tensors into shards of at most ``max_shard_bytes`` and write each when full.
+
+    Shards are written under temporary names and renamed once their total count is known;
+    ``finish()`` writes the index. Only the shard being filled is held in memory.
+    """
+
+    def __init__(self, folder: Path, max_shard_bytes: int) -> None:
+        if max_shard_bytes <= 0:
+            raise ValueError("max_shard_bytes must be positive")
+        self.folder = folder
+        self.max_shard_bytes = max_shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._written: list[tuple[Path, list[str]]] = []
+        self.total_size = 0
+
+    def add(self, key: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._pending[key] = tensor.detach().to("cpu").contiguous()
+        self._pending_bytes += size
+        self.total_size += size
+
+    def _flush(self) -> None:
+        path = self.folder / f".shard-{len(self._written) + 1:05d}.partial"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        self._written.append((path, list(self._pending)))
+        self._pending, self._pending_bytes = {}, 0
+
+    def finish(self) -> list[Path]:
+        if self._pending or not self._written:
+            self._flush()
+        total = len(self._written)
+        weight_map: dict[str, str] = {}
+        shards = []
+        for index, (partial, keys) in enumerate(self._written, start=1):
+            name = _SHARD_NAME.format(index=index, total=total)
+            os.replace(partial, self.folder / name)
+            shards.append(self.folder / name)
+            weight_map.update({key: name for key in keys})
+        index_data = {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.folder / BF16_INDEX_FILE).write_text(json.dumps(index_data, indent=2) + "\n", encoding="utf-8")
+        return shards
+
+
+def write_bf16_files(
+    folder: str | Path,
+    config: DiTConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Write config.json, the shards and the index from a stream of (key, tensor)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(folder, max_shard_bytes)
+    for key, tensor in tensors:
+        writer.add(key, tensor)
+    writer.finish()
+    write_config(folder, config)
+    return folder
+
+
+def bf16_tensors(module: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, tensor) of ``module``'s state dict, floats cast to ``dtype`` one at a time."""
+    quantized = [name for name, m in module.named_modules() if isinstance(m, Linear4bit)]
+    if quantized:
+        raise ValueError(f"layers {preview(quantized)} are 4-bit; a bf16 expert needs the unquantized model")
+    for key, tensor in module.state_dict().items():
+        yield key, tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def save_bf16_expert(
+    model: LingBotDiT,
+    folder: str | Path,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``model`` as a layout-B expert folder (bf16 shards, index, config.json)."""
+    with torch.no_grad():
+        return write_bf16_files(folder, model.config, bf16_tensors(model), max_shard_bytes)

@@ -1,0 +1,145 @@
+"""Recognise an expert folder (NF4 layout A or bf16 layout B) and read its config.json.
+
+Both checks run before any weight is touched, so a wrong folder fails in milliseconds with
+a message that says what was expected and what was found instead.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from ..wan.config import DiTConfig
+from .errors import CheckpointError, preview
+
+ExpertLayout = Literal["nf4", "bf16"]
+
+CONFIG_FILE = "config.json"
+# Layout A (community NF4 package).
+NF4_META_FILE = "quantization_meta.json"
+NF4_WEIGHTS_FILE = "model.safetensors"
+NF4_LEGACY_WEIGHTS_FILE = "model.pt"
+# Layout B (official bf16, diffusers-style shards).
+BF16_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+BF16_SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+
+_EXPECTED = (
+    f"an NF4 expert ({NF4_META_FILE} + {NF4_WEIGHTS_FILE} or {NF4_LEGACY_WEIGHTS_FILE}) or a bf16 expert "
+    f"({BF16_INDEX_FILE} + its shards, or a single {BF16_SINGLE_FILE})"
+)
+
+
+def _require_folder(folder: Path) -> None:
+    if not folder.exists():
+        raise CheckpointError(folder, f"folder does not exist; expected {_EXPECTED}")
+    if not folder.is_dir():
+        raise CheckpointError(
+            folder, f"is a file, not a folder; pass the folder that holds it ({folder.parent}), which should hold {_EXPECTED}"
+        )
+
+
+def detect_expert_layout(folder: str | Path) -> ExpertLayout:
+    """``"nf4"`` for layout A, ``"bf16"`` for layout B; CheckpointError for anything else.
+
+    A folder that holds both kinds of weights is read as NF4 (the smaller of the two).
+    """
+    folder = Path(folder)
+    _require_folder(folder)
+    names = {p.name for p in folder.iterdir()}
+    if NF4_META_FILE in names and (NF4_WEIGHTS_FILE in names or NF4_LEGACY_WEIGHTS_FILE in names):
+        return "nf4"
+    if BF16_INDEX_FILE in names or BF16_SINGLE_FILE in names:
+        return "bf16"
+    found = preview(names, limit=8) if names else "nothing (the folder is empty)"
+    hint = ""
+    if NF4_META_FILE in names:
+        hint = f"; {NF4_META_FILE} is there but neither {NF4_WEIGHTS_FILE} nor {NF4_LEGACY_WEIGHTS_FILE}"
+    elif NF4_WEIGHTS_FILE in names or NF4_LEGACY_WEIGHTS_FILE in names:
+        hint = f"; the NF4 weights are there but {NF4_META_FILE} is missing"
+    raise CheckpointError(folder, f"is not an expert folder: expected {_EXPECTED}, found {found}{hint}")
+
+
+def require_layout(folder: str | Path, wanted: ExpertLayout) -> Path:
+    """The folder as a Path, after checking that it holds an expert of layout ``wanted``."""
+    folder = Path(folder)
+    found = detect_expert_layout(folder)
+    if found != wanted:
+        other = "load_bf16_expert" if found == "bf16" else "load_nf4_expert"
+        raise CheckpointError(folder, f"holds a {found} expert, not an {wanted} one; read it with {other}")
+    return folder
+
+
+# --- config.json --------------------------------------------------------------------------
+
+_POSITIVE_INT_FIELDS = (
+    "text_len", "in_dim", "dim", "ffn_dim", "freq_dim", "text_dim", "out_dim", "num_heads", "num_layers",
+)
+_BOOL_FIELDS = ("qk_norm", "cross_attn_norm")
+# LingBot-World experts are image-to-video models; the other Wan kinds have other inputs.
+_SUPPORTED_MODEL_TYPES = ("i2v",)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_config_values(path: Path, data: dict[str, Any]) -> None:
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(path, f"field {field!r} = {data[field]!r} is invalid: {why}")
+
+    for field in _POSITIVE_INT_FIELDS:
+        if field in data and (not _is_int(data[field]) or data[field] <= 0):
+            raise bad(field, "expected a positive integer")
+    for field in _BOOL_FIELDS:
+        if field in data and not isinstance(data[field], bool):
+            raise bad(field, "expected true or false")
+    if "model_type" in data and data["model_type"] not in _SUPPORTED_MODEL_TYPES:
+        raise bad("model_type", f"LingBot-World experts are {', '.join(_SUPPORTED_MODEL_TYPES)} models")
+    if "patch_size" in data:
+        value = data["patch_size"]
+        if not isinstance(value, list) or len(value) != 3 or not all(_is_int(v) and v > 0 for v in value):
+            raise bad("patch_size", "expected three positive integers")
+    if "window_size" in data:
+        value = data["window_size"]
+        if not isinstance(value, list) or len(value) != 2 or not all(_is_int(v) for v in value):
+            raise bad("window_size", "expected two integers")
+    if "eps" in data:
+        value = data["eps"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < 1) or math.isnan(value):
+            raise bad("eps", "expected a small positive number")
+
+
+def read_config(folder: str | Path) -> DiTConfig:
+    """The DiT geometry from ``<folder>/config.json`` (fields missing from it keep A14B defaults)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(path, "not found; every expert folder needs its config.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"cannot be read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(path, f"holds a JSON {type(data).__name__}, expected an object of model fields")
+    _check_config_values(path, data)
+    try:
+        return DiTConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(path, f"describes an impossible model: {exc}") from exc
+
+
+def write_config(folder: str | Path, config: DiTConfig) -> Path:
+    """Write ``config.json`` with every DiTConfig field (plus the class name diffusers records)."""
+    path = Path(folder) / CONFIG_FILE
+    data = {"_class_name": "WanModel", **config.to_dict()}
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def find_package_files(root: str | Path):
+    """Alias of :func:`loaders.package.find_package` (the name docs/architecture.md uses)."""
+    from .package import find_package
+
+    return find_package(root)

@@ -1,0 +1,90 @@
+"""Put tensors into a module built on the meta device, one tensor at a time.
+
+The tensors come from a memory map (safetensors or ``torch.load(mmap=True)``), so each one is
+read from the page cache straight into its destination: no whole state dict in RAM, and no
+CPU copy on the way to CUDA.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError, preview
+
+
+def expected_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer of ``module`` by state-dict key."""
+    return dict(module.state_dict(keep_vars=True))
+
+
+def check_keys(path: str | Path, expected: Iterable[str], found: Iterable[str]) -> None:
+    """Raise a CheckpointError listing a few missing and unexpected keys."""
+    expected, found = set(expected), set(found)
+    missing, unexpected = expected - found, found - expected
+    if not missing and not unexpected:
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s): {preview(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s): {preview(unexpected)}")
+    raise CheckpointError(path, "does not match the model; " + "; ".join(parts))
+
+
+def set_tensor(module: nn.Module, key: str, value: torch.Tensor) -> None:
+    """Replace the parameter or buffer ``key`` (dotted) of ``module`` by ``value``."""
+    owner_name, _, leaf = key.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    elif leaf in owner._buffers:
+        owner._buffers[leaf] = value
+    else:
+        raise KeyError(key)
+
+
+def materialize(
+    module: nn.Module,
+    path: str | Path,
+    keys: Iterable[str],
+    read: Callable[[str], torch.Tensor],
+    device: torch.device | str,
+    dtype_for: Callable[[str, torch.Tensor], torch.dtype | None] = lambda key, t: None,
+    expected: Mapping[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """Fill a meta-built ``module`` from ``read(key)``, checking names, shapes and dtypes.
+
+    ``dtype_for(key, tensor)`` returns the dtype to cast to, or None to keep the file's.
+    ``expected`` narrows the tensors to fill (default: all of ``module``'s state dict), for
+    loaders that put some layers in by other means (e.g. 4-bit linears).
+    """
+    expected = expected_tensors(module) if expected is None else dict(expected)
+    keys = list(keys)
+    check_keys(path, expected, keys)
+    device = torch.device(device)
+    for key in keys:
+        try:
+            source = read(key)
+        except Exception as exc:  # a truncated or corrupt file fails here, per tensor
+            raise CheckpointError(path, f"cannot read tensor {key!r} ({exc}); the file may be truncated or corrupt") from exc
+        want = expected[key]
+        if tuple(source.shape) != tuple(want.shape):
+            raise CheckpointError(
+                path, f"tensor {key!r} has shape {tuple(source.shape)}, the model expects {tuple(want.shape)}"
+            )
+        if source.is_floating_point() != want.is_floating_point():
+            raise CheckpointError(path, f"tensor {key!r} has dtype {source.dtype}, the model expects {want.dtype}")
+        dtype = dtype_for(key, source) or source.dtype
+        set_tensor(module, key, source.to(device=device, dtype=dtype, copy=False))
+    return module
+
+
+def check_loaded(module: nn.Module, path: str | Path) -> None:
+    """Fail if any parameter or buffer is still on the meta device."""
+    left = [k for k, t in expected_tensors(module).items() if t.is_meta]
+    if left:
+        raise CheckpointError(path, f"{len(left)} tensor(s) were never loaded: {preview(left)}")
+

@@ -1,0 +1,144 @@
+"""Synthetic umT5 files for tests and CI: a small tokenizer folder and random-weight encoders.
+
+The files have the official formats and key names, so the real loaders read them unchanged.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import string
+from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from ..wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, initial_std
+
+# umT5's special ids; the pieces of a synthetic vocabulary follow them.
+SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+WORD_START = "\u2581"  # SentencePiece's word-start marker
+
+_COMMON_WORDS = """
+the a an and or of to in on at by for with from into over under up down out off near far
+is are was were be been being has have had do does did not no yes this that these those
+it its he she they we you i my your his her their our me him them us
+one two three four five six seven eight nine ten many few some all every each other
+big small large tiny long short tall wide narrow high low old new young bright dark light
+red green blue yellow white black gray grey orange purple pink brown golden silver
+man woman person people child boy girl dog cat bird horse fish car road street city house
+tree trees forest river lake sea ocean water sky cloud clouds sun moon star stars snow rain
+mountain mountains hill field grass flower flowers stone rock sand beach desert island
+walk walks walking run runs running fly flies flying move moves moving turn turns look
+camera view scene shot frame video image photo style light shadow motion slowly quickly
+left right forward backward around through across along behind front side top bottom
+day night morning evening sunset sunrise winter summer spring autumn fire smoke wind
+quality blurry static still overall worst best detailed realistic cinematic
+""".split()
+
+
+def _pieces(vocab_size: int) -> list[tuple[str, float]]:
+    """Special tokens, single characters (so any ASCII text encodes), words, then filler."""
+    # Unigram picks the segmentation with the highest total score: words beat spelling.
+    core: list[tuple[str, float]] = [(token, 0.0) for token in SPECIAL_TOKENS]
+    core.append((WORD_START, -6.0))
+    core += [(ch, -10.0) for ch in string.ascii_letters + string.digits + string.punctuation]
+    seen = {piece for piece, _ in core}
+    for rank, word in enumerate(dict.fromkeys(_COMMON_WORDS)):
+        core.append((WORD_START + word, -4.0 - 0.001 * rank))
+        seen.add(WORD_START + word)
+    if vocab_size < len(core):
+        raise ValueError(f"vocab_size={vocab_size} is below the {len(core)} pieces every synthetic tokenizer needs")
+    # Filler: short letter strings, in a fixed order, until the vocabulary is full.
+    filler: list[tuple[str, float]] = []
+    for length in itertools.count(2):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            if len(core) + len(filler) == vocab_size:
+                return core + filler
+            piece = WORD_START + "".join(letters)
+            if piece not in seen:
+                filler.append((piece, -8.0 - 0.0001 * len(filler)))
+    raise AssertionError("unreachable")
+
+
+def write_tokenizer(folder: Path, vocab_size: int | None = None) -> Path:
+    """Write a deterministic T5-style tokenizer folder; returns ``folder``.
+
+    ``vocab_size`` defaults to ``T5_TINY.vocab_size`` so the tokenizer fits the tiny encoder.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab_size = T5_TINY.vocab_size if vocab_size is None else vocab_size
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.Unigram(_pieces(vocab_size), unk_id=UNK_ID, byte_fallback=False))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    # What the Hugging Face T5 tokenizer does with add_special_tokens=True: append </s>.
+    tok.post_processor = processors.TemplateProcessing(
+        single=["$A", "</s>"], pair=["$A", "</s>", "$B", "</s>"], special_tokens=[("</s>", EOS_ID)]
+    )
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    tok.save(str(folder / "tokenizer.json"))
+
+    specials = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+    flags = {"special": True, "normalized": False, "lstrip": False, "rstrip": False, "single_word": False}
+    config = {
+        **specials,
+        "tokenizer_class": "T5Tokenizer",
+        "model_max_length": 512,
+        "extra_ids": 0,
+        "added_tokens_decoder": {
+            str(i): {"content": t, **flags} for i, t in enumerate(SPECIAL_TOKENS)
+        },
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+# Elements per independently seeded piece of a tensor. Fixed, so the file depends on the
+# seed alone and not on how many threads drew it.
+_CHUNK = 1 << 24
+
+
+def write_t5_checkpoint(path: Path, geometry: T5Geometry, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a random-weight encoder as a plain ``torch.save`` state dict with the official keys.
+
+    Values follow the umT5 initial scales (``wan.t5.initial_std``), drawn directly in
+    ``dtype`` (no float32 copy) in parallel chunks, so the peak memory is about the file size
+    and umT5-XXL takes seconds to draw. The file is written beside ``path`` and renamed, so
+    an interrupted write never leaves a half file under the final name.
+    """
+    path = Path(path)
+    with torch.device("meta"):
+        shapes = UMT5Encoder(geometry).state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for key, meta in shapes.items():
+            tensor = torch.empty(meta.shape, dtype=dtype)
+            std = initial_std(key, geometry)
+            if std is None:
+                tensor.fill_(1.0)
+            else:
+                _draw_normal(tensor, std, f"{seed}/{key}", pool)
+            tensors[key] = tensor
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(tensors, partial)
+    partial.replace(path)
+    return path
+
+
+def _draw_normal(tensor: torch.Tensor, std: float, label: str, pool: Executor) -> None:
+    flat = tensor.view(-1)
+
+    def draw(start: int) -> None:
+        digest = hashlib.sha256(f"{label}/{start}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        flat[start : start + _CHUNK].normal_(0.0, std, generator=generator)
+
+    list(pool.map(draw, range(0, flat.numel(), _CHUNK)))  # list(): re-raise any worker error

@@ -1,0 +1,76 @@
+"""LingBot NF4 DiT Loader: names the two experts; nothing heavy is read until sampling."""
+from __future__ import annotations
+
+import logging
+
+from ..loaders.errors import CheckpointError
+from ..loaders.layout import detect_expert_layout, read_config
+from . import types
+from .expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher
+from .model_files import EXPERT_KINDS, list_expert_folders, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+
+class LingBotDiTLoader:
+    DESCRIPTION = (
+        "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
+        "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
+        "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
+        "or when ComfyUI needs the memory."
+    )
+    CATEGORY = types.CATEGORY
+    RETURN_TYPES = (types.DIT,)
+    RETURN_NAMES = ("dit",)
+    OUTPUT_TOOLTIPS = ("Both experts, for the LingBot Dual-Expert Sampler.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        experts = list_expert_folders()
+        return {
+            "required": {
+                "high_noise": (experts, {
+                    "tooltip": "Folder of the high-noise expert (e.g. high_noise_model_bnb_nf4), used for "
+                    "the early, noisy steps. Folders under models/lingbot and models/diffusion_models "
+                    "that hold config.json and the weights are listed.",
+                }),
+                "low_noise": (experts, {
+                    "tooltip": "Folder of the low-noise expert (e.g. low_noise_model_bnb_nf4), used for "
+                    "the late steps that settle the detail.",
+                }),
+                "bf16_quantize": (list(QUANTIZE_CHOICES), {
+                    "default": "none",
+                    "tooltip": "For official bf16 experts only: nf4 quantizes each expert while it loads "
+                    "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are.",
+                }),
+                # Memory options (block swapping) join here as further inputs.
+            }
+        }
+
+    def load(self, high_noise: str, low_noise: str, bf16_quantize: str):
+        if bf16_quantize not in QUANTIZE_CHOICES:
+            raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
+        options = ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize)
+        folders = {
+            "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),
+            "low": resolve_model_path(low_noise, EXPERT_KINDS, "low_noise", want_dir=True),
+        }
+        for folder in folders.values():
+            detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
+        high_config, low_config = read_config(folders["high"]), read_config(folders["low"])
+        if high_config != low_config:
+            raise CheckpointError(
+                folders["low"],
+                f"low_noise has another geometry than high_noise ({folders['high']}): "
+                f"{low_config} vs {high_config}; both experts must come from the same model",
+            )
+        if folders["high"].resolve() == folders["low"].resolve():
+            log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
+                        "different experts", folders["high"])
+        experts = DiTExperts(
+            high=ExpertPatcher.for_folder("high", folders["high"], options),
+            low=ExpertPatcher.for_folder("low", folders["low"], options),
+            config=high_config,
+        )
+        return (experts,)

@@ -1,0 +1,234 @@
+"""A DiT expert under ComfyUI's memory manager: loaded from disk on demand, dropped on unload.
+
+ComfyUI's ``ModelPatcher`` normally owns a model that lives in RAM and moves it between
+devices. An NF4 expert is ~9.6 GB and comes straight from a memory-mapped file, so keeping
+an offloaded copy in RAM is the very thing that kills 64 GB machines. ``ExpertPatcher``
+keeps ComfyUI's bookkeeping but changes what load and unload mean:
+
+- load (``load_models_gpu``): stream the expert from its folder straight to the device;
+- unload (eviction under memory pressure, ``POST /free``, ``release``): drop every tensor;
+  the next load reads the file again (from the page cache when RAM allows). Unloading
+  always ends in ``unpatch_model(unpatch_weights=True)``, which is where the drop happens.
+
+The patcher's ``model`` is an ``ExpertSlot``: an empty ``nn.Module`` that holds the expert
+outside its registered submodules, so ComfyUI code that walks, moves or measures the
+patcher's model (``.to()``, ``state_dict()``) never sees or copies the expert's weights.
+``model_size()`` is the size of the expert's files, known before anything is loaded.
+
+Only methods that exist on ``ModelPatcher`` in both the test host (0.3.75) and current
+ComfyUI are overridden; ``__init__`` keeps ``ModelPatcher``'s signature so that
+``clone()`` still works (clones share the slot, as ComfyUI clones share a model).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import comfy.model_management as mm
+from comfy.model_patcher import ModelPatcher
+
+from ..pipeline.experts import expert_size_bytes, load_expert
+from ..pipeline.memory import release_module
+from ..wan.config import DiTConfig
+
+log = logging.getLogger(__name__)
+
+QUANTIZE_CHOICES = ("none", "nf4")
+# Activation bytes per token and model feature while an expert runs (hidden state in fp32,
+# q/k/v/o and the FFN hidden layer in bf16): what ComfyUI should keep free beside it.
+ACTIVATION_BYTES_PER_TOKEN_FEATURE = 24
+
+
+@dataclass(frozen=True)
+class ExpertLoadOptions:
+    """How an expert is brought into memory (block swapping will join these options)."""
+
+    quantize: str | None = None  # "nf4": quantize a bf16 (layout B) expert while loading
+
+
+class ExpertSlot(nn.Module):
+    """What the patcher calls its model: a name, a folder, and the expert while resident."""
+
+    def __init__(self, name: str, folder: Path, options: ExpertLoadOptions) -> None:
+        super().__init__()
+        self.name = name
+        self.folder = Path(folder)
+        self.options = options
+        # Not a registered submodule on purpose: see the module docstring.
+        object.__setattr__(self, "_expert", None)
+
+    @property
+    def expert(self) -> nn.Module | None:
+        return self._expert
+
+    def put(self, module: nn.Module) -> None:
+        object.__setattr__(self, "_expert", module)
+
+    def take(self) -> nn.Module | None:
+        module = self._expert
+        object.__setattr__(self, "_expert", None)
+        return module
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, folder={str(self.folder)!r}, resident={self._expert is not None}"
+
+
+def _same_device(a: torch.device | str | None, b: torch.device | str | None) -> bool:
+    if a is None or b is None:
+        return False
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+class ExpertPatcher(ModelPatcher):
+    model: ExpertSlot
+
+    @classmethod
+    def for_folder(
+        cls,
+        name: str,
+        folder: str | Path,
+        options: ExpertLoadOptions = ExpertLoadOptions(),
+        load_device: torch.device | None = None,
+        offload_device: torch.device | None = None,
+    ) -> "ExpertPatcher":
+        """A patcher for the expert in ``folder``; reads only file sizes, loads nothing."""
+        folder = Path(folder)
+        load_device = load_device if load_device is not None else mm.get_torch_device()
+        offload_device = offload_device if offload_device is not None else torch.device("cpu")
+        slot = ExpertSlot(name, folder, options)
+        return cls(slot, load_device, offload_device, size=expert_size_bytes(folder, options.quantize))
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def expert(self) -> nn.Module | None:
+        """The resident expert, or None when it is not loaded."""
+        return self.model.expert
+
+    def is_resident(self) -> bool:
+        return self.model.expert is not None
+
+    def get_ram_usage(self) -> int:
+        # What dropping this patcher would give back to system RAM right now.
+        if self.is_resident() and torch.device(self.current_loaded_device()).type == "cpu":
+            return self.model_size()
+        return 0
+
+    def inference_memory(self, tokens: int, dim: int) -> int:
+        """Working memory ComfyUI should leave free while this expert runs on ``tokens`` tokens."""
+        return int(tokens) * int(dim) * ACTIVATION_BYTES_PER_TOKEN_FEATURE
+
+    # -- loading -------------------------------------------------------------------------
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        device = torch.device(device_to) if device_to is not None else torch.device(self.load_device)
+        if self.is_resident():
+            if _same_device(self.current_loaded_device(), device):
+                return
+            self._drop()  # never move an expert between devices: that makes a second copy
+        log.info("LingBot: loading the %s-noise expert from %s to %s", self.model.name, self.model.folder, device)
+        module = load_expert(self.model.folder, device, self.model.options.quantize)
+        module.eval()
+        self.model.put(module)
+        self.model.device = device
+        self.model.model_loaded_weight_memory = self.model_size()
+        self.model.model_lowvram = False
+        self.model.lowvram_patch_counter = 0
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        # ComfyUI asks for "as much as fits"; an expert is all or nothing.
+        if self.is_resident() and _same_device(self.current_loaded_device(), device_to):
+            return 0
+        self.load(device_to, full_load=True)
+        return self.model_size()
+
+    # -- unloading -----------------------------------------------------------------------
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        # Nothing can be freed in part. Returning 0 makes LoadedModel.model_unload go on
+        # to a full detach(), which drops the expert.
+        return 0
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        if unpatch_weights:
+            self._drop()  # unloading means dropping, never offloading to RAM
+        return super().unpatch_model(device_to, unpatch_weights)
+
+    # detach() is ModelPatcher's own: detach(unpatch_all=True) ends in unpatch_model above
+    # and drops the expert. detach(unpatch_all=False) keeps it, as ComfyUI means: that is
+    # how load_models_gpu re-registers a model it is about to use again. A patcher that is
+    # garbage collected frees its expert with its slot.
+
+    def _drop(self) -> None:
+        module = self.model.take()
+        self.model.model_loaded_weight_memory = 0
+        self.model.device = self.offload_device
+        if module is not None:
+            log.info("LingBot: dropped the %s-noise expert", self.model.name)
+            release_module(module)
+
+
+@dataclass
+class DiTExperts:
+    """The LINGBOT_DIT value: both experts of one model, each under its own patcher."""
+
+    high: ExpertPatcher
+    low: ExpertPatcher
+    config: DiTConfig  # geometry shared by both experts (from config.json)
+
+    def patcher(self, name: str) -> ExpertPatcher:
+        if name == "high":
+            return self.high
+        if name == "low":
+            return self.low
+        raise ValueError(f"unknown expert {name!r}; expected 'high' or 'low'")
+
+    def get_ram_usage(self) -> int:
+        # Newer ComfyUI hosts weigh cached node outputs by this when RAM runs short.
+        return self.high.get_ram_usage() + self.low.get_ram_usage()
+
+
+def unload_patcher(patcher: ModelPatcher) -> None:
+    """Unload one patcher through ComfyUI's own bookkeeping, then make sure it is dropped."""
+    loaded = mm.current_loaded_models
+    for index in range(len(loaded) - 1, -1, -1):
+        if loaded[index].model is patcher:
+            loaded[index].model_unload()
+            loaded.pop(index)
+    patcher.detach()
+    mm.soft_empty_cache()
+
+
+class ComfyExpertSource:
+    """pipeline.sampling.ExpertSource on top of ComfyUI's model manager.
+
+    ``acquire`` asks ComfyUI to load the expert (evicting other models as needed);
+    ``release`` unloads it at once, so the two experts are never resident together.
+    """
+
+    def __init__(self, experts: DiTExperts, inference_memory: int = 0) -> None:
+        self.experts = experts
+        self.inference_memory = int(inference_memory)
+
+    def acquire(self, name: str) -> nn.Module:
+        patcher = self.experts.patcher(name)
+        other = self.experts.patcher("low" if name == "high" else "high")
+        if other.is_resident():
+            unload_patcher(other)
+        mm.load_models_gpu([patcher], memory_required=self.inference_memory, force_full_load=True)
+        module = patcher.expert
+        if module is None:  # load_models_gpu returned without loading: a host we do not know
+            raise RuntimeError(f"ComfyUI did not load the {name}-noise expert from {patcher.model.folder}")
+        return module
+
+    def release(self, name: str) -> None:
+        unload_patcher(self.experts.patcher(name))
+
+    def close(self) -> None:
+        for name in ("high", "low"):
+            self.release(name)

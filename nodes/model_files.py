@@ -1,0 +1,209 @@
+"""Where the nodes find their files, and how a combo value maps back to a path.
+
+Model combos name a file or folder as ``<kind>/<path inside that kind's folder>``, where
+kind is a ComfyUI model folder name: ``lingbot`` (this pack's own ``models/lingbot``),
+``text_encoders``, ``vae`` or ``diffusion_models``. The kind prefix keeps names unambiguous
+when the same file name exists in two kinds, and a kind may have several roots
+(``extra_model_paths.yaml``): the first root holding the path wins, as in ComfyUI.
+
+Camera trajectories (.npy) come from ComfyUI's input folder and may not leave it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Iterator
+
+import folder_paths
+
+from ..loaders.errors import CheckpointError
+from ..loaders.layout import detect_expert_layout
+
+LINGBOT_KIND = "lingbot"
+T5_KINDS = (LINGBOT_KIND, "text_encoders")
+VAE_KINDS = (LINGBOT_KIND, "vae")
+TOKENIZER_KINDS = (LINGBOT_KIND, "text_encoders")
+EXPERT_KINDS = (LINGBOT_KIND, "diffusion_models")
+
+WEIGHT_SUFFIXES = (".pth", ".safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
+EXPERT_CONFIG = "config.json"
+# Shards of a bf16 DiT expert, never a T5 or a VAE (even outside a complete expert folder).
+EXPERT_WEIGHT_PREFIX = "diffusion_pytorch_model"
+# Model trees can be deep (Hugging Face caches); anything below this is not looked at.
+MAX_DEPTH = 6
+NO_FILE = "(none)"
+
+
+def register_model_folder() -> Path:
+    """Add ``models/lingbot`` as the ComfyUI model folder kind ``lingbot`` (idempotent).
+
+    A user's extra_model_paths.yaml may already have created the kind with no extensions;
+    either way it ends up listing the usual weight extensions in ComfyUI's model browser.
+    """
+    default = Path(folder_paths.models_dir) / LINGBOT_KIND
+    folder_paths.add_model_folder_path(LINGBOT_KIND, str(default), is_default=True)
+    paths, extensions = folder_paths.folder_names_and_paths[LINGBOT_KIND]
+    folder_paths.folder_names_and_paths[LINGBOT_KIND] = (paths, set(extensions) | set(folder_paths.supported_pt_extensions))
+    return default
+
+
+def kind_roots(kind: str) -> list[Path]:
+    """The folders of a ComfyUI model kind, or none when this host does not know the kind."""
+    if kind not in folder_paths.folder_names_and_paths:
+        return []
+    return [Path(p) for p in folder_paths.get_folder_paths(kind)]
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """os.walk (following links, skipping hidden folders) down to MAX_DEPTH levels."""
+    if not root.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        here = Path(dirpath)
+        depth = len(here.relative_to(root).parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if depth < MAX_DEPTH else []
+        yield here, dirnames, filenames
+
+
+def _name(kind: str, root: Path, path: Path) -> str:
+    rel = path.relative_to(root).as_posix()
+    return kind if rel == "." else f"{kind}/{rel}"
+
+
+def _preferred_first(names: Iterable[str], hints: tuple[str, ...]) -> list[str]:
+    """Sorted names, those whose last part contains a hint first (the likely default)."""
+    def key(name: str) -> tuple[bool, str]:
+        leaf = name.rsplit("/", 1)[-1].lower()
+        return (not any(h in leaf for h in hints), name.lower())
+
+    return sorted(set(names), key=key)
+
+
+def is_expert_folder(folder: Path) -> bool:
+    if not (folder / EXPERT_CONFIG).is_file():
+        return False
+    try:
+        detect_expert_layout(folder)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _scan(kinds: Iterable[str], visit: Callable[[str, Path, Path, list[str], list[str]], Iterable[str]]) -> list[str]:
+    found: list[str] = []
+    for kind in kinds:
+        for root in kind_roots(kind):
+            for here, dirnames, filenames in _walk(root):
+                found.extend(visit(kind, root, here, dirnames, filenames))
+    return found
+
+
+def list_weight_files(kinds: Iterable[str], hints: tuple[str, ...]) -> list[str]:
+    """.pth / .safetensors files of the given kinds, skipping files inside expert folders."""
+    def visit(kind, root, here, dirnames, filenames):
+        if EXPERT_CONFIG in filenames and is_expert_folder(here):
+            dirnames[:] = []
+            return []
+        return [
+            _name(kind, root, here / f) for f in filenames
+            if f.lower().endswith(WEIGHT_SUFFIXES) and not f.startswith(EXPERT_WEIGHT_PREFIX)
+        ]
+
+    return _preferred_first(_scan(kinds, visit), hints)
+
+
+def list_tokenizer_folders(kinds: Iterable[str] = TOKENIZER_KINDS) -> list[str]:
+    """Folders that hold a umT5 tokenizer (tokenizer.json or spiece.model)."""
+    def visit(kind, root, here, dirnames, filenames):
+        return [_name(kind, root, here)] if any(f in filenames for f in TOKENIZER_FILES) else []
+
+    return _preferred_first(_scan(kinds, visit), ("tokenizer",))
+
+
+def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS) -> list[str]:
+    """Folders that hold a DiT expert of layout A (NF4) or B (bf16)."""
+    def visit(kind, root, here, dirnames, filenames):
+        if EXPERT_CONFIG in filenames and is_expert_folder(here):
+            dirnames[:] = []  # an expert folder holds no further experts
+            return [_name(kind, root, here)]
+        return []
+
+    return _preferred_first(_scan(kinds, visit), ())
+
+
+def list_t5_files() -> list[str]:
+    return list_weight_files(T5_KINDS, ("t5",))
+
+
+def list_vae_files() -> list[str]:
+    return list_weight_files(VAE_KINDS, ("vae",))
+
+
+def _split(name: str, field: str) -> tuple[str, PurePosixPath]:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{field}: no file chosen")
+    kind, _, rest = name.replace("\\", "/").partition("/")
+    rel = PurePosixPath(rest)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"{field}: {name!r} must be a path inside a model folder, without '..'")
+    return kind, rel
+
+
+def resolve_model_path(name: str, kinds: Iterable[str], field: str, want_dir: bool) -> Path:
+    """The file (or folder) a combo value names; ValueError naming the input when absent.
+
+    Symlinks are followed on purpose: model folders are often links to another drive.
+    """
+    kinds = tuple(kinds)
+    kind, rel = _split(name, field)
+    if kind not in kinds:
+        raise ValueError(f"{field}: {name!r} is not in a {' or '.join(kinds)} model folder")
+    roots = kind_roots(kind)
+    for root in roots:
+        candidate = root.joinpath(*rel.parts)
+        if (candidate.is_dir() if want_dir else candidate.is_file()):
+            return candidate
+    searched = ", ".join(str(r) for r in roots) or f"(ComfyUI has no '{kind}' model folder)"
+    what = "folder" if want_dir else "file"
+    raise ValueError(f"{field}: {what} {name!r} not found; looked in {searched}")
+
+
+# --------------------------------------------------------------------------- input folder
+
+
+def input_root() -> Path:
+    return Path(folder_paths.get_input_directory())
+
+
+def list_input_files(suffix: str) -> list[str]:
+    """Files with ``suffix`` in ComfyUI's input folder and its subfolders (posix names)."""
+    root = input_root()
+    found = [
+        (here / f).relative_to(root).as_posix()
+        for here, _, filenames in _walk(root)
+        for f in filenames
+        if f.lower().endswith(suffix)
+    ]
+    return sorted(found, key=str.lower)
+
+
+def resolve_input_file(name: str, field: str, suffix: str) -> Path:
+    """The input-folder file a combo value names; refuses anything outside the input folder."""
+    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
+        raise ValueError(f"{field}: choose a {suffix} file from ComfyUI's input folder")
+    root = input_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{field}: {name!r} is outside ComfyUI's input folder {root}")
+    if path.suffix.lower() != suffix:
+        raise ValueError(f"{field}: {name!r} is not a {suffix} file")
+    if not path.is_file():
+        raise ValueError(f"{field}: {name!r} not found in ComfyUI's input folder {root}")
+    return path
+
+
+def file_stamp(path: Path) -> str:
+    """Changes whenever the file's content is likely to have changed (for IS_CHANGED)."""
+    stat = path.stat()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"

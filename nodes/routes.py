@@ -1,0 +1,135 @@
+"""``GET /lingbot/status``: what is in memory right now, for users and for tests.
+
+ComfyUI's model manager only knows the models it loaded (our DiT experts). T5 and the VAE
+are loaded and freed by the pipeline itself, so the route also looks for live instances of
+those classes (and of the DiT) that still hold real weights: a non-zero count after a run
+means something kept a reference to a model the pack meant to free.
+
+    {
+      "device": "cuda:0", "free_memory_bytes": ...,
+      "loaded_models": [{"class": "ExpertPatcher", "model_patcher": true, "model": "ExpertSlot",
+                         "device": "cuda:0", "size_bytes": ..., "loaded_bytes": ..., "expert": "high"}],
+      "experts_resident": [{"expert": "high", "folder": "...", "device": "cuda:0"}],
+      "dit_models_alive": 1, "text_encoders_alive": 0, "vaes_alive": 0
+    }
+
+The route is added to ``server.PromptServer.instance.routes``, which ComfyUI turns into
+HTTP routes (also under ``/api``) after it has imported the custom nodes; old and current
+ComfyUI both work this way. Outside a running ComfyUI nothing is registered.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+from typing import Any
+
+from torch import nn
+
+import comfy.model_management as mm
+from comfy.model_patcher import ModelPatcher
+
+from ..wan.model import LingBotDiT
+from ..wan.t5 import UMT5Encoder
+from ..wan.vae import WanVAE
+from .expert_patcher import ExpertPatcher, ExpertSlot
+
+log = logging.getLogger(__name__)
+
+STATUS_ROUTE = "/lingbot/status"
+
+
+def holds_weights(module: nn.Module) -> bool:
+    """True while any parameter or buffer of ``module`` is a real (non-meta) tensor.
+
+    ``pipeline.memory.release_module`` sets them all to None, so a released module that
+    something still references counts as freed.
+    """
+    for tensor in module.parameters():
+        if tensor is not None and tensor.device.type != "meta":
+            return True
+    for tensor in module.buffers():
+        if tensor is not None and tensor.device.type != "meta":
+            return True
+    return False
+
+
+def _loaded_model_entry(patcher: ModelPatcher) -> dict[str, Any]:
+    model = patcher.model
+    return {
+        "class": type(patcher).__name__,
+        "model_patcher": isinstance(patcher, ModelPatcher),
+        "model": type(model).__name__,
+        "device": str(patcher.current_loaded_device()),
+        "size_bytes": int(patcher.model_size()),
+        "loaded_bytes": int(patcher.loaded_size()),
+        "expert": model.name if isinstance(patcher, ExpertPatcher) else None,
+    }
+
+
+def loaded_models() -> list[dict[str, Any]]:
+    """One entry per model in ComfyUI's ``current_loaded_models`` (copied: the worker
+    thread may change the list while we read it)."""
+    entries = []
+    for loaded in list(mm.current_loaded_models):
+        patcher = loaded.model  # a weak reference on current hosts: None once collected
+        if patcher is not None:
+            entries.append(_loaded_model_entry(patcher))
+    return entries
+
+
+def live_models() -> dict[str, Any]:
+    """Counts of live pack models that hold weights, found among all Python objects.
+
+    gc.get_objects() lists every container object (tens of milliseconds on a busy
+    server): affordable for a status call, not for a loop.
+    """
+    counts = {UMT5Encoder: 0, WanVAE: 0, LingBotDiT: 0}
+    experts = []
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if kind in counts:
+            counts[kind] += holds_weights(obj)
+        elif kind is ExpertSlot and obj.expert is not None:
+            experts.append({"expert": obj.name, "folder": str(obj.folder),
+                            "device": str(getattr(obj, "device", "unknown"))})
+    return {
+        "experts_resident": sorted(experts, key=lambda e: e["expert"]),
+        "dit_models_alive": counts[LingBotDiT],
+        "text_encoders_alive": counts[UMT5Encoder],
+        "vaes_alive": counts[WanVAE],
+    }
+
+
+def status() -> dict[str, Any]:
+    device = mm.get_torch_device()
+    return {
+        "device": str(device),
+        "free_memory_bytes": int(mm.get_free_memory(device)),
+        "loaded_models": loaded_models(),
+        **live_models(),
+    }
+
+
+async def _status_handler(request):
+    from aiohttp import web
+
+    return web.json_response(status())
+
+
+def register_status_route() -> bool:
+    """Add ``GET /lingbot/status`` to the running ComfyUI server; False outside one.
+
+    Only a ComfyUI that is starting has imported ``server`` before its custom nodes;
+    importing it ourselves (tests, tools) would drag in the whole server for nothing.
+    """
+    server = sys.modules.get("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    routes = getattr(instance, "routes", None)
+    if routes is None:
+        return False
+    if any(getattr(route, "path", None) == STATUS_ROUTE for route in routes):
+        return True  # the pack was imported twice; aiohttp refuses duplicate routes
+    routes.get(STATUS_ROUTE)(_status_handler)
+    log.debug("LingBot: registered GET %s", STATUS_ROUTE)
+    return True

@@ -1,0 +1,77 @@
+"""LingBot T5 Encode + Unload: prompts -> umT5 embeddings, encoder freed before returning."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import folder_paths
+
+from ..pipeline.text import TextEmbeddings, encode_text
+from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
+from . import types
+from .devices import DEVICE_CHOICES, DEVICE_TOOLTIP, TEXT_WORKSPACE, check_interrupt, make_room, pick_device
+from .model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
+
+CACHE_USER = "lingbot_world"
+
+
+def embedding_cache_dir() -> Path:
+    """Where encoded prompts are kept between runs and restarts.
+
+    ComfyUI's temp folder is wiped at every start, so it would not spare a single T5 load
+    after a restart. A "system user" folder (user/__lingbot_world) persists, belongs to
+    this ComfyUI install, and is never served over HTTP; models/ is kept for weights.
+    """
+    system_dir = getattr(folder_paths, "get_system_user_directory", None)
+    if system_dir is not None:
+        base = Path(system_dir(CACHE_USER))
+    else:  # hosts older than the system-user API
+        base = Path(folder_paths.get_user_directory()) / f"__{CACHE_USER}"
+    return base / "text_embeddings"
+
+
+class LingBotTextEncode:
+    DESCRIPTION = (
+        "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
+        "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "
+        "a prompt seen before does not load the encoder at all."
+    )
+    CATEGORY = types.CATEGORY
+    RETURN_TYPES = (types.TEXT,)
+    RETURN_NAMES = ("text",)
+    OUTPUT_TOOLTIPS = ("The prompt embeddings for the LingBot sampler.",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "t5_file": (list_t5_files(), {
+                    "tooltip": "umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth, from "
+                    "models/lingbot or models/text_encoders.",
+                }),
+                "tokenizer": (list_tokenizer_folders(), {
+                    "tooltip": "Folder with the umT5 tokenizer (tokenizer.json or spiece.model), e.g. the "
+                    "package's tokenizer/ folder.",
+                }),
+                "prompt": ("STRING", {
+                    "multiline": True, "default": "",
+                    "tooltip": "What the video shows and how the scene moves.",
+                }),
+                "negative_prompt": ("STRING", {
+                    "multiline": True, "default": DEFAULT_NEGATIVE_PROMPT,
+                    "tooltip": "What to steer away from. The default is the one the model was tuned with.",
+                }),
+                "device": (list(DEVICE_CHOICES), {"default": "auto", "tooltip": DEVICE_TOOLTIP}),
+            }
+        }
+
+    def encode(self, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str):
+        t5_path = resolve_model_path(t5_file, T5_KINDS, "t5_file", want_dir=False)
+        tokenizer_dir = resolve_model_path(tokenizer, TOKENIZER_KINDS, "tokenizer", want_dir=True)
+        target = pick_device(device)
+        text: TextEmbeddings = encode_text(
+            t5_path, tokenizer_dir, prompt, negative_prompt, target,
+            cache_dir=embedding_cache_dir(), check_interrupt=check_interrupt,
+            before_load=lambda: make_room(target, t5_path, TEXT_WORKSPACE),
+        )
+        return (text,)

@@ -1,0 +1,90 @@
+"""Stage 2: the first frame -> the image-to-video condition y, with the VAE freed after."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..loaders.vae_loader import load_vae
+from ..wan.conditioning import (
+    check_frame_count,
+    check_size,
+    conditioning_video,
+    first_frame_mask,
+    image_to_tensor,
+)
+from .memory import release_module, resolve_device
+
+ImageLike = Image.Image | np.ndarray | torch.Tensor
+
+
+@dataclass
+class I2VCondition:
+    y: torch.Tensor  # [20, F_lat, H/8, W/8] float32 on the CPU: 4 mask + 16 latent channels
+    frames: int
+    height: int
+    width: int
+
+
+def vae_dtype(device: torch.device) -> torch.dtype:
+    # bf16 halves the VAE's activation memory on GPUs; CPUs run float32 faster and exactly.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# Rows converted at a time: the float temporaries of a whole 8000x8000 frame would be
+# gigabytes; a band of rows keeps them to a few megabytes.
+_ROWS_PER_BAND = 256
+
+
+def _to_uint8(array: np.ndarray) -> np.ndarray:
+    """Float pixels in 0..1 -> uint8, band by band (NaN becomes 0)."""
+    out = np.empty(array.shape, dtype=np.uint8)
+    for start in range(0, array.shape[0], _ROWS_PER_BAND):
+        band = np.clip(np.nan_to_num(array[start:start + _ROWS_PER_BAND], nan=0.0), 0.0, 1.0)
+        out[start:start + _ROWS_PER_BAND] = (band * 255.0 + 0.5).astype(np.uint8)
+    return out
+
+
+def as_pil(image: ImageLike) -> Image.Image:
+    """A ComfyUI IMAGE frame ([H,W,C] float 0..1), a uint8 array or a PIL image -> PIL."""
+    if isinstance(image, Image.Image):
+        return image
+    array = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    if array.ndim == 4:  # a batch: the first frame is the one that conditions the video
+        array = array[0]
+    if array.dtype != np.uint8:
+        array = _to_uint8(array)
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    return Image.fromarray(array)
+
+
+def encode_image(
+    vae_file: str | Path,
+    image: ImageLike,
+    frames: int,
+    height: int,
+    width: int,
+    device: torch.device | str | None = None,
+    check_interrupt: Callable[[], None] | None = None,
+) -> I2VCondition:
+    check_frame_count(frames)
+    check_size(height, width)
+    device = resolve_device(device)
+    pixels = image_to_tensor(as_pil(image), height, width)
+    clip = conditioning_video(pixels, frames)
+    vae = load_vae(vae_file, device, vae_dtype(device))
+    try:
+        if check_interrupt:
+            check_interrupt()
+        with torch.inference_mode():
+            latent = vae.encode(clip[None].to(device, vae_dtype(device)))[0].float().cpu()
+    finally:
+        release_module(vae)
+        del vae
+    mask = first_frame_mask(frames, latent.shape[-2], latent.shape[-1])
+    return I2VCondition(y=torch.cat([mask, latent]), frames=frames, height=height, width=width)

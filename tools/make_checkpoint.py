@@ -1,0 +1,107 @@
+"""Write a synthetic (random-weight) LingBot-World package in SPEC §2 layout A (NF4) or B (bf16).
+
+    python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
+    python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
+
+``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
+~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
+experts are made and quantized part by part on that device, never whole in RAM.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
+from ..loaders.synthetic_dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
+from ..loaders.synthetic_t5 import write_t5_checkpoint, write_tokenizer
+from ..loaders.synthetic_vae import write_vae_checkpoint
+from ..wan.config import A14B, TINY
+from ..wan.t5 import T5_TINY, UMT5_XXL
+from ..wan.vae import VAE_TINY, WAN21
+
+PRESETS = {
+    "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
+    "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
+}
+PARTS = ("experts", "t5", "vae", "tokenizer")
+# Folder names per layout: (high-noise, low-noise).
+EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": (HIGH_NOISE_FOLDERS[1], LOW_NOISE_FOLDERS[1])}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="make_checkpoint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model geometry")
+    p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
+                   help="nf4: layout A (*_bnb_nf4 folders); bf16: layout B (sharded diffusers folders)")
+    p.add_argument("--out", type=Path, required=True, help="package folder to write (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="base seed; each component gets its own offset")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where expert weights are made")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    args = p.parse_args(argv)
+    parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        p.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    args.parts = parts
+    return args
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str]) -> list[Path]:
+    """Write the chosen parts of a package into ``out``; returns the written paths."""
+    shapes = PRESETS[preset]
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if "experts" in parts:
+        write_expert = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
+        for offset, folder in enumerate(EXPERT_FOLDERS[layout]):  # high- and low-noise differ by seed
+            written.append(write_expert(out / folder, shapes["dit"], seed=seed + offset, device=device))
+    if "t5" in parts:
+        written.append(write_t5_checkpoint(out / T5_FILE, shapes["t5"], seed=seed + 2))
+    if "vae" in parts:
+        written.append(write_vae_checkpoint(out / VAE_FILE, shapes["vae"], seed=seed + 3))
+    if "tokenizer" in parts:
+        written.append(write_tokenizer(out / TOKENIZER_FOLDER, vocab_size=shapes["t5"].vocab_size))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    try:
+        written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.preset} package, layout {args.layout}, seed {args.seed}, in {args.out} "
+          f"({time.perf_counter() - start:.1f} s):")
+    for path in written:
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for f in files:
+            print(f"  {_human(f.stat().st_size):>9}  {f.relative_to(args.out)}")
+    print(f"  {_human(sum(_size(p) for p in written)):>9}  total")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

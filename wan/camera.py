@@ -1,0 +1,491 @@
+"""Camera path → Plücker-ray tensor for the DiT's camera layers (SPEC §4).
+
+Poses are camera-to-world 4×4 matrices in OpenCV axes (x right, y down, z forward);
+intrinsics are (fx, fy, cx, cy) in pixels of a 480×832 frame. The chain is:
+validate → cut to the usable frame count → interpolate to one pose per latent frame →
+frame-to-frame relative poses with unit-scale translations → per-pixel rays
+(origin ⊕ unit direction) → fold each 8×8 pixel block into 384 channels.
+
+Also here: camera presets for users without a pose file, and a top-down preview image.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+from scipy.spatial.transform import Rotation, Slerp
+
+from .conditioning import check_frame_count
+
+__all__ = [
+    "CameraError",
+    "DEFAULT_INTRINSICS",
+    "PRESETS",
+    "INTRINSICS_HEIGHT",
+    "INTRINSICS_WIDTH",
+    "build_camera",
+    "camera_tensor",
+    "draw_trajectory",
+    "fold_rays",
+    "interpolate_poses",
+    "latent_frames",
+    "load_trajectory",
+    "plucker_rays",
+    "preset_trajectory",
+    "relative_poses",
+    "scale_intrinsics",
+    "usable_frames",
+    "validate_trajectory",
+]
+
+# Intrinsics files are written for this frame size; they are rescaled to the output size.
+INTRINSICS_HEIGHT = 480
+INTRINSICS_WIDTH = 832
+# Pixels per latent cell along each spatial axis (VAE stride), folded into channels.
+FOLD = 8
+ROTATION_TOLERANCE = 1e-3
+
+ArrayOrPath = Union[np.ndarray, torch.Tensor, str, os.PathLike]
+
+
+class CameraError(ValueError):
+    """A camera trajectory that cannot be used; the message names the field at fault."""
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _where(source: str) -> str:
+    return f" in {source}" if source else ""
+
+
+def _as_float_array(value: object, field: str, source: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise CameraError(f"{field}{_where(source)}: not a numeric array ({exc})") from exc
+    return arr
+
+
+def validate_trajectory(poses: np.ndarray, intrinsics: np.ndarray, source: str = "") -> None:
+    """Raise CameraError unless ``poses`` [N,4,4] and ``intrinsics`` [N,4] or [4] are usable.
+
+    Poses must be finite rigid transforms (orthonormal rotation, det +1, last row 0 0 0 1);
+    intrinsics finite with positive focal lengths; one intrinsics row per pose when given
+    per frame. ``source`` (a file or node name) is put into the messages.
+    """
+    where = _where(source)
+    p = _as_float_array(poses, "poses", source)
+    k = _as_float_array(intrinsics, "intrinsics", source)
+
+    if p.ndim != 3 or p.shape[1:] != (4, 4):
+        raise CameraError(f"poses{where}: expected shape [N, 4, 4], got {list(p.shape)}")
+    if p.shape[0] < 1:
+        raise CameraError(f"poses{where}: the trajectory is empty (N = 0)")
+    bad = np.argwhere(~np.isfinite(p).all(axis=(1, 2)))
+    if bad.size:
+        raise CameraError(f"poses{where}: pose {int(bad[0, 0])} holds NaN or inf values")
+    last_row_err = np.abs(p[:, 3, :] - np.array([0.0, 0.0, 0.0, 1.0])).max(axis=1)
+    bad = np.argwhere(last_row_err > ROTATION_TOLERANCE)
+    if bad.size:
+        i = int(bad[0, 0])
+        raise CameraError(
+            f"poses{where}: pose {i} has last row {p[i, 3].tolist()}, expected [0, 0, 0, 1]"
+        )
+    rot = p[:, :3, :3]
+    ortho_err = np.abs(rot @ rot.transpose(0, 2, 1) - np.eye(3)).max(axis=(1, 2))
+    bad = np.argwhere(ortho_err > ROTATION_TOLERANCE)
+    if bad.size:
+        i = int(bad[0, 0])
+        raise CameraError(
+            f"poses{where}: the rotation part of pose {i} is not orthonormal "
+            f"(max |R·Rᵀ − I| = {ortho_err[i]:.3g}); poses must be rigid camera-to-world matrices"
+        )
+    det = np.linalg.det(rot)
+    bad = np.argwhere(np.abs(det - 1.0) > ROTATION_TOLERANCE)
+    if bad.size:
+        i = int(bad[0, 0])
+        raise CameraError(
+            f"poses{where}: the rotation part of pose {i} has determinant {det[i]:.4g}, expected +1 "
+            "(a reflection or a left-handed frame; OpenCV camera axes are x right, y down, z forward)"
+        )
+
+    if k.ndim == 1:
+        k = k[None]
+    if k.ndim != 2 or k.shape[1] != 4:
+        raise CameraError(
+            f"intrinsics{where}: expected shape [N, 4] or [4] (fx, fy, cx, cy), got {list(np.shape(intrinsics))}"
+        )
+    bad = np.argwhere(~np.isfinite(k).all(axis=1))
+    if bad.size:
+        raise CameraError(f"intrinsics{where}: row {int(bad[0, 0])} holds NaN or inf values")
+    bad = np.argwhere((k[:, 0] <= 0) | (k[:, 1] <= 0))
+    if bad.size:
+        i = int(bad[0, 0])
+        raise CameraError(
+            f"intrinsics{where}: row {i} has focal lengths fx={k[i, 0]:g}, fy={k[i, 1]:g}; both must be > 0"
+        )
+    if np.ndim(intrinsics) == 2 and k.shape[0] != p.shape[0]:
+        raise CameraError(
+            f"intrinsics{where}: {k.shape[0]} rows for {p.shape[0]} poses; give one row per pose or a single row"
+        )
+
+
+# --------------------------------------------------------------------------- frame counts
+
+
+def usable_frames(frame_num: int, n_poses: int) -> int:
+    """Frames a trajectory of ``n_poses`` poses can drive: at most 4·⌊(N−1)/4⌋ + 1."""
+    if n_poses < 1:
+        raise CameraError("poses: the trajectory is empty (N = 0)")
+    return min(int(frame_num), ((int(n_poses) - 1) // 4) * 4 + 1)
+
+
+def latent_frames(frames: int) -> int:
+    """Latent frames for ``frames`` video frames (the VAE packs 4 frames after the first)."""
+    return (int(frames) - 1) // 4 + 1
+
+
+# --------------------------------------------------------------------------- pose math
+
+
+def _load_array(value: ArrayOrPath, field: str) -> tuple[np.ndarray, str]:
+    if isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        try:
+            return np.load(path, allow_pickle=False), str(path)
+        except (OSError, ValueError) as exc:
+            raise CameraError(f"{field} in {path}: cannot read the file ({exc})") from exc
+    return value, ""
+
+
+def load_trajectory(
+    poses: ArrayOrPath, intrinsics: ArrayOrPath, frame_num: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validate a trajectory (arrays or .npy paths) and cut it to the frames it can drive.
+
+    Returns (c2ws [F,4,4] float64, K [4] = the first intrinsics row in 480×832 pixels,
+    F = the frame count actually used, ≤ ``frame_num``).
+    """
+    check_frame_count(frame_num)
+    p, p_src = _load_array(poses, "poses")
+    k, k_src = _load_array(intrinsics, "intrinsics")
+    source = " / ".join(s for s in (p_src, k_src) if s)
+    validate_trajectory(p, k, source)
+    p = np.asarray(p, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64).reshape(-1, 4)
+    frames = usable_frames(frame_num, len(p))
+    return p[:frames], k[0], frames
+
+
+def interpolate_poses(c2ws: np.ndarray | torch.Tensor, n_out: int) -> np.ndarray:
+    """Resample N poses to ``n_out`` poses evenly spread over source indices 0..N−1.
+
+    Translation is interpolated linearly, rotation by spherical linear interpolation
+    (scipy's Slerp). Slerp interpolates each segment through the rotation vector of the
+    relative rotation, which always takes the short way round, so the sign of the stored
+    quaternions (q and −q are one rotation) cannot cause jumps: the reference's explicit
+    sign flipping is already implied. Returns float64 [n_out, 4, 4].
+    """
+    if isinstance(c2ws, torch.Tensor):
+        c2ws = c2ws.detach().cpu().double().numpy()
+    c2ws = np.asarray(c2ws, dtype=np.float64)
+    n_src = c2ws.shape[0]
+    if n_out < 1:
+        raise ValueError(f"n_out must be >= 1; got {n_out}")
+    out = np.zeros((n_out, 4, 4))
+    out[:, 3, 3] = 1.0
+    if n_src == 1:
+        out[:] = c2ws[0]
+        return out
+    src = np.arange(n_src, dtype=np.float64)
+    tgt = np.linspace(0.0, n_src - 1.0, n_out)
+    for axis in range(3):
+        out[:, axis, 3] = np.interp(tgt, src, c2ws[:, axis, 3])
+    slerp = Slerp(src, Rotation.from_matrix(c2ws[:, :3, :3]))
+    out[:, :3, :3] = slerp(tgt).as_matrix()
+    return out
+
+
+def _rigid_inverse(t: torch.Tensor) -> torch.Tensor:
+    """Inverse of rigid transforms [..., 4, 4] via Rᵀ and −Rᵀ·t (no general matrix inverse)."""
+    inv = torch.zeros_like(t)
+    r_t = t[..., :3, :3].transpose(-1, -2)
+    inv[..., :3, :3] = r_t
+    inv[..., :3, 3:] = -r_t @ t[..., :3, 3:]
+    inv[..., 3, 3] = 1.0
+    return inv
+
+
+def relative_poses(c2ws: np.ndarray | torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """Frame-to-frame motion T_{i−1}⁻¹·T_i (first = identity), translations unit-scaled.
+
+    The reference first expresses all poses relative to the first one and then takes
+    consecutive differences; (T₀⁻¹T_{i−1})⁻¹(T₀⁻¹T_i) = T_{i−1}⁻¹T_i, so we take the
+    consecutive difference directly. With ``normalize`` the translations are divided by the
+    largest translation norm when that is > 0 (a camera that only rotates stays as it is).
+    """
+    t = c2ws if isinstance(c2ws, torch.Tensor) else torch.from_numpy(np.asarray(c2ws, dtype=np.float64))
+    rel = torch.eye(4, dtype=t.dtype, device=t.device).repeat(t.shape[0], 1, 1)
+    if t.shape[0] > 1:
+        rel[1:] = _rigid_inverse(t[:-1]) @ t[1:]
+    if normalize:
+        largest = rel[:, :3, 3].norm(dim=-1).max()
+        if largest > 0:
+            rel[:, :3, 3] = rel[:, :3, 3] / largest
+    return rel
+
+
+# --------------------------------------------------------------------------- rays
+
+
+def scale_intrinsics(k: np.ndarray | torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(fx, fy, cx, cy) of a 480×832 frame → the same camera at height×width.
+
+    x quantities (fx, cx) scale with the width ratio, y quantities (fy, cy) with the height
+    ratio; the frame is resized, not cropped, so there is no principal-point offset.
+    """
+    k = torch.as_tensor(np.asarray(k, dtype=np.float64)).reshape(-1, 4)[0]
+    sx = width / INTRINSICS_WIDTH
+    sy = height / INTRINSICS_HEIGHT
+    return torch.stack([k[0] * sx, k[1] * sy, k[2] * sx, k[3] * sy])
+
+
+def _camera_directions(K: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Unit view directions through pixel centres in camera axes: [k, h·w, 3] for K [k, 4]."""
+    dtype, device = K.dtype, K.device
+    fx, fy, cx, cy = (K[:, i].view(-1, 1, 1) for i in range(4))
+    u = torch.arange(w, dtype=dtype, device=device).view(1, 1, w) + 0.5
+    v = torch.arange(h, dtype=dtype, device=device).view(1, h, 1) + 0.5
+    x = ((u - cx) / fx).expand(-1, h, w)
+    y = ((v - cy) / fy).expand(-1, h, w)
+    dirs = torch.stack([x, y, torch.ones_like(x)], dim=-1).reshape(K.shape[0], h * w, 3)
+    return dirs / dirs.norm(dim=-1, keepdim=True)
+
+
+def plucker_rays(c2ws: torch.Tensor, K: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Per-pixel rays [F, h, w, 6] = camera origin ⊕ unit view direction in world axes.
+
+    Rays pass through pixel centres (+0.5); the camera-frame direction
+    ((u − cx)/fx, (v − cy)/fy, 1) is normalized, then rotated by the pose's rotation.
+    This is the (origin, direction) form the model was trained on, not the o×d moment.
+    ``K`` is [4] or [F, 4] in pixels of the h×w frame. Computed in ``c2ws``' dtype.
+    """
+    K = torch.as_tensor(K, dtype=c2ws.dtype, device=c2ws.device).reshape(-1, 4)
+    return _rays(c2ws, _camera_directions(K, h, w), h, w)
+
+
+def _rays(c2ws: torch.Tensor, cam_dirs: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Rays [F, h, w, 6] from camera-axis directions [1 or F, h·w, 3]."""
+    n_frames = c2ws.shape[0]
+    # Row vectors times Rᵀ apply R to every direction.
+    dirs = cam_dirs @ c2ws[:, :3, :3].transpose(-1, -2)
+    origins = c2ws[:, None, :3, 3].expand(n_frames, h * w, 3)
+    return torch.cat([origins, dirs], dim=-1).view(n_frames, h, w, 6)
+
+
+def fold_rays(rays: torch.Tensor) -> torch.Tensor:
+    """[F, h, w, 6] → [6·8·8, F, h/8, w/8], channel index = c·64 + dy·8 + dx."""
+    f, h, w, c = rays.shape
+    blocks = rays.reshape(f, h // FOLD, FOLD, w // FOLD, FOLD, c)
+    # (f, H, dy, W, dx, c) → (c, dy, dx, f, H, W)
+    return blocks.permute(5, 2, 4, 0, 1, 3).reshape(c * FOLD * FOLD, f, h // FOLD, w // FOLD)
+
+
+def build_camera(
+    poses: ArrayOrPath,
+    intrinsics: ArrayOrPath,
+    frame_num: int,
+    height: int,
+    width: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, int]:
+    """The camera tensor [1, 384, F_lat, height/8, width/8] and the frame count it covers.
+
+    The frame count is ``frame_num`` cut to what the trajectory can drive (SPEC §4); the
+    video must be generated with that many frames for the latent grids to line up.
+    """
+    if height % FOLD or width % FOLD or height < FOLD or width < FOLD:
+        raise ValueError(f"height and width must be positive multiples of {FOLD}; got {height}×{width}")
+    c2ws, k, frames = load_trajectory(poses, intrinsics, frame_num)
+    n_lat = latent_frames(frames)
+    keyframes = relative_poses(interpolate_poses(c2ws, n_lat)).to(device=device, dtype=torch.float32)
+    k_out = scale_intrinsics(k, height, width).to(device=device, dtype=torch.float32)
+    cam_dirs = _camera_directions(k_out[None], height, width)  # one K for all frames
+    out = torch.empty(1, 6 * FOLD * FOLD, n_lat, height // FOLD, width // FOLD, dtype=dtype, device=device)
+    # One latent frame at a time: full-resolution float32 rays for 21 frames at 720p
+    # would take ~0.7 GB.
+    for i in range(n_lat):
+        rays = _rays(keyframes[i : i + 1], cam_dirs, height, width)
+        out[0, :, i : i + 1] = fold_rays(rays).to(dtype)
+    return out, frames
+
+
+def camera_tensor(
+    poses: ArrayOrPath,
+    intrinsics: ArrayOrPath,
+    frame_num: int,
+    height: int,
+    width: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Plücker tensor [1, 384, F_lat, height/8, width/8] for the DiT (see ``build_camera``).
+
+    F_lat is ``(F − 1)//4 + 1`` for F = ``usable_frames(frame_num, N)``; use
+    ``build_camera`` to get F itself.
+    """
+    return build_camera(poses, intrinsics, frame_num, height, width, dtype, device)[0]
+
+
+# --------------------------------------------------------------------------- presets
+
+PRESETS = (
+    "static",
+    "pan_left",
+    "pan_right",
+    "tilt_up",
+    "tilt_down",
+    "dolly_in",
+    "dolly_out",
+    "orbit_left",
+    "orbit_right",
+)
+
+# Intrinsics of a 480×832 frame close to those of the reference examples.
+DEFAULT_INTRINSICS = (500.0, 500.0, INTRINSICS_WIDTH / 2, INTRINSICS_HEIGHT / 2)
+# Motion per video frame at speed 1 (81 frames → 40° pan, 24° tilt, 4 units dolly).
+PAN_DEG_PER_FRAME = 0.5
+TILT_DEG_PER_FRAME = 0.3
+DOLLY_PER_FRAME = 0.05
+ORBIT_DEG_PER_FRAME = 0.5
+ORBIT_RADIUS = 2.0
+
+
+def _rotations(axis: int, deg: np.ndarray) -> np.ndarray:
+    """Rotation matrices [N, 3, 3] about a camera axis (0 = x right, 1 = y down) by ``deg``.
+
+    About y, positive angles turn the view (z) towards +x; about x, towards −y (up).
+    """
+    rotvec = np.zeros((len(deg), 3))
+    rotvec[:, axis] = np.radians(deg)
+    return Rotation.from_rotvec(rotvec).as_matrix()
+
+
+def preset_trajectory(name: str, frames: int, speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """A simple camera move of ``frames`` poses (camera-to-world, first pose = identity).
+
+    Axes are OpenCV's (x right, y down, z forward). Note the model only sees translation
+    directions: relative_poses() rescales the largest step to unit length, so ``speed``
+    changes how far pans, tilts and orbits turn, while a dolly's speed is normalized away.
+    Returns (poses [frames, 4, 4] float32, intrinsics [frames, 4] float32 for 480×832).
+    """
+    key = str(name).strip().lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown camera preset {name!r}; choose one of {', '.join(PRESETS)}")
+    if isinstance(frames, bool) or int(frames) != frames or frames < 1:
+        raise ValueError(f"frames must be a positive integer; got {frames!r}")
+    if not math.isfinite(float(speed)):
+        raise ValueError(f"speed must be a finite number; got {speed!r}")
+    frames = int(frames)
+    step = np.arange(frames, dtype=np.float64) * float(speed)
+    poses = np.tile(np.eye(4), (frames, 1, 1))
+
+    if key in ("pan_left", "pan_right"):
+        sign = -1.0 if key == "pan_left" else 1.0
+        poses[:, :3, :3] = _rotations(1, sign * PAN_DEG_PER_FRAME * step)
+    elif key in ("tilt_up", "tilt_down"):
+        # y points down, so tilting up is a positive turn about x: z → (0, −sin θ, cos θ).
+        sign = 1.0 if key == "tilt_up" else -1.0
+        poses[:, :3, :3] = _rotations(0, sign * TILT_DEG_PER_FRAME * step)
+    elif key in ("dolly_in", "dolly_out"):
+        sign = 1.0 if key == "dolly_in" else -1.0
+        poses[:, 2, 3] = sign * DOLLY_PER_FRAME * step
+    elif key in ("orbit_left", "orbit_right"):
+        # Circle a point ORBIT_RADIUS ahead, always facing it: moving left means turning right.
+        sign = 1.0 if key == "orbit_left" else -1.0
+        angle = sign * ORBIT_DEG_PER_FRAME * step
+        rot = _rotations(1, angle)
+        target = np.array([0.0, 0.0, ORBIT_RADIUS])
+        poses[:, :3, :3] = rot
+        poses[:, :3, 3] = target - rot @ target
+    intrinsics = np.tile(np.asarray(DEFAULT_INTRINSICS, dtype=np.float64), (frames, 1))
+    return poses.astype(np.float32), intrinsics.astype(np.float32)
+
+
+# --------------------------------------------------------------------------- preview
+
+
+def draw_trajectory(poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (512, 512)) -> np.ndarray:
+    """Top-down view of a camera path: uint8 RGB [height, width, 3] for ``size`` = (width, height).
+
+    The path is drawn in the first camera's ground plane (its x to the right, its z
+    forward = up in the picture), so the preview does not depend on the world's axes.
+    Short ticks show where the camera looks; a green dot marks the start, a red square
+    the end.
+    """
+    from PIL import Image, ImageDraw
+
+    width, height = int(size[0]), int(size[1])
+    if width < 16 or height < 16:
+        raise ValueError(f"size must be at least 16×16 pixels; got {width}×{height}")
+    p = _as_float_array(poses, "poses", "")
+    if p.ndim != 3 or p.shape[1:] != (4, 4) or p.shape[0] < 1:
+        raise CameraError(f"poses: expected shape [N, 4, 4] with N >= 1, got {list(p.shape)}")
+    rel = np.linalg.inv(p[0]) @ p  # everything in the first camera's frame
+    xz = rel[:, [0, 2], 3]
+    look = rel[:, :3, 2][:, [0, 2]]  # camera z axis (view direction) on the ground plane
+
+    lo, hi = xz.min(axis=0), xz.max(axis=0)
+    extent = float(max(hi[0] - lo[0], hi[1] - lo[1]))
+    tick = 0.1 * extent
+    if extent < 1e-9:
+        # A camera that only turns: a fan of long ticks around a fixed point.
+        extent, tick = 0.0, 1.0
+    centre = (lo + hi) / 2
+    margin = 0.14 * min(width, height)
+    scale = (min(width, height) - 2 * margin) / (extent + 2 * tick)
+
+    def to_px(pt: np.ndarray) -> tuple[float, float]:
+        return (width / 2 + (pt[0] - centre[0]) * scale, height / 2 - (pt[1] - centre[1]) * scale)
+
+    img = Image.new("RGB", (width, height), (24, 26, 30))
+    draw = ImageDraw.Draw(img)
+    # Axes through the start camera: x (right) and z (forward).
+    ox, oy = to_px(np.zeros(2))
+    draw.line([(0, oy), (width, oy)], fill=(55, 58, 66))
+    draw.line([(ox, 0), (ox, height)], fill=(55, 58, 66))
+    draw.text((width - 14, oy + 2), "x", fill=(120, 124, 134))
+    draw.text((ox + 4, 2), "z", fill=(120, 124, 134))
+
+    n = len(xz)
+    every = max(1, n // 24)
+    for i in list(range(0, n, every)) + [n - 1]:
+        d = look[i]
+        norm = float(np.hypot(*d))
+        if norm < 1e-9:  # looking straight up or down
+            continue
+        tip = xz[i] + d / norm * tick
+        draw.line([to_px(xz[i]), to_px(tip)], fill=(240, 190, 60), width=2)
+    if n > 1:
+        pts = [to_px(q) for q in xz]
+        for i in range(n - 1):
+            t = i / max(1, n - 2)
+            colour = (int(80 + 150 * t), int(170 - 60 * t), int(255 - 120 * t))
+            draw.line([pts[i], pts[i + 1]], fill=colour, width=3)
+    r = max(3, min(width, height) // 64)
+    sx, sy = to_px(xz[0])
+    draw.ellipse([sx - r, sy - r, sx + r, sy + r], fill=(70, 200, 90))
+    ex, ey = to_px(xz[-1])
+    draw.rectangle([ex - r, ey - r, ex + r, ey + r], outline=(230, 70, 70), width=2)
+    draw.text((6, 6), f"top view, {n} poses", fill=(200, 200, 200))
+    draw.text((6, height - 16), "start", fill=(70, 200, 90))
+    draw.text((48, height - 16), "end", fill=(230, 70, 70))
+    return np.asarray(img, dtype=np.uint8).copy()

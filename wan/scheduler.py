@@ -1,0 +1,207 @@
+"""Flow-matching samplers: the noise schedule, UniPC (order 2, bh2) and plain Euler.
+
+The model predicts the flow ``v`` of the straight path x_σ = (1-σ)·x0 + σ·noise, so a clean
+estimate is ``x0 = x - σ·v``. Both samplers walk the same shifted schedule from σ≈1 to 0.
+
+The schedule follows the LingBot-World reference exactly (SPEC §6): the training range
+σ ∈ [1 - 1/T, 0] (T = 1000 training timesteps, the top value stored as float32) is cut into
+``steps`` equal pieces, the last point (0) is dropped, every σ is shifted with
+σ' = s·σ / (1 + (s-1)·σ), and a final σ = 0 is appended. The reference hands the DiT integer
+timesteps (σ'·T truncated towards zero); ``.timesteps`` holds those same values as floats.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = [
+    "SAMPLERS",
+    "FlowEulerSampler",
+    "FlowUniPCSampler",
+    "flow_sigmas",
+    "flow_timesteps",
+    "make_sampler",
+]
+
+SAMPLERS = ("unipc", "euler")
+
+
+def _check_schedule_args(steps: int, shift: float, num_train_timesteps: int) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer; got {steps!r}")
+    if not math.isfinite(float(shift)) or float(shift) <= 0:
+        raise ValueError(f"shift must be a finite number > 0; got {shift!r}")
+    if num_train_timesteps < 2:
+        raise ValueError(f"num_train_timesteps must be >= 2; got {num_train_timesteps!r}")
+
+
+def _shifted_schedule(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """The ``steps`` shifted sigmas (float64, without the final 0)."""
+    _check_schedule_args(steps, shift, num_train_timesteps)
+    # The reference derives its top sigma from a float32 training table, so 1 - 1/T is
+    # rounded to float32 before the linspace; the bottom of that table is exactly 0.
+    sigma_top = float(np.float32(1.0 - 1.0 / num_train_timesteps))
+    sigmas = np.linspace(sigma_top, 0.0, steps + 1)[:-1]
+    shift = float(shift)
+    return shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
+
+
+def flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """Shifted sigmas of a ``steps``-step run plus the final 0: float32 [steps + 1]."""
+    sigmas = _shifted_schedule(steps, shift, num_train_timesteps)
+    return torch.from_numpy(np.append(sigmas, 0.0).astype(np.float32))
+
+
+def flow_timesteps(steps: int, shift: float, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """DiT timesteps of a ``steps``-step run: float32 [steps], integer-valued.
+
+    The reference converts σ'·T to int64 (truncation) before calling the model, so the
+    model never sees fractional timesteps; we keep that so results and the expert switch
+    at the boundary (t >= 947) match it.
+    """
+    sigmas = _shifted_schedule(steps, shift, num_train_timesteps)
+    return torch.from_numpy(np.trunc(sigmas * num_train_timesteps).astype(np.float32))
+
+
+class _FlowSampler:
+    """Shared bookkeeping: the schedule and the step-index discipline."""
+
+    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000) -> None:
+        self.steps = int(steps)
+        self.shift = float(shift)
+        self.num_train_timesteps = int(num_train_timesteps)
+        self.sigmas = flow_sigmas(steps, shift, num_train_timesteps)
+        self.timesteps = flow_timesteps(steps, shift, num_train_timesteps)
+        # Python floats of the float32 schedule, for scalar coefficient arithmetic.
+        self._sig = [float(s) for s in self.sigmas]
+        self._next_index = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def reset(self) -> None:
+        """Forget the history so the sampler can start a new run from index 0."""
+        self._next_index = 0
+
+    def _begin_step(self, index: int) -> None:
+        index = int(index)
+        if not 0 <= index < self.steps:
+            raise IndexError(f"step index {index} is outside 0..{self.steps - 1}")
+        if index == 0:
+            self.reset()  # a new run always starts at index 0
+        elif index != self._next_index:
+            raise ValueError(
+                f"{type(self).__name__} is a multistep sampler and must be stepped in order: "
+                f"expected index {self._next_index}, got {index} (call reset() to restart)"
+            )
+
+    def _end_step(self, index: int) -> None:
+        self._next_index = int(index) + 1
+
+
+class FlowEulerSampler(_FlowSampler):
+    """First-order flow-matching Euler: x ← x + (σ_{i+1} − σ_i)·v."""
+
+    def step(self, model_output: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
+        self._begin_step(index)
+        x = sample.float()
+        v = model_output.to(device=x.device, dtype=torch.float32)
+        out = x + (self._sig[index + 1] - self._sig[index]) * v
+        self._end_step(index)
+        return out
+
+
+def _log_snr(sigma: float) -> float:
+    """λ(σ) = log(α/σ) with α = 1 − σ; +inf at σ = 0 (the clean end)."""
+    if sigma <= 0.0:
+        return math.inf
+    return math.log(1.0 - sigma) - math.log(sigma)
+
+
+class FlowUniPCSampler(_FlowSampler):
+    """UniPC multistep for flow prediction: order 2, B(h) = e^h − 1 (bh2), data prediction.
+
+    Each step first applies the UniC corrector to the incoming sample (using the new model
+    output), then the UniP predictor moves to the next sigma. Order rises to 2 after the
+    first step and drops back to 1 on the last step (lower-order final), where σ = 0 and
+    the predictor returns the clean estimate itself.
+    """
+
+    order = 2
+
+    def reset(self) -> None:
+        super().reset()
+        self._x0_history: list[torch.Tensor] = []  # clean estimates, oldest first (≤ 2)
+        self._last_sample: torch.Tensor | None = None  # sample the last predictor started from
+        self._last_order = 0
+
+    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000) -> None:
+        super().__init__(steps, shift, num_train_timesteps)
+        self.reset()
+
+    def _coefficients(self, i_from: int, i_to: int) -> tuple[float, float, float, float]:
+        """(σ_t/σ_s, α_t, φ = e^{-h} − 1, h) for a move from sigma index i_from to i_to."""
+        sig_s, sig_t = self._sig[i_from], self._sig[i_to]
+        h = _log_snr(sig_t) - _log_snr(sig_s)
+        phi = -1.0 if math.isinf(h) else math.expm1(-h)
+        return sig_t / sig_s, 1.0 - sig_t, phi, h
+
+    def _correct(self, x0_new: torch.Tensor, index: int) -> torch.Tensor:
+        """UniC: refine the sample at sigma ``index`` with the model output taken there."""
+        x_prev = self._last_sample
+        m0 = self._x0_history[-1]
+        ratio, alpha_t, phi, h = self._coefficients(index - 1, index)
+        b_h = phi  # bh2
+        x = ratio * x_prev - (alpha_t * phi) * m0
+        if self._last_order == 1:
+            return x - (alpha_t * b_h * 0.5) * (x0_new - m0)
+        # Order 2: weights solve [[1, 1], [r, 1]]·ρ = b for the two differences.
+        r = (_log_snr(self._sig[index - 2]) - _log_snr(self._sig[index - 1])) / h
+        d1 = (self._x0_history[-2] - m0) / r
+        hh = -h
+        g1 = phi / hh - 1.0
+        g2 = g1 / hh - 0.5
+        b1, b2 = g1 / b_h, 2.0 * g2 / b_h
+        rho0 = (b1 - b2) / (1.0 - r)
+        rho1 = b1 - rho0
+        return x - (alpha_t * b_h) * (rho0 * d1 + rho1 * (x0_new - m0))
+
+    def _predict(self, x: torch.Tensor, index: int, order: int) -> torch.Tensor:
+        """UniP: move from sigma ``index`` to ``index + 1``."""
+        m0 = self._x0_history[-1]
+        ratio, alpha_t, phi, h = self._coefficients(index, index + 1)
+        out = ratio * x - (alpha_t * phi) * m0
+        if order == 2:
+            r = (_log_snr(self._sig[index - 1]) - _log_snr(self._sig[index])) / h
+            d1 = (self._x0_history[-2] - m0) / r
+            out = out - (alpha_t * phi * 0.5) * d1  # bh2, order-2 weight fixed at 1/2
+        return out
+
+    def step(self, model_output: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
+        """Advance ``sample`` (at sigma ``index``) given the flow prediction taken there."""
+        self._begin_step(index)
+        x = sample.float()
+        v = model_output.to(device=x.device, dtype=torch.float32)
+        # The clean estimate uses the sample the model actually saw (before correction).
+        x0 = x - self._sig[index] * v
+        if index > 0:
+            x = self._correct(x0, index)
+        self._x0_history = (self._x0_history + [x0])[-2:]
+        order = min(self.order, self.steps - index, index + 1)
+        self._last_sample = x
+        self._last_order = order
+        out = self._predict(x, index, order)
+        self._end_step(index)
+        return out
+
+
+def make_sampler(name: str, steps: int, shift: float) -> FlowUniPCSampler | FlowEulerSampler:
+    """A fresh sampler by name: "unipc" (the reference's choice) or "euler"."""
+    key = str(name).strip().lower()
+    if key == "unipc":
+        return FlowUniPCSampler(steps, shift)
+    if key == "euler":
+        return FlowEulerSampler(steps, shift)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

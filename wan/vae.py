@@ -1,0 +1,513 @@
+"""The Wan2.1 video VAE: a causal 3-D convolutional autoencoder, 8x in space and 4x in time.
+
+A clip of 1 + 4k frames maps to 1 + k latent frames of 16 channels. Time is causal: the first
+frame is coded on its own, every later latent frame stands for 4 video frames and only looks
+back. That lets both directions run as a stream of small chunks (encode: 1 frame, then 4;
+decode: one latent frame at a time) in which every temporal convolution remembers the last
+frames it was fed, so memory is bounded by one chunk instead of the whole clip.
+
+Module and parameter names follow the official ``Wan2.1_VAE.pth`` so it loads as it is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Per-channel statistics of the latent space; encode returns (mu - mean) / std and decode
+# undoes it. They are constants of the trained model, not stored in the checkpoint.
+LATENT_MEAN = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)
+LATENT_STD = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)
+
+SPATIAL_FACTOR = 8
+TEMPORAL_FACTOR = 4
+
+# Per-call memory of the causal layers: layer -> the last input frames it saw (or a marker).
+# A fresh dict per encode/decode (and per tile) keeps calls independent and frees it after.
+Stream = dict
+
+
+@dataclass(frozen=True)
+class VAEGeometry:
+    dim: int = 96
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    temperal_downsample: tuple[bool, ...] = (False, True, True)  # spelling of the original config
+
+    def __post_init__(self) -> None:
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ValueError(
+                f"VAE geometry: temperal_downsample has {len(self.temperal_downsample)} entries, "
+                f"expected {len(self.dim_mult) - 1} (one per downsampling stage)"
+            )
+        if self.dim < 1 or self.z_dim < 1 or self.num_res_blocks < 1:
+            raise ValueError(f"VAE geometry: dim, z_dim and num_res_blocks must be positive ({self})")
+
+    @property
+    def stage_dims(self) -> list[int]:
+        return [self.dim * m for m in self.dim_mult]
+
+    @classmethod
+    def from_state_dict(cls, tensors: Mapping[str, torch.Tensor]) -> "VAEGeometry":
+        """Read the geometry off tensor shapes and block counts of an encoder state dict.
+
+        Any mapping whose values have a ``.shape`` works (meta tensors included).
+        """
+        for key in ("encoder.conv1.weight", "conv2.weight"):
+            if key not in tensors:
+                raise ValueError(f"no tensor {key!r}: this is not a Wan2.1 VAE state dict")
+        dim = int(tensors["encoder.conv1.weight"].shape[0])
+        z_dim = int(tensors["conv2.weight"].shape[0])
+
+        prefix = "encoder.downsamples."
+        indices = sorted({int(k[len(prefix):].split(".", 1)[0]) for k in tensors if k.startswith(prefix)})
+        if indices != list(range(len(indices))) or not indices:
+            raise ValueError(f"encoder.downsamples blocks are not numbered 0..n-1 (found {indices[:8]})")
+        # The blocks are stages of residual blocks, each stage but the last closed by a resampler.
+        stages: list[list[int]] = [[]]
+        temporal: list[bool] = []
+        for i in indices:
+            block = f"{prefix}{i}."
+            if block + "resample.1.weight" in tensors:
+                temporal.append(block + "time_conv.weight" in tensors)
+                stages.append([])
+            elif block + "residual.2.weight" in tensors:
+                stages[-1].append(int(tensors[block + "residual.2.weight"].shape[0]))
+            else:
+                raise ValueError(f"encoder.downsamples.{i} is neither a residual block nor a resampler")
+        counts = {len(s) for s in stages}
+        if len(counts) != 1 or 0 in counts:
+            raise ValueError(f"encoder stages have different residual block counts: {[len(s) for s in stages]}")
+        mults = []
+        for stage in stages:
+            if stage[-1] % dim:
+                raise ValueError(f"encoder stage width {stage[-1]} is not a multiple of the base width {dim}")
+            mults.append(stage[-1] // dim)
+        return cls(
+            dim=dim,
+            z_dim=z_dim,
+            dim_mult=tuple(mults),
+            num_res_blocks=counts.pop(),
+            temperal_downsample=tuple(temporal),
+        )
+
+
+# The real Wan2.1 VAE (~127 M parameters).
+WAN21 = VAEGeometry()
+# Same layer kinds and latent channels (the DiT needs 16), a few hundred kB, for CPU tests.
+VAE_TINY = VAEGeometry(dim=8)
+
+
+class _Numbered(nn.Module):
+    """Holds children under fixed numeric names, so parameter keys match the official file
+    (whose blocks were nn.Sequential with parameter-free layers in between)."""
+
+    def __init__(self, children: Mapping[int, nn.Module]) -> None:
+        super().__init__()
+        for index, child in children.items():
+            self.add_module(str(index), child)
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return self._modules[str(index)]
+
+
+class RMSNorm(nn.Module):
+    """Scale each position's channel vector to unit length times sqrt(channels), then by gamma."""
+
+    def __init__(self, channels: int, gamma_ndim: int) -> None:
+        super().__init__()
+        self.scale = channels**0.5
+        # The official file stores gamma as [C,1,1,1] in conv blocks and [C,1,1] in attention.
+        self.gamma = nn.Parameter(torch.ones(channels, *([1] * (gamma_ndim - 1))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gamma = self.gamma.reshape(-1, *([1] * (x.dim() - 2)))
+        # In place on normalize's fresh output: one full-size temporary instead of three.
+        return F.normalize(x, dim=1).mul_(gamma * self.scale)
+
+
+def _per_frame_conv2d(conv: nn.Conv2d, x: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
+    """Apply a 2-D conv to every frame of [B,C,T,H,W] as a (1,k,k) 3-D conv: no reshuffle copies."""
+    return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, stride=(1, stride, stride), padding=(0, padding, padding))
+
+
+class CausalConv3d(nn.Conv3d):
+    """A 3-D conv that looks only backwards in time.
+
+    Space is zero-padded symmetrically; time gets ``kt - 1`` past frames from the stream (zeros
+    before the first chunk), so a clip fed chunk by chunk gives the same result as all at once.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int | tuple[int, int, int]) -> None:
+        kt, kh, kw = (kernel,) * 3 if isinstance(kernel, int) else kernel
+        super().__init__(in_channels, out_channels, (kt, kh, kw), padding=(0, kh // 2, kw // 2))
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:  # type: ignore[override]
+        past = self.kernel_size[0] - 1
+        if past:
+            before = stream.get(self)
+            if before is None:
+                before = x.new_zeros((*x.shape[:2], past, *x.shape[3:]))
+            x = torch.cat([before, x], dim=2)
+            stream[self] = x[:, :, -past:].clone()  # a copy: a view would pin the whole chunk
+        return super().forward(x)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.residual = _Numbered({
+            0: RMSNorm(in_channels, 4),
+            2: CausalConv3d(in_channels, out_channels, 3),
+            3: RMSNorm(out_channels, 4),
+            6: CausalConv3d(out_channels, out_channels, 3),
+        })
+        self.shortcut = CausalConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        r = self.residual
+        h = r[2](F.silu(r[0](x), inplace=True), stream)
+        h = r[6](F.silu(r[3](h), inplace=True), stream)
+        return h + (x if self.shortcut is None else self.shortcut(x, stream))
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame (no mixing across time)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(channels, 3)
+        self.to_qkv = nn.Conv2d(channels, channels * 3, 1)
+        self.proj = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        qkv = _per_frame_conv2d(self.to_qkv, self.norm(x))
+        tokens = qkv.flatten(3).permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
+        q, k, v = tokens.chunk(3, dim=-1)
+        out = F.scaled_dot_product_attention(q, k, v)
+        out = out.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
+        return x + _per_frame_conv2d(self.proj, out)
+
+
+class Resample(nn.Module):
+    """Halve (encoder) or double (decoder) the frame size, and optionally the frame rate.
+
+    Temporal down: the first chunk's frame passes as it is; later chunks are convolved with
+    stride 2 together with the last frame of the previous chunk (4 frames -> 2).
+    Temporal up: the first chunk passes as it is; every later frame becomes two, produced by a
+    causal conv whose history starts after the first chunk.
+    """
+
+    def __init__(self, channels: int, up: bool, temporal: bool) -> None:
+        super().__init__()
+        self.up, self.temporal = up, temporal
+        if up:
+            self.resample = _Numbered({1: nn.Conv2d(channels, channels // 2, 3, padding=1)})
+            if temporal:
+                self.time_conv = CausalConv3d(channels, channels * 2, (3, 1, 1))
+        else:
+            self.resample = _Numbered({1: nn.Conv2d(channels, channels, 3, stride=2)})
+            if temporal:
+                self.time_conv = nn.Conv3d(channels, channels, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        return self._up(x, stream) if self.up else self._down(x, stream)
+
+    def _up(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        if self.temporal:
+            if self not in stream:
+                stream[self] = True  # the first chunk: no temporal doubling
+            else:
+                b, c, t, h, w = x.shape
+                pairs = self.time_conv(x, stream)  # [B, 2C, T]: two output frames per input frame
+                x = pairs.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+        x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest-exact")
+        return _per_frame_conv2d(self.resample[1], x, padding=1)
+
+    def _down(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        # Pad right and bottom only, then a stride-2 valid conv: H -> H/2 for even H.
+        x = _per_frame_conv2d(self.resample[1], F.pad(x, (0, 1, 0, 1)), stride=2)
+        if self.temporal:
+            last = stream.get(self)
+            stream[self] = x[:, :, -1:].clone()
+            if last is not None:
+                x = self.time_conv(torch.cat([last, x], dim=2))
+        return x
+
+
+def _head(in_channels: int, out_channels: int) -> _Numbered:
+    return _Numbered({0: RMSNorm(in_channels, 4), 2: CausalConv3d(in_channels, out_channels, 3)})
+
+
+def _run_head(head: _Numbered, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+    return head[2](F.silu(head[0](x), inplace=True), stream)
+
+
+def _middle(channels: int) -> nn.ModuleList:
+    return nn.ModuleList([ResidualBlock(channels, channels), AttentionBlock(channels), ResidualBlock(channels, channels)])
+
+
+class Encoder(nn.Module):
+    """Video chunk [B,3,T,H,W] -> [B, 2*z_dim, T', H/8, W/8] (mean and log-variance)."""
+
+    def __init__(self, g: VAEGeometry) -> None:
+        super().__init__()
+        widths = g.stage_dims
+        self.conv1 = CausalConv3d(3, g.dim, 3)
+        blocks: list[nn.Module] = []
+        channels = g.dim
+        for stage, width in enumerate(widths):
+            for _ in range(g.num_res_blocks):
+                blocks.append(ResidualBlock(channels, width))
+                channels = width
+            if stage < len(widths) - 1:
+                blocks.append(Resample(width, up=False, temporal=g.temperal_downsample[stage]))
+        self.downsamples = nn.ModuleList(blocks)
+        self.middle = _middle(channels)
+        self.head = _head(channels, 2 * g.z_dim)
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        x = self.conv1(x, stream)
+        for block in self.downsamples:
+            x = block(x, stream)
+        for block in self.middle:
+            x = block(x, stream)
+        return _run_head(self.head, x, stream)
+
+
+class Decoder(nn.Module):
+    """Latent chunk [B, z_dim, T, h, w] -> video [B, 3, T', 8h, 8w]; stages mirror the encoder."""
+
+    def __init__(self, g: VAEGeometry) -> None:
+        super().__init__()
+        widths = g.stage_dims[::-1]
+        temporal_up = g.temperal_downsample[::-1]
+        channels = widths[0]
+        self.conv1 = CausalConv3d(g.z_dim, channels, 3)
+        self.middle = _middle(channels)
+        blocks: list[nn.Module] = []
+        for stage, width in enumerate(widths):
+            for _ in range(g.num_res_blocks + 1):
+                blocks.append(ResidualBlock(channels, width))
+                channels = width
+            if stage < len(widths) - 1:
+                blocks.append(Resample(width, up=True, temporal=temporal_up[stage]))
+                channels = width // 2  # the upsampler's conv halves the channels
+        self.upsamples = nn.ModuleList(blocks)
+        self.head = _head(channels, 3)
+
+    def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        x = self.conv1(x, stream)
+        for block in self.middle:
+            x = block(x, stream)
+        for block in self.upsamples:
+            x = block(x, stream)
+        return _run_head(self.head, x, stream)
+
+
+Progress = Callable[[int, int], None]
+
+
+class WanVAE(nn.Module):
+    """Encoder, decoder and the two 1x1x1 convs between them and the latent space.
+
+    Build under ``torch.device("meta")`` to allocate nothing, then load weights (see
+    ``loaders.vae_loader``) or call :meth:`init_weights`. Runs in the dtype of its weights.
+    """
+
+    def __init__(self, geometry: VAEGeometry = WAN21) -> None:
+        super().__init__()
+        self.geometry = geometry
+        z = geometry.z_dim
+        self.encoder = Encoder(geometry)
+        self.conv1 = CausalConv3d(2 * z, 2 * z, 1)  # -> mean and log-variance
+        self.conv2 = CausalConv3d(z, z, 1)
+        self.decoder = Decoder(geometry)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.conv2.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.conv2.weight.device
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Random weights whose decoded output is finite and mostly inside [-1, 1]: for tests
+        and synthetic checkpoints. Materializes a meta-built model on the CPU first."""
+        if any(p.is_meta for p in self.parameters()):
+            self.to_empty(device="cpu")
+
+        def normal_(tensor: torch.Tensor, std: float, mean: float = 0.0) -> None:
+            draw = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+            tensor.copy_(draw.mul_(std).add_(mean))
+
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Conv2d, nn.Conv3d)):
+                fan_in = module.weight[0].numel()
+                # Quiet attention outputs and a tame final layer keep pixels mostly unclamped.
+                gain = 0.2 if name.endswith(".proj") else 0.5 if name == "decoder.head.2" else 1.0
+                normal_(module.weight, gain / math.sqrt(fan_in))
+                normal_(module.bias, 0.02)
+            elif isinstance(module, RMSNorm):
+                normal_(module.gamma, 0.1, mean=1.0)
+
+    def _latent_stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, -1, 1, 1, 1)
+        mean = torch.tensor(LATENT_MEAN, dtype=torch.float32, device=device).view(shape)
+        std = torch.tensor(LATENT_STD, dtype=torch.float32, device=device).view(shape)
+        return mean, std
+
+    @torch.no_grad()
+    def encode(self, video: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
+        """Video [B,3,F,H,W] in [-1,1] -> normalized latent [B,16,1+(F-1)//4,H/8,W/8], float32.
+
+        Frames past the last full group of 4 are ignored, as in the original. ``video`` may live
+        on the CPU: each chunk is moved to the model's device on its own.
+        """
+        if video.dim() != 5 or video.shape[1] != 3:
+            raise ValueError(f"video has shape {tuple(video.shape)}; expected [batch, 3, frames, height, width]")
+        b, _, frames, height, width = video.shape
+        if frames < 1 or height % SPATIAL_FACTOR or width % SPATIAL_FACTOR:
+            raise ValueError(
+                f"video of {frames} frames at {height}x{width}: needs at least one frame and a height and width divisible by 8"
+            )
+        z = self.geometry.z_dim
+        latent_frames = 1 + (frames - 1) // TEMPORAL_FACTOR
+        device, dtype = self.device, self.dtype
+        mu_weight, mu_bias = self.conv1.weight[:z], self.conv1.bias[:z]  # the log-variance half is unused
+        latent = torch.empty(
+            (b, z, latent_frames, height // SPATIAL_FACTOR, width // SPATIAL_FACTOR), dtype=torch.float32, device=device
+        )
+        stream: Stream = {}
+        for i in range(latent_frames):
+            start, stop = (0, 1) if i == 0 else (1 + TEMPORAL_FACTOR * (i - 1), 1 + TEMPORAL_FACTOR * i)
+            chunk = video[:, :, start:stop].to(device=device, dtype=dtype)
+            moments = self.encoder(chunk, stream)
+            latent[:, :, i : i + 1] = F.conv3d(moments, mu_weight, mu_bias)
+            if progress is not None:
+                progress(i + 1, latent_frames)
+        stream.clear()
+        mean, std = self._latent_stats(device)
+        return latent.sub_(mean).div_(std)
+
+    @torch.no_grad()
+    def decode(
+        self,
+        latent: torch.Tensor,
+        tile: int | None = None,
+        progress: Progress | None = None,
+        tile_overlap: int | None = None,
+    ) -> torch.Tensor:
+        """Normalized latent [B,16,T,h,w] -> video [B,3,1+4(T-1),8h,8w] in [-1,1], in the model's dtype.
+
+        ``tile`` (latent pixels, e.g. 32 = 256 px) decodes overlapping spatial tiles one after
+        the other, each with its own full temporal pass, and blends them linearly across the
+        overlap (``tile_overlap``, default tile // 4): peak memory then follows the tile, not the
+        frame. The result is close to, not equal to, the untiled one.
+        ``progress(done, total)`` is called after every decoded latent frame (of every tile).
+        """
+        if latent.dim() != 5 or latent.shape[1] != self.geometry.z_dim:
+            raise ValueError(
+                f"latent has shape {tuple(latent.shape)}; expected [batch, {self.geometry.z_dim}, frames, height/8, width/8]"
+            )
+        b, _, frames, h, w = latent.shape
+        if tile is not None and tile < 1:
+            raise ValueError(f"tile is {tile}; give a positive size in latent pixels, or None")
+        if tile is None or (tile >= h and tile >= w):
+            return self._decode_region(latent, _Counter(progress, frames)).clamp_(-1.0, 1.0)
+
+        overlap = tile // 4 if tile_overlap is None else tile_overlap
+        if not 0 <= overlap < tile:
+            raise ValueError(f"tile_overlap is {overlap}; it must be at least 0 and less than tile ({tile})")
+        rows, cols = _tile_spans(h, tile, overlap), _tile_spans(w, tile, overlap)
+        counter = _Counter(progress, frames * len(rows) * len(cols))
+        s = SPATIAL_FACTOR
+        out_frames = 1 + TEMPORAL_FACTOR * (frames - 1)
+        video = torch.zeros((b, 3, out_frames, h * s, w * s), dtype=self.dtype, device=self.device)
+        weight_rows = _blend_weights(rows, s, self.device)
+        weight_cols = _blend_weights(cols, s, self.device)
+        for (y0, y1), wy in zip(rows, weight_rows):
+            for (x0, x1), wx in zip(cols, weight_cols):
+                part = self._decode_region(latent[:, :, :, y0:y1, x0:x1], counter)
+                # The 1-D weights are normalized per axis, so their product sums to 1 per pixel.
+                # Weighting in float32 keeps bf16 rounding to the one final add.
+                weighted = part.float().mul_(wy[:, None] * wx[None, :])
+                del part
+                video[:, :, :, y0 * s : y1 * s, x0 * s : x1 * s] += weighted
+                del weighted
+        return video.clamp_(-1.0, 1.0)
+
+    def _decode_region(self, latent: torch.Tensor, counter: "_Counter") -> torch.Tensor:
+        """One full temporal pass, one latent frame at a time; unclamped output."""
+        b, _, frames, h, w = latent.shape
+        device, dtype = self.device, self.dtype
+        mean, std = self._latent_stats(device)
+        s = SPATIAL_FACTOR
+        video = torch.empty((b, 3, 1 + TEMPORAL_FACTOR * (frames - 1), h * s, w * s), dtype=dtype, device=device)
+        stream: Stream = {}
+        filled = 0
+        for i in range(frames):
+            z = latent[:, :, i : i + 1].to(device=device, dtype=torch.float32) * std + mean
+            x = self.decoder(self.conv2(z.to(dtype), stream), stream)
+            video[:, :, filled : filled + x.shape[2]] = x
+            filled += x.shape[2]
+            del x
+            counter.step()
+        stream.clear()
+        return video
+
+
+class _Counter:
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def step(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _tile_spans(length: int, tile: int, overlap: int) -> list[tuple[int, int]]:
+    """Evenly spread [start, stop) windows of ``tile`` covering ``length`` with at least ``overlap``."""
+    if length <= tile:
+        return [(0, length)]
+    count = math.ceil((length - overlap) / (tile - overlap))
+    # Floor division keeps neighbouring starts at most tile - overlap apart.
+    starts = [i * (length - tile) // (count - 1) for i in range(count)]
+    return [(start, start + tile) for start in starts]
+
+
+def _blend_weights(spans: list[tuple[int, int]], scale: int, device: torch.device) -> list[torch.Tensor]:
+    """Per span, output-pixel weights that ramp linearly across the overlaps with its neighbours,
+    normalized so that the weights of all spans sum to 1 at every pixel."""
+    total = spans[-1][1] * scale
+    raw = []
+    for i, (start, stop) in enumerate(spans):
+        weight = torch.ones((stop - start) * scale, dtype=torch.float32, device=device)
+        if i > 0:
+            n = (spans[i - 1][1] - start) * scale
+            if n > 0:
+                weight[:n] *= (torch.arange(n, dtype=torch.float32, device=device) + 0.5) / n
+        if i < len(spans) - 1:
+            n = (stop - spans[i + 1][0]) * scale
+            if n > 0:
+                weight[-n:] *= (torch.arange(n, 0, -1, dtype=torch.float32, device=device) - 0.5) / n
+        raw.append(weight)
+    coverage = torch.zeros(total, dtype=torch.float32, device=device)
+    for (start, stop), weight in zip(spans, raw):
+        coverage[start * scale : stop * scale] += weight
+    return [weight / coverage[start * scale : stop * scale] for (start, stop), weight in zip(spans, raw)]
