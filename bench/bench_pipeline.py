@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,7 @@ from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, 
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from kernel_floor import block_floor_ms  # noqa: E402
-from memwatch import GB, MemoryWatch  # noqa: E402
+from memwatch import GB, MemoryWatch, read_status  # noqa: E402
 
 PROMPT = "A slow flight through a fantasy jungle towards an ancient castle, waterfalls in the distance."
 
@@ -116,7 +117,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
                                            args.frames, height, width)
             else:
                 camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
-        experts = TimedExperts(files.high, files.low, device)
+        experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
         step_times: list[float] = []
         last = [0.0]
 
@@ -187,7 +188,7 @@ def run_load_expert(args: argparse.Namespace) -> dict:
 def run_naive_load(args: argparse.Namespace) -> dict:
     """The community recipe's way: read the whole file into RAM, build on the CPU, move to GPU."""
     import bitsandbytes as bnb
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_bytes
 
     from comfyui_lingbot_world.wan.model import LingBotDiT
 
@@ -198,7 +199,7 @@ def run_naive_load(args: argparse.Namespace) -> dict:
     suffix = ".weight.quant_state.bitsandbytes__nf4"
     with MemoryWatch() as watch:
         with watch.phase("naive_load"):
-            state = load_file(str(weights))  # the whole file in anonymous memory
+            state = load_bytes(weights.read_bytes())  # the whole file read into RAM, then parsed
             with torch.device("meta"):
                 model = LingBotDiT(config).to(torch.bfloat16)
             model = model.to_empty(device="cpu")  # a CPU skeleton, filled from the state dict below
@@ -225,9 +226,39 @@ def run_naive_load(args: argparse.Namespace) -> dict:
     return record
 
 
+def run_soak(args: argparse.Namespace) -> dict:
+    """N whole runs in one process (the prompt changes, so T5 loads every time): memory
+    after each run, to show nothing creeps. The pipeline is the one the nodes call."""
+    from PIL import Image
+
+    from comfyui_lingbot_world.pipeline.run import CameraRequest, generate
+    from comfyui_lingbot_world.pipeline.memory import empty_device_cache
+
+    height, width = (int(v) for v in args.size.split("x"))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
+    camera = CameraRequest(folder=Path(args.camera_dir)) if args.camera_dir else CameraRequest(preset="orbit_left")
+    record = base_record(args) | {"mode": "soak", "size": args.size, "frames": args.frames, "steps": args.steps,
+                                  "runs": []}
+    for run in range(args.runs):
+        started = time.perf_counter()
+        video = generate(args.package, image, f"{PROMPT} Take {run}.", "", args.frames, height, width, camera,
+                         SamplingParams(steps=args.steps, shift=args.shift, seed=run), device="cuda")
+        empty_device_cache()
+        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()[0]
+        status = read_status()
+        record["runs"].append({"seconds": time.perf_counter() - started, "finite": bool(torch.isfinite(video).all()),
+                               "rss_anon_gb": status["RssAnon"] / GB, "vram_allocated_gb": torch.cuda.memory_allocated() / GB,
+                               "vram_reserved_gb": torch.cuda.memory_reserved() / GB, "nvidia_smi_used_mib": int(used)})
+    first, last = record["runs"][0], record["runs"][-1]
+    record["rss_anon_growth"] = last["rss_anon_gb"] / first["rss_anon_gb"] - 1
+    record["nvidia_smi_growth"] = last["nvidia_smi_used_mib"] / first["nvidia_smi_used_mib"] - 1
+    return record
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("pipeline", "load-expert", "naive-load"))
+    p.add_argument("mode", choices=("pipeline", "load-expert", "naive-load", "soak"))
     p.add_argument("--package", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--size", default="480x832")
@@ -240,9 +271,11 @@ def main() -> int:
     p.add_argument("--image")
     p.add_argument("--camera-dir")
     p.add_argument("--kernel-floor", action="store_true")
+    p.add_argument("--runs", type=int, default=5, help="soak: number of whole runs")
     p.add_argument("--no-batch-cfg", action="store_true", help="run the two CFG branches as separate passes")
     args = p.parse_args()
-    runner = {"pipeline": run_pipeline, "load-expert": run_load_expert, "naive-load": run_naive_load}[args.mode]
+    runner = {"pipeline": run_pipeline, "load-expert": run_load_expert, "naive-load": run_naive_load,
+              "soak": run_soak}[args.mode]
     try:
         record = runner(args)
     except torch.cuda.OutOfMemoryError as exc:

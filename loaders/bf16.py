@@ -16,12 +16,14 @@ from bitsandbytes.nn import Linear4bit
 from safetensors.torch import save_file
 from torch import nn
 
+from ..wan.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
 from .errors import CheckpointError, preview
+from .json_file import read_json_object
 from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, read_config, require_layout, write_config
-from .nf4 import quantize_linear
+from .nf4 import nf4_packed_shape, quantize_linear
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
 from .tensor_source import SafetensorsSource
 
@@ -33,13 +35,8 @@ _SHARD_NAME = "diffusion_pytorch_model-{index:05d}-of-{total:05d}.safetensors"
 
 def _read_index(path: Path) -> dict[str, str]:
     """weight_map of the index file (key -> shard file name), validated."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(path, f"cannot be read ({exc})") from exc
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    data = read_json_object(path, "a sharded bf16 expert folder needs its index")
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(path, "has no 'weight_map' object (tensor name -> shard file)")
     for key, name in weight_map.items():
@@ -68,11 +65,18 @@ def load_bf16_expert(
     device: torch.device | str,
     dtype: torch.dtype = torch.bfloat16,
     quantize: str | None = None,
+    block_swap: int | None = None,
 ) -> LingBotDiT:
     """Load a layout-B expert onto ``device`` (eval mode, no gradients).
 
     ``quantize="nf4"`` turns every nn.Linear into a bitsandbytes NF4 Linear4bit while loading
     (blocksize 64, double quantization, compute dtype ``dtype``), as the NF4 package stores them.
+
+    ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA); the linear weights
+    of the others live in pinned RAM and stream in during each forward (see
+    ``wan.block_swap``). Unquantized, they are read from the memory map straight into pinned
+    RAM; with ``quantize="nf4"`` each is quantized on the GPU and its packed bytes moved out.
+    None (or K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """
     if quantize not in (None, "nf4"):
         raise ValueError(f"quantize={quantize!r}: only None or 'nf4' are supported")
@@ -80,6 +84,7 @@ def load_bf16_expert(
     config_path = folder / CONFIG_FILE
     config = read_config(folder)
     device = torch.device(device)
+    resident = resident_blocks(block_swap, config.num_layers, device)
     source, described_by = open_bf16_weights(folder, device)
     with source:
         model = build_on_meta(config, config_path)
@@ -91,17 +96,49 @@ def load_bf16_expert(
 
         linears = linear_layers(model) if quantize else {}
         deferred = {f"{name}.weight" for name in linears}
+        host: dict[str, torch.Tensor] = {}
+        if resident is not None:
+            def spec(key: str) -> tuple[tuple[int, ...], torch.dtype]:
+                if key in deferred:  # stored as NF4: the packed bytes go to RAM
+                    return nf4_packed_shape(*expected[key].shape), torch.uint8
+                return tuple(expected[key].shape), dtype
+            host = host_weights_for(model, resident, spec)
         plain = {k: t for k, t in expected.items() if k not in deferred}
-        materialize(model, described_by, list(plain), source.read, device, float_dtype(dtype), expected=plain)
+        on_device = {k: t for k, t in plain.items() if k not in host}
+        materialize(model, described_by, list(on_device), source.read, device, float_dtype(dtype), expected=on_device)
+        in_host = {k: t for k, t in plain.items() if k in host}
+        if in_host:
+            host_source, _ = open_bf16_weights(folder, "cpu")
+            with host_source:
+                materialize(model, described_by, list(in_host), lambda key: host[key].copy_(host_source.read(key)),
+                            "cpu", float_dtype(dtype), expected=in_host)
         for name, linear in linears.items():
             # One bf16 weight on the device at a time, quantized and dropped before the next.
             materialize(linear, source.file_of(f"{name}.weight"), ["weight"],
                         lambda _key, n=name: source.read(f"{n}.weight"), device, float_dtype(dtype),
                         expected={"weight": linear.weight})
-            model.set_submodule(name, quantize_linear(linear, compute_dtype=dtype))
+            layer = quantize_linear(linear, compute_dtype=dtype)
+            packed_into = host.get(f"{name}.weight")
+            if packed_into is not None:
+                _move_packed(layer, packed_into, name)
+            model.set_submodule(name, layer)
             linear.weight = None  # type: ignore[assignment]
     check_loaded(model, described_by)
+    if resident is not None:
+        BlockSwapper(model, resident, device)
     return model.eval().requires_grad_(False)
+
+
+def _move_packed(layer: Linear4bit, host: torch.Tensor, name: str) -> None:
+    """Put a freshly quantized layer's packed weight into ``host`` (pinned RAM); the quant
+    state stays on the device."""
+    packed = layer.weight.data
+    if tuple(packed.shape) != tuple(host.shape) or packed.dtype != host.dtype:
+        raise RuntimeError(f"{name}: bitsandbytes packed the NF4 weight as {tuple(packed.shape)} {packed.dtype}, "
+                           f"block swap expected {tuple(host.shape)} {host.dtype}; this bitsandbytes version "
+                           "is not supported with block swap")
+    host.copy_(packed)
+    layer.weight.data = host
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from ..wan.config import DiTConfig
 from .errors import CheckpointError, preview
+from .json_file import read_json_object
 
 ExpertLayout = Literal["nf4", "bf16"]
 
@@ -113,16 +114,7 @@ def _check_config_values(path: Path, data: dict[str, Any]) -> None:
 def read_config(folder: str | Path) -> DiTConfig:
     """The DiT geometry from ``<folder>/config.json`` (fields missing from it keep A14B defaults)."""
     path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(path, "not found; every expert folder needs its config.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(path, f"cannot be read ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(path, f"holds a JSON {type(data).__name__}, expected an object of model fields")
+    data = read_json_object(path, "every expert folder needs its config.json")
     _check_config_values(path, data)
     try:
         return DiTConfig.from_dict(data)

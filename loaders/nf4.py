@@ -9,6 +9,7 @@ reads bitsandbytes checkpoints reads ours.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,10 +24,12 @@ from bitsandbytes.utils import unpack_tensor_to_dict
 from safetensors.torch import save_file
 from torch import nn
 
+from ..wan.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
 from .errors import CheckpointError
+from .json_file import read_json_object
 from .layout import (
     CONFIG_FILE,
     NF4_LEGACY_WEIGHTS_FILE,
@@ -87,16 +90,7 @@ class NF4Meta:
 def read_quantization_meta(folder: str | Path) -> NF4Meta:
     """Parse and validate ``quantization_meta.json``; errors name the field at fault."""
     path = Path(folder) / NF4_META_FILE
-    if not path.is_file():
-        raise CheckpointError(path, "not found; an NF4 expert folder needs it next to model.safetensors")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(path, f"cannot be read ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(path, f"holds a JSON {type(data).__name__}, expected an object")
+    data = read_json_object(path, "an NF4 expert folder needs it next to model.safetensors")
     for name in ("format", "blocksize", "double_quant"):
         if name not in data:
             raise CheckpointError(path, f"field {name!r} is missing")
@@ -189,6 +183,11 @@ def quantize_linears_(
         if not isinstance(linear, Linear4bit):
             model.set_submodule(name, quantize_linear(linear, blocksize, double_quant, compute_dtype))
     return model
+
+
+def nf4_packed_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """Shape of the uint8 tensor bitsandbytes packs an [out, in] NF4 weight into (two values a byte)."""
+    return ((out_features * in_features + 1) // 2, 1)
 
 
 def _check_layer_settings(name: str, layer: Linear4bit, blocksize: int, double_quant: bool) -> None:
@@ -338,8 +337,14 @@ def _check_packed_sizes(source: TensorSource, name: str, info: dict, weights: Pa
 
 def _linear4bit_from_file(
     linear: nn.Linear, name: str, source: TensorSource, info: dict, device: torch.device, compute_dtype: torch.dtype,
+    packed_into: torch.Tensor | None = None,
 ) -> Linear4bit:
-    """A Linear4bit with no meta tensors, its weight built by bitsandbytes from this layer's tensors."""
+    """A Linear4bit with no meta tensors, its weight built by bitsandbytes from this layer's tensors.
+
+    With ``packed_into`` (a host tensor, for block swap) the packed weight is copied there
+    and stays in host memory; the quant state still goes to ``device``. ``source`` should
+    then give CPU tensors, so nothing takes a detour through the GPU.
+    """
     nested = "nested_blocksize" in info
     layer = Linear4bit(
         linear.in_features, linear.out_features, bias=linear.bias is not None, compute_dtype=compute_dtype,
@@ -352,7 +357,16 @@ def _linear4bit_from_file(
     except Exception as exc:
         raise CheckpointError(source.file_of(f"{name}.weight"),
                               f"cannot read 4-bit layer {name} ({exc}); the file may be truncated or corrupt") from exc
-    layer.weight = Params4bit.from_prequantized(packed, stats, requires_grad=False, device=device, module=layer)
+    if packed_into is None:
+        layer.weight = Params4bit.from_prequantized(packed, stats, requires_grad=False, device=device, module=layer)
+    else:
+        if tuple(packed.shape) != tuple(packed_into.shape):
+            raise CheckpointError(source.file_of(f"{name}.weight"), f"{name}.weight has shape {tuple(packed.shape)}, "
+                                                                    f"expected {tuple(packed_into.shape)}")
+        packed_into.copy_(packed)
+        layer.weight = Params4bit.from_prequantized(packed_into, stats, requires_grad=False,
+                                                    device=packed_into.device, module=layer)
+        layer.weight.quant_state.to(device)  # in place: the layer's own quant_state is this object
     if linear.bias is not None:
         layer.bias = linear.bias  # already on the device, in compute dtype
     return _finish_layer(layer, info["blocksize"])
@@ -362,12 +376,18 @@ def load_nf4_expert(
     folder: str | Path,
     device: torch.device | str,
     compute_dtype: torch.dtype | str | None = None,
+    block_swap: int | None = None,
 ) -> LingBotDiT:
     """Load an NF4 expert folder onto ``device`` (eval mode, no gradients).
 
     ``compute_dtype`` (default: the one in quantization_meta.json) is the dtype of the 4-bit
     matmuls and of every non-quantized tensor. Nothing is loaded before the whole file has
     been checked against config.json from its header.
+
+    ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA): the linear weights
+    of the other blocks go from the memory map straight into pinned RAM, never through the
+    GPU, and a ``wan.block_swap.BlockSwapper`` streams them in during each forward. None (or
+    K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """
     folder = require_layout(folder, "nf4")
     meta = read_quantization_meta(folder)
@@ -378,7 +398,8 @@ def load_nf4_expert(
     weights = folder / NF4_WEIGHTS_FILE
     if not weights.is_file():
         weights = folder / NF4_LEGACY_WEIGHTS_FILE
-    with open_nf4_weights(folder, device) as source:
+    resident = resident_blocks(block_swap, config.num_layers, device)
+    with open_nf4_weights(folder, device) as source, _host_source(folder, resident) as host_source:
         model = build_on_meta(config, config_path)
         keys = source.keys()
         check_block_count(config_path, config, weights, keys)
@@ -399,10 +420,37 @@ def load_nf4_expert(
             _check_packed_sizes(source, name, info, weights)
 
         packed_weights = {f"{name}.weight" for name in quantized}
+        host: dict[str, torch.Tensor] = {}
+        if resident is not None:
+            def spec(key: str) -> tuple[tuple[int, ...], torch.dtype]:
+                if key in packed_weights:
+                    return source.shape(key), source.dtype(key) or torch.uint8
+                return source.shape(key), dtype
+            host = host_weights_for(model, resident, spec)
         plain = {k: t for k, t in expected_tensors(model).items() if k not in packed_weights}
-        materialize(model, weights, list(plain), source.read, device, float_dtype(dtype), expected=plain)
+        on_device = {k: t for k, t in plain.items() if k not in host}
+        materialize(model, weights, list(on_device), source.read, device, float_dtype(dtype), expected=on_device)
+        in_host = {k: t for k, t in plain.items() if k in host}
+        if in_host:
+            materialize(model, weights, list(in_host), lambda key: host[key].copy_(host_source.read(key)),
+                        "cpu", float_dtype(dtype), expected=in_host)
         for name in quantized:
-            layer = _linear4bit_from_file(model.get_submodule(name), name, source, infos[name], device, dtype)
+            packed_into = host.get(f"{name}.weight")
+            layer = _linear4bit_from_file(model.get_submodule(name), name,
+                                          source if packed_into is None else host_source,
+                                          infos[name], device, dtype, packed_into)
             model.set_submodule(name, layer)
     check_loaded(model, weights)
+    if resident is not None:
+        BlockSwapper(model, resident, device)
     return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _host_source(folder: Path, resident: int | None) -> Iterator[TensorSource | None]:
+    """A CPU view of the weights for what block swap keeps in RAM (None without block swap)."""
+    if resident is None:
+        yield None
+        return
+    with open_nf4_weights(folder, "cpu") as source:
+        yield source

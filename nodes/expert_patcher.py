@@ -31,7 +31,7 @@ from torch import nn
 import comfy.model_management as mm
 from comfy.model_patcher import ModelPatcher
 
-from ..pipeline.experts import expert_size_bytes, load_expert
+from ..pipeline.experts import expert_host_bytes, expert_size_bytes, load_expert
 from ..pipeline.memory import release_module
 from ..wan.config import DiTConfig
 
@@ -45,19 +45,23 @@ ACTIVATION_BYTES_PER_TOKEN_FEATURE = 24
 
 @dataclass(frozen=True)
 class ExpertLoadOptions:
-    """How an expert is brought into memory (block swapping will join these options)."""
+    """How an expert is brought into memory."""
 
     quantize: str | None = None  # "nf4": quantize a bf16 (layout B) expert while loading
+    # Blocks kept wholly on the GPU; the others' linear weights stream from pinned RAM
+    # during each forward (wan/block_swap.py). None: every block on the GPU.
+    block_swap: int | None = None
 
 
 class ExpertSlot(nn.Module):
     """What the patcher calls its model: a name, a folder, and the expert while resident."""
 
-    def __init__(self, name: str, folder: Path, options: ExpertLoadOptions) -> None:
+    def __init__(self, name: str, folder: Path, options: ExpertLoadOptions, host_bytes: int = 0) -> None:
         super().__init__()
         self.name = name
         self.folder = Path(folder)
         self.options = options
+        self.host_bytes = host_bytes  # pinned RAM the expert holds while resident (block swap)
         # Not a registered submodule on purpose: see the module docstring.
         object.__setattr__(self, "_expert", None)
 
@@ -96,12 +100,18 @@ class ExpertPatcher(ModelPatcher):
         load_device: torch.device | None = None,
         offload_device: torch.device | None = None,
     ) -> "ExpertPatcher":
-        """A patcher for the expert in ``folder``; reads only file sizes, loads nothing."""
+        """A patcher for the expert in ``folder``; reads only file sizes and headers, loads nothing.
+
+        With block swap on a CUDA device, the size ComfyUI plans VRAM with is only the part
+        that stays on the GPU; the rest is accounted as RAM (``get_ram_usage``).
+        """
         folder = Path(folder)
         load_device = load_device if load_device is not None else mm.get_torch_device()
         offload_device = offload_device if offload_device is not None else torch.device("cpu")
-        slot = ExpertSlot(name, folder, options)
-        return cls(slot, load_device, offload_device, size=expert_size_bytes(folder, options.quantize))
+        # The loaders ignore block swap off CUDA, so it changes no size there.
+        swap = options.block_swap if torch.device(load_device).type == "cuda" else None
+        slot = ExpertSlot(name, folder, options, host_bytes=expert_host_bytes(folder, options.quantize, swap))
+        return cls(slot, load_device, offload_device, size=expert_size_bytes(folder, options.quantize, swap))
 
     # -- state ---------------------------------------------------------------------------
 
@@ -115,9 +125,11 @@ class ExpertPatcher(ModelPatcher):
 
     def get_ram_usage(self) -> int:
         # What dropping this patcher would give back to system RAM right now.
-        if self.is_resident() and torch.device(self.current_loaded_device()).type == "cpu":
+        if not self.is_resident():
+            return 0
+        if torch.device(self.current_loaded_device()).type == "cpu":
             return self.model_size()
-        return 0
+        return self.model.host_bytes  # block-swapped weights in pinned RAM
 
     def inference_memory(self, tokens: int, dim: int) -> int:
         """Working memory ComfyUI should leave free while this expert runs on ``tokens`` tokens."""
@@ -132,7 +144,8 @@ class ExpertPatcher(ModelPatcher):
                 return
             self._drop()  # never move an expert between devices: that makes a second copy
         log.info("LingBot: loading the %s-noise expert from %s to %s", self.model.name, self.model.folder, device)
-        module = load_expert(self.model.folder, device, self.model.options.quantize)
+        options = self.model.options
+        module = load_expert(self.model.folder, device, options.quantize, block_swap=options.block_swap)
         module.eval()
         self.model.put(module)
         self.model.device = device

@@ -89,7 +89,10 @@ def live_models() -> dict[str, Any]:
     for obj in gc.get_objects():
         kind = type(obj)
         if kind in counts:
-            counts[kind] += holds_weights(obj)
+            try:
+                counts[kind] += holds_weights(obj)
+            except RuntimeError:  # the worker thread is building it right now: it is alive
+                counts[kind] += 1
         elif kind is ExpertSlot and obj.expert is not None:
             experts.append({"expert": obj.name, "folder": str(obj.folder),
                             "device": str(getattr(obj, "device", "unknown"))})

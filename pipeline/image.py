@@ -41,11 +41,17 @@ _ROWS_PER_BAND = 256
 
 
 def _to_uint8(array: np.ndarray) -> np.ndarray:
-    """Float pixels in 0..1 -> uint8, band by band (NaN becomes 0)."""
+    """Float pixels in 0..1 -> uint8, band by band in one reused buffer (NaN becomes 0)."""
     out = np.empty(array.shape, dtype=np.uint8)
+    scratch = np.empty((_ROWS_PER_BAND,) + array.shape[1:], dtype=np.float32)
     for start in range(0, array.shape[0], _ROWS_PER_BAND):
-        band = np.clip(np.nan_to_num(array[start:start + _ROWS_PER_BAND], nan=0.0), 0.0, 1.0)
-        out[start:start + _ROWS_PER_BAND] = (band * 255.0 + 0.5).astype(np.uint8)
+        band = array[start:start + _ROWS_PER_BAND]
+        work = scratch[: len(band)]
+        np.fmax(band, 0.0, out=work)  # fmax/fmin, unlike clip, turn NaN into the bound
+        np.fmin(work, 1.0, out=work)
+        work *= 255.0
+        work += 0.5
+        out[start:start + _ROWS_PER_BAND] = work  # the cast truncates: + 0.5 rounds
     return out
 
 

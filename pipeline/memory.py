@@ -10,15 +10,27 @@ from torch import nn
 
 
 def empty_device_cache() -> None:
-    """Collect garbage, return cached CUDA blocks, and trim the C heap (glibc only)."""
+    """Collect garbage, return cached CUDA blocks and cached pinned host memory (block
+    swap's weights), and trim the C heap (glibc only)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        _empty_pinned_cache()
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):  # musl or no glibc: nothing to trim
             pass
+
+
+def _empty_pinned_cache() -> None:
+    # PyTorch keeps freed pinned blocks for reuse; without this a released block-swapped
+    # expert would keep holding its page-locked RAM.
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # torch >= 2.9
+    if empty is None:
+        empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
 
 
 def release_module(module: nn.Module | None) -> None:

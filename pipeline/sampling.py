@@ -100,6 +100,19 @@ class _ActiveExpert:
             return (uncond + guide * (cond - uncond)).float()
 
 
+OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot NF4 DiT Loader"
+
+
+def out_of_memory_message(condition: I2VCondition, detail: str | None) -> str:
+    """What a user reads after a CUDA OOM in sampling: the size that did not fit and what to change."""
+    lines = (detail or "").strip().splitlines()
+    return (
+        f"CUDA out of memory while sampling {condition.frames} frames at {condition.width}x{condition.height}: "
+        f"{OOM_HINT}. The experts were released, so the next run starts clean. "
+        f"({lines[0] if lines else 'no details'})"
+    )
+
+
 def sample(
     experts: ExpertSource,
     text: TextEmbeddings,

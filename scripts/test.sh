@@ -95,7 +95,7 @@ ensure_chromium() {
     log "installing Debian's chromium (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+    apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core fonts-wqy-microhei >/dev/null
 }
 
 ensure_venv

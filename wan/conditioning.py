@@ -188,7 +188,8 @@ def image_to_tensor(image: ImageInput, h: int, w: int, clamp: bool = True) -> to
 
     Resampling is what the reference does: bicubic ``torch.nn.functional.interpolate`` on
     the [-1, 1] tensor (align_corners=False, no antialias). Bicubic overshoots a little at
-    sharp edges; ``clamp`` pulls those values back into [-1, 1].
+    sharp edges; ``clamp`` pulls those values back into [-1, 1]. A PIL picture of more than
+    ``MAX_FULL_RES_PIXELS`` is box-reduced first (``_shrink_huge``) to bound the memory.
     """
     check_size(h, w)
     if isinstance(image, Image.Image):

@@ -68,7 +68,7 @@ def _compile_enabled() -> bool:
 @functools.lru_cache(maxsize=None)
 def _compiled(fn: Callable) -> Callable | None:
     try:
-        return torch.compile(fn, dynamic=True, fullgraph=True)
+        return torch.compile(fn, dynamic=True)
     except Exception as exc:  # noqa: BLE001 - no compiler: the eager path is exact
         log.warning("torch.compile unavailable (%s); running %s eagerly", exc, fn.__name__)
         return None

@@ -284,7 +284,9 @@ class DiTBlock(nn.Module):
         context [B, text_len, dim]; camera [B or 1, L, dim] model-level camera tokens or None."""
         chunk = self.token_chunk
         batch, length = x.shape[:2]
-        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float() + e0).unbind(1)
+        # Separate tensors, not views at six offsets of one buffer: a compiled kernel would
+        # specialise (and recompile) on each view's storage offset.
+        shift1, scale1, gate1, shift2, scale2, gate2 = (m.clone() for m in (self.modulation.float() + e0).unbind(1))
 
         attn_dtype = self.self_attn.compute_dtype(torch.float32)
         y = self.self_attn(lambda s, e: fused.run(fused.ln_modulate, x[:, s:e], shift1, scale1, self.norm1.eps,

@@ -23,7 +23,7 @@ PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
                           ["LINGBOT_TEXT"]),
-    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize"], [], ["LINGBOT_DIT"]),
+    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
     "LingBotCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
                        "frames"], [], ["LINGBOT_CAMERA", "IMAGE"]),
     "LingBotVAEEncode": (["image", "vae", "width", "height", "frames", "device"], [], ["LINGBOT_I2V"]),

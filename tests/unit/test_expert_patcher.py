@@ -178,3 +178,23 @@ def test_expert_source_keeps_one_expert_resident(folders):
 
 def test_inference_memory_scales_with_tokens(patcher):
     assert patcher.inference_memory(2000, 5120) == 2 * patcher.inference_memory(1000, 5120) > 0
+
+
+def test_block_swap_sizes_for_a_cuda_load(folders):
+    """With block swap on a CUDA device ComfyUI plans VRAM with the resident part only; the
+    swapped weights count as RAM while the expert is loaded. Nothing is loaded here."""
+    from comfyui_lingbot_world.pipeline.experts import expert_host_bytes
+
+    cuda = torch.device("cuda")
+    full = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(), load_device=cuda)
+    swapped = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(block_swap=1), load_device=cuda)
+    host = expert_host_bytes(folders["high"], None, 1)
+    assert 0 < host < full.model_size()
+    assert swapped.model_size() == full.model_size() - host and swapped.model.host_bytes == host
+    assert swapped.get_ram_usage() == 0  # nothing loaded yet
+    swapped.model.put(torch.nn.Linear(1, 1))  # stands in for a loaded expert on the GPU
+    swapped.model.device = cuda
+    assert swapped.get_ram_usage() == host
+    # The loaders ignore block swap off CUDA, so on a CPU device the sizes do not change.
+    on_cpu = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(block_swap=1), load_device=CPU)
+    assert on_cpu.model_size() == full.model_size() and on_cpu.model.host_bytes == 0

@@ -53,7 +53,7 @@ PKG = "lingbot/pkg"
 # The input order of every node: the UI format stores widget values in this order.
 EXPECTED_INPUTS = {
     "LingBotTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize"], []),
+    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], []),
     "LingBotCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
     "LingBotVAEEncode": (["image", "vae", "width", "height", "frames", "device"], []),
     "LingBotSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
@@ -358,6 +358,23 @@ def test_dit_loader_loads_nothing_and_checks_folders(installed):
         LingBotDiTLoader().load(f"{PKG}/tokenizer", f"{PKG}/low_noise_model_bnb_nf4", "none")
     with pytest.raises(ValueError, match="low_noise: folder"):
         LingBotDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/missing", "none")
+
+
+def test_dit_loader_block_swap_input(installed):
+    spec = LingBotDiTLoader.INPUT_TYPES()["required"]["block_swap"]
+    assert spec[0] == "INT" and (spec[1]["default"], spec[1]["min"], spec[1]["max"]) == (0, 0, 40)
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    swapped = LingBotDiTLoader().load(high, low, "none", 1)[0]
+    assert swapped.high.model.options.block_swap == 1 and swapped.low.model.options.block_swap == 1
+    assert LingBotDiTLoader().load(high, low, "none", 0)[0].high.model.options.block_swap is None  # 0 = off
+    for bad in (-1, 41, 2.0):
+        with pytest.raises(ValueError, match="block_swap"):
+            LingBotDiTLoader().load(high, low, "none", bad)
+    # A CPU host ignores block swap: same sizes, and sampling gives the same latent.
+    plain = _dit()
+    assert swapped.high.model_size() == plain.high.model_size()
+    text, i2v = _text(installed), _i2v()
+    assert torch.equal(_sample(swapped, text, i2v, steps=2)["samples"], _sample(plain, text, i2v, steps=2)["samples"])
 
 
 def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypatch):

@@ -65,9 +65,11 @@ def maybe_oom() -> None:
 
 
 def _find_pack() -> str:
-    for name, module in list(sys.modules.items()):
-        mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
-        if isinstance(mappings, dict) and "LingBotSampler" in mappings and "." not in name.rsplit("/", 1)[-1]:
+    # ComfyUI imports a custom node package under its folder path; the pack is the package
+    # whose own pipeline.sampling module is loaded (ComfyUI's top-level ``nodes`` module
+    # also lists LingBotSampler, but has no such submodule).
+    for name in list(sys.modules):
+        if f"{name}.pipeline.sampling" in sys.modules and f"{name}.nodes.expert_patcher" in sys.modules:
             return name
     raise RuntimeError("lingbot fault plugin: the LingBot pack is not imported; it must load first")
 
@@ -131,3 +133,4 @@ log.info("lingbot fault plugin: wrapped %s", install())
 
 NODE_CLASS_MAPPINGS = {"LingBotFaultSink": LingBotFaultSink}
 NODE_DISPLAY_NAME_MAPPINGS = {"LingBotFaultSink": "LingBot Fault Sink (tests)"}
+
