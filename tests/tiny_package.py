@@ -58,3 +58,17 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
         if node["class_type"] == "LingBotSampler":
             inputs["steps"] = steps
     return graph
+
+
+def comfy_models_builder(tmp_path_factory, extra=None):
+    """The ``comfy_models`` callable of the server fixtures: the tiny package and inputs,
+    then ``extra(models_dir, package)`` for what a test module adds."""
+    cache = tmp_path_factory.getbasetemp() / "tiny-packages"
+
+    def build(models: Path) -> None:
+        # input/ is a sibling of models/ in the server's base folder.
+        package = install_for_comfy(models, models.parent / "input", cache)
+        if extra is not None:
+            extra(models, package)
+
+    return build

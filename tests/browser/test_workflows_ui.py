@@ -86,12 +86,7 @@ PANEL_MARGINS = [75, 105, 25, 70]
 
 @pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory: pytest.TempPathFactory):
-    cache = tmp_path_factory.getbasetemp() / "tiny-packages"
-
-    def build(models: Path) -> None:
-        tiny_package.install_for_comfy(models, models.parent / "input", cache)
-
-    return build
+    return tiny_package.comfy_models_builder(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,7 @@ SMALL = ["--frames", "9", "--width", "48", "--height", "32", "--steps", "2"]
 
 @pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory: pytest.TempPathFactory):
-    cache = tmp_path_factory.getbasetemp() / "tiny-packages"
-
-    def build(models: Path) -> None:
-        tiny_package.install_for_comfy(models, models.parent / "input", cache)
-
-    return build
+    return tiny_package.comfy_models_builder(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -103,15 +103,11 @@ def _camera_folders(inputs: Path) -> None:
 
 @pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("tiny_packages")
-
-    def build(models: Path) -> None:
-        inputs = models.parent / "input"
-        package = tiny_package.install_for_comfy(models, inputs, cache)
+    def broken_files(models: Path, package: Path) -> None:
         _broken_copies(models, package.resolve())
-        _camera_folders(inputs)
+        _camera_folders(models.parent / "input")
 
-    return build
+    return tiny_package.comfy_models_builder(tmp_path_factory, broken_files)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -26,13 +26,8 @@ CREEP_LIMIT = 0.05
 
 
 @pytest.fixture(scope="module")
-def comfy_models(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("tiny_packages")
-
-    def build(models: Path) -> None:
-        tiny_package.install_for_comfy(models, models.parent / "input", cache)
-
-    return build
+def comfy_models(tmp_path_factory: pytest.TempPathFactory):
+    return tiny_package.comfy_models_builder(tmp_path_factory)
 
 
 def run_number(graph: dict, index: int) -> dict:

