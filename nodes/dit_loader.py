@@ -51,8 +51,9 @@ class LingBotDiTLoader:
                     "default": 0, "min": 0, "max": MAX_BLOCK_SWAP, "step": 1,
                     "tooltip": "0 = off: every transformer block stays on the GPU. N > 0 keeps only the "
                     "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
-                    "stream to the GPU one block ahead of use. Lower = less VRAM (~0.23 GB per block for an "
-                    "NF4 A14B expert, ~0.9 GB for bf16), more RAM, and slightly slower.",
+                    "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
+                    "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
+                    "20 blocks kept, 9.3 instead of 13.1 GiB while sampling, at the same speed.",
                 }),
             }
         }
