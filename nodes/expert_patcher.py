@@ -31,7 +31,7 @@ from torch import nn
 import comfy.model_management as mm
 from comfy.model_patcher import ModelPatcher
 
-from ..pipeline.experts import expert_host_bytes, expert_size_bytes, load_expert
+from ..pipeline.experts import expert_memory, load_expert
 from ..pipeline.memory import release_module
 from ..wan.config import DiTConfig
 
@@ -110,8 +110,9 @@ class ExpertPatcher(ModelPatcher):
         offload_device = offload_device if offload_device is not None else torch.device("cpu")
         # The loaders ignore block swap off CUDA, so it changes no size there.
         swap = options.block_swap if torch.device(load_device).type == "cuda" else None
-        slot = ExpertSlot(name, folder, options, host_bytes=expert_host_bytes(folder, options.quantize, swap))
-        return cls(slot, load_device, offload_device, size=expert_size_bytes(folder, options.quantize, swap))
+        on_device, host = expert_memory(folder, options.quantize, swap)  # one read of the headers
+        slot = ExpertSlot(name, folder, options, host_bytes=host)
+        return cls(slot, load_device, offload_device, size=on_device)
 
     # -- state ---------------------------------------------------------------------------
 

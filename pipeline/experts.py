@@ -35,12 +35,18 @@ def load_expert(folder: str | Path, device: torch.device | str, quantize: str | 
 NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64
 
 
+def expert_memory(folder: str | Path, quantize: str | None = None,
+                  block_swap: int | None = None) -> tuple[int, int]:
+    """(device bytes, pinned host bytes) of an expert once loaded, from headers only."""
+    host = expert_host_bytes(folder, quantize, block_swap)
+    return _loaded_bytes(Path(folder), quantize) - host, host
+
+
 def expert_size_bytes(folder: str | Path, quantize: str | None = None, block_swap: int | None = None) -> int:
     """Bytes an expert occupies on the device once loaded: its files, or for a bf16 folder
     quantized on load, the files with every 2-D (linear) weight counted at NF4 size; with
     block swap, less the weights kept in RAM (``expert_host_bytes``)."""
-    total = _loaded_bytes(Path(folder), quantize)
-    return total - expert_host_bytes(folder, quantize, block_swap)
+    return expert_memory(folder, quantize, block_swap)[0]
 
 
 def expert_host_bytes(folder: str | Path, quantize: str | None = None, block_swap: int | None = None) -> int:
