@@ -95,7 +95,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     config = read_config(files.high)
     record = base_record(args) | {"size": args.size, "frames": args.frames, "steps": args.steps,
                                   "block_swap": args.block_swap, "batch_cfg": not args.no_batch_cfg,
-                                  "compile": os.environ.get("LINGBOT_COMPILE", "1") != "0"}
+                                  "fused_kernels": os.environ.get("LINGBOT_FUSED", "1") != "0"}
     cap_vram(args.vram_cap_gb)
     device = torch.device("cuda")
     cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-"))

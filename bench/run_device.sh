@@ -12,25 +12,27 @@ OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
 PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
 CAM=.bench_data/example00
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-if [[ ! -f "$PKG/low_noise_model_bnb_nf4/model.safetensors" ]]; then
+ensure_package() {  # only the modes that read a checkpoint need it (~2.5 min to write)
+    [[ -f "$PKG/low_noise_model_bnb_nf4/model.safetensors" ]] && return
     /usr/bin/time -v python3 . make_checkpoint --preset a14b --layout nf4 --out "$PKG" --device cuda 2>"$OUT/make_checkpoint.time" \
         | tee "$OUT/make_checkpoint.log"
     grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
-fi
-bench() { python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
+}
+bench() { ensure_package; python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
 for what in "$@"; do
     echo "=== $what"
     case "$what" in
+        block) python3 bench/block_profile.py --out "$OUT/block_profile.json" 2>&1 | grep -v "^Failed to load" ;;
         load) bench load-expert --out "$OUT/load_expert.json" ;;
         naive) bench naive-load --out "$OUT/naive_load.json" ;;
         p480) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24.json" ;;
         p480seq) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor --no-batch-cfg \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_sequential_cfg.json" ;;
-        p480eager) LINGBOT_COMPILE=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
+        p480eager) LINGBOT_FUSED=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
         soak) bench soak --size 240x416 --frames 17 --steps 4 --runs 5 --camera-dir "$CAM" --out "$OUT/soak_gpu.json" ;;
-        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_block_swap.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
+        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
         p720) bench pipeline --size 720x1280 --frames 81 --steps 3 --vram-cap-gb 24 --kernel-floor --decode-tile 32 \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p720_cap24.json" ;;
         swap12) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 12 --block-swap "${SWAP_BLOCKS:-20}" \

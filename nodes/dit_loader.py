@@ -53,7 +53,7 @@ class LingBotDiTLoader:
                     "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
                     "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
                     "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
-                    "20 blocks kept, 9.3 instead of 13.1 GiB while sampling, at the same speed.",
+                    "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed.",
                 }),
             }
         }

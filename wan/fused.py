@@ -1,13 +1,15 @@
-"""Per-token elementwise chains of a DiT block, fused into one kernel each on CUDA.
+"""Per-token elementwise chains of a DiT block: eager definitions and their fused CUDA kernels.
 
-Each function here is a short chain (norm -> modulate -> cast, RMS norm -> RoPE -> cast)
-that eager PyTorch runs as 4-10 separate passes over a [tokens, 5120] float32 tensor. On a
-GPU those passes cost more than a third of a block's matmul time at 480p; compiled by
-torch.compile (Inductor) each chain becomes one read and one write. The eager versions
-are the definition: the compiled ones compute the same function.
+Each function here is a short chain (norm -> modulate -> cast, RMS norm -> RoPE, gated
+residual -> camera affine) that eager PyTorch runs as 4-10 separate passes over a
+[tokens, 5120] float32 tensor; on a GPU those passes cost a third of a block's matmul
+time at 480p. ``run(fn, ...)`` calls the hand-written Triton kernel for ``fn``
+(triton_kernels.py) when the tensors are on CUDA, and the eager definition otherwise.
+The eager versions are the definition: the kernels compute the same function.
 
-Compilation is used only for CUDA tensors and can be switched off with LINGBOT_COMPILE=0
-(for example where no Triton is installed); the first call pays a one-off compile.
+LINGBOT_FUSED=0 turns the kernels off (the eager path is exact, only slower). A kernel
+that fails once (e.g. no Triton backend for the GPU) is not tried again in the process; one
+that refuses a call's layout (ValueError, checked before launch) leaves only that call eager.
 """
 from __future__ import annotations
 
@@ -19,8 +21,20 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-ENV_VAR = "LINGBOT_COMPILE"
+ENV_VAR = "LINGBOT_FUSED"
 log = logging.getLogger(__name__)
+
+
+def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dimension of float32 ``h``, times ``weight``."""
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+def _rotate_pairs(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """h [B, l, D] float32 -> [B, l, heads, D / heads] with consecutive channel pairs rotated."""
+    pairs = h.unflatten(-1, (heads, -1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
 def ln_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
@@ -41,53 +55,120 @@ def rms_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torc
              heads: int) -> torch.Tensor:
     """RMSNorm(x) * weight, split into heads, channel pairs rotated by RoPE; x's dtype.
     x [B, l, D]; cos, sin [l, 1, D / heads / 2] float32 -> [B, l, heads, D / heads]."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    pairs = h.unflatten(-1, (heads, -1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2).to(x.dtype)
+    return _rotate_pairs(_rms(x.float(), weight, eps), cos, sin, heads).to(x.dtype)
 
 
 def rms_heads(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:
     """RMSNorm(x) * weight split into heads, in x's dtype (cross-attention q and k)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    return h.unflatten(-1, (heads, -1)).to(x.dtype)
+    return _rms(x.float(), weight, eps).unflatten(-1, (heads, -1)).to(x.dtype)
 
 
-def camera_affine_(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """x = (1 + scale) * x + shift, in place on the float32 stream."""
-    return x.mul_(1 + scale).add_(shift)
+def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
+                 shift: torch.Tensor) -> torch.Tensor:
+    """x = (x + y * gate) * (1 + scale) + shift, in place on the float32 stream.
+
+    The self-attention's gated residual followed by the camera injection: one pass over x
+    instead of three. x [B, l, D] float32; y [B, l, D]; gate [B, D] float32; scale, shift
+    [B or 1, l, D] in the camera layers' dtype. ``1 + scale`` stays in that dtype, as in the
+    reference under bf16 autocast."""
+    return x.add_(y * gate[:, None]).mul_(1 + scale).add_(shift)
 
 
-def _compile_enabled() -> bool:
-    return os.environ.get(ENV_VAR, "1") != "0" and hasattr(torch, "compile")
+def add_ln_modulate_(x: torch.Tensor, y: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """x += y (in place), then LayerNorm(x) * (1 + scale) + shift in ``dtype``: the
+    cross-attention residual fused with the FFN's input. x [B, l, D] float32; y [B, l, D]."""
+    x.add_(y)
+    return ln_modulate(x, shift, scale, eps, dtype)
+
+
+def rms_rope_(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
+              token_start: int, eps: float, head_dim: int) -> torch.Tensor:
+    """In place on x [rows, D] (tokens token_start.. of one sample): RMS norm with ``weight``
+    (None: none), then RoPE with the rows' slice of the full cos/sin tables (None: none).
+
+    On CUDA, ``run`` calls the Triton kernel instead."""
+    heads = x.shape[-1] // head_dim
+    h = x[None].float()
+    if weight is not None:
+        h = _rms(h, weight, eps)
+    if cos is None:
+        h = h.unflatten(-1, (heads, -1))
+    else:
+        rows = slice(token_start, token_start + x.shape[0])
+        h = _rotate_pairs(h, cos[rows], sin[rows], heads)
+    x.copy_(h[0].flatten(-2))
+    return x
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV_VAR, "1") != "0"
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(fn: Callable) -> Callable | None:
+def _kernels():
     try:
-        return torch.compile(fn, dynamic=True)
-    except Exception as exc:  # noqa: BLE001 - no compiler: the eager path is exact
-        log.warning("torch.compile unavailable (%s); running %s eagerly", exc, fn.__name__)
+        from . import triton_kernels
+    except Exception as exc:  # noqa: BLE001 - no Triton: the eager path is exact
+        log.warning("LingBot: Triton unavailable (%s); the fused elementwise chains run eagerly", exc)
         return None
+    return triton_kernels
 
 
+def _per_sample(x: torch.Tensor, one: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Stack one([b]) for each sample b of x [B, n, D] (the kernels work on [n, D] rows)."""
+    if x.shape[0] == 1:
+        return one(0)[None]
+    return torch.stack([one(b) for b in range(x.shape[0])])
+
+
+def _ln_modulate_cuda(k, x, shift, scale, eps, dtype):
+    return _per_sample(x, lambda b: k.layer_norm(x[b], scale[b], shift[b], eps, dtype, modulate=True))
+
+
+def _ln_affine_cuda(k, x, weight, bias, eps, dtype):
+    return _per_sample(x, lambda b: k.layer_norm(x[b], weight, bias, eps, dtype, modulate=False))
+
+
+def _add_ln_modulate_cuda(k, x, y, shift, scale, eps, dtype):
+    return _per_sample(x, lambda b: k.layer_norm(x[b], scale[b], shift[b], eps, dtype, modulate=True,
+                                                 residual=y[b]))
+
+
+def _gate_camera_cuda(k, x, y, gate, scale, shift):
+    return k.gate_camera_(x, y, gate, scale, shift)
+
+
+def _rms_rope_cuda(k, x, weight, cos, sin, token_start, eps, head_dim):
+    return k.rms_rope_(x, weight, cos, sin, token_start, eps, head_dim)
+
+
+# eager definition -> its CUDA implementation (called with the kernels module first)
+_CUDA = {
+    ln_modulate: _ln_modulate_cuda,
+    ln_affine: _ln_affine_cuda,
+    add_ln_modulate_: _add_ln_modulate_cuda,
+    gate_camera_: _gate_camera_cuda,
+    rms_rope_: _rms_rope_cuda,
+}
 _broken: set[str] = set()
 
 
 def run(fn: Callable, *args, **kwargs):
-    """``fn(*args)``, through its compiled twin when the first tensor is on CUDA."""
-    first = args[0]
-    if first.is_cuda and _compile_enabled() and fn.__name__ not in _broken:
-        compiled = _compiled(fn)
-        if compiled is not None:
+    """``fn(*args)``, through its Triton kernel when the first tensor is on CUDA."""
+    cuda = _CUDA.get(fn)
+    if cuda is not None and args[0].is_cuda and _enabled() and fn.__name__ not in _broken:
+        kernels = _kernels()
+        if kernels is not None:
             try:
-                return compiled(*args, **kwargs)
+                return cuda(kernels, *args, **kwargs)
             except torch.cuda.OutOfMemoryError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - e.g. no Triton for this GPU
+            except ValueError as exc:  # a layout this kernel does not take: eager for this call only
+                log.debug("LingBot: %s runs eagerly for this call (%s)", fn.__name__, exc)
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - e.g. no Triton backend for this GPU
                 _broken.add(fn.__name__)
-                log.warning("compiled %s failed (%s); using the eager version from now on", fn.__name__, exc)
+                log.warning("LingBot: fused kernel for %s failed (%s); using the eager version from now on",
+                            fn.__name__, exc)
     return fn(*args, **kwargs)

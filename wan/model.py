@@ -13,6 +13,10 @@ they are. Inference-oriented choices:
 * Every linear is a plain `nn.Linear` child, so a loader can swap in quantized layers by name.
 * Per-token work runs in chunks of tokens (exact) and the residual stream is updated in
   place, to keep activation memory low; the module is for inference only (no autograd).
+* Attention runs one sample (CFG branch) at a time, so only one sample's q, k and v exist;
+  each linear's weight is made dense once per block (`dense.py`, one dequantize per
+  4-bit layer) and written into preallocated buffers; the elementwise chains between the
+  matmuls are fused (`fused.py`).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 
 from . import fused
 from .attention import attention
+from .dense import Dense, dense
 from .config import DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
@@ -108,14 +113,15 @@ def rope_slice(rope: Rope, start: int, length: int) -> Rope:
 
 
 # Per-token work (norms, q/k projections with RoPE, FFN, camera injection) runs over this
-# many rows (batch x tokens) at a time. It is exact (each token is independent) and bounds
-# the float32 temporaries and the FFN hidden state: at 480x832x81 (32760 tokens, dim 5120)
-# a whole-sequence float32 copy is 0.67 GB per sample, the FFN hidden state 0.9 GB.
+# many tokens of a sample at a time. It is exact (each token is independent) and bounds
+# the temporaries and the FFN hidden state: at 480x832x81 (32760 tokens, dim 5120) a
+# whole-sequence float32 copy is 0.67 GB per sample, the FFN hidden state 0.9 GB.
 TOKEN_CHUNK = 8192
 
 
 def token_spans(length: int, chunk: int | None = TOKEN_CHUNK, batch: int = 1) -> Iterator[tuple[int, int]]:
-    """(start, stop) pairs covering range(length), about `chunk` rows of a batch each."""
+    """(start, stop) pairs covering range(length), about `chunk` rows of a batch each
+    (`batch` 1: `chunk` tokens each)."""
     step = max(1, chunk // max(batch, 1)) if chunk and chunk > 0 else max(length, 1)
     return ((s, min(s + step, length)) for s in range(0, length, step))
 
@@ -157,18 +163,25 @@ def normalized_input(x: torch.Tensor, norm: nn.Module, dtype: torch.dtype, chunk
     return out
 
 
-# Produces the float32 input of tokens [start, stop) of a block sub-layer on demand, so the
-# normalized copy of the whole sequence never exists at once.
+# Produces the input of tokens [start, stop) of one sample for a block sub-layer on demand
+# ([1, n, dim], already in the sub-layer's compute dtype), so the normalized copy of the
+# whole sequence never exists at once.
 TokenSource = Callable[[int, int], torch.Tensor]
 
 
 class _Attention(nn.Module):
-    """q/k/v/o projections with optional RMS norm on q and k (official names)."""
+    """q/k/v/o projections with optional RMS norm on q and k (official names).
+
+    The block drives these one sample at a time: the attention of one CFG branch needs its
+    q, k and v for the whole sequence, and holding them for one sample instead of two is
+    what keeps 480p activations small. The linears stay batched where it pays (the block
+    calls ``dense`` once per sub-layer for all samples and chunks)."""
 
     def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
+        self.eps = eps
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -176,87 +189,77 @@ class _Attention(nn.Module):
         self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.unflatten(-1, (self.num_heads, self.head_dim))
-
-    def _empty_heads(self, batch: int, length: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.empty(batch, length, self.num_heads, self.head_dim, dtype=like.dtype, device=like.device)
-
-    def _normed(self, linear: nn.Module, norm: nn.Module, x: torch.Tensor, out: torch.Tensor,
-                rope: Rope | None = None) -> None:
-        """out <- heads(norm(linear(x))), RoPE-rotated when given (norm and rotation in float32)."""
-        projected = apply_linear(linear, x)
-        if isinstance(norm, RMSNorm):  # the usual case: one fused pass (see fused.py)
-            if rope is None:
-                out.copy_(fused.run(fused.rms_heads, projected, norm.weight, norm.eps, self.num_heads))
-            else:
-                out.copy_(fused.run(fused.rms_rope, projected, norm.weight, rope[0], rope[1], norm.eps,
-                                    self.num_heads))
-            return
-        part = self._heads(norm(projected))
-        if rope is None:
-            out.copy_(part)
-        else:
-            apply_rope(part, rope, out=out)
-
-    def _project_out(self, out: torch.Tensor, chunk: int) -> torch.Tensor:
-        """o(attention output [B, L, H, D]) -> [B, L, dim]."""
-        b, length = out.shape[:2]
-        out = out.reshape(b, length, -1)
-        # o maps dim -> dim, so each chunk's projection overwrites its own input in place.
-        for start, stop in token_spans(length, chunk, b):
-            out[:, start:stop] = apply_linear(self.o, out[:, start:stop])
-        return out
-
     def compute_dtype(self, fallback: torch.dtype) -> torch.dtype:
         return linear_compute_dtype(self.q) or fallback
 
+    def _project_norm_(self, linear: Dense, norm: nn.Module, x: torch.Tensor, out: torch.Tensor,
+                       rope: Rope | None = None, token_start: int = 0) -> None:
+        """out [n, dim] <- norm(linear(x)), RoPE-rotated when given (in place, float32 math)."""
+        linear(x, out=out)
+        weight = norm.weight if isinstance(norm, RMSNorm) else None
+        if weight is not None or rope is not None:
+            cos, sin = rope if rope is not None else (None, None)
+            fused.run(fused.rms_rope_, out, weight, cos, sin, token_start, getattr(norm, "eps", self.eps),
+                      self.head_dim)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One sample's attention: q [Lq, dim], k and v [Lk, dim] -> [Lq, dim]."""
+        heads = (self.num_heads, self.head_dim)
+        out = attention(q.unflatten(-1, heads)[None], k.unflatten(-1, heads)[None], v.unflatten(-1, heads)[None])
+        return out[0].reshape(q.shape[0], -1)
+
 
 class SelfAttention(_Attention):
-    def forward(self, inputs: TokenSource, batch: int, length: int, rope: Rope,
-                chunk: int = TOKEN_CHUNK) -> torch.Tensor:
-        """Self-attention over `length` tokens whose float32 inputs come from `inputs`."""
+    def attend(self, inputs: TokenSource, length: int, rope: Rope, spans: Sequence[tuple[int, int]],
+               weights: tuple[Dense, Dense, Dense]) -> torch.Tensor:
+        """Attention output [length, dim] of one sample (before ``o``); ``weights`` are the
+        dense q, k, v; inputs(s, e) gives its normalized tokens [1, e - s, dim]."""
+        wq, wk, wv = weights
         q = k = v = None
-        for start, stop in token_spans(length, chunk, batch):
-            h = inputs(start, stop)
-            h = h.to(self.compute_dtype(h.dtype))
+        for start, stop in spans:
+            h = inputs(start, stop)[0]
             if q is None:
-                q, k, v = (self._empty_heads(batch, length, h) for _ in range(3))
-            part_rope = rope_slice(rope, start, stop - start)
-            self._normed(self.q, self.norm_q, h, q[:, start:stop], part_rope)
-            self._normed(self.k, self.norm_k, h, k[:, start:stop], part_rope)
-            v[:, start:stop] = self._heads(apply_linear(self.v, h))
+                q, k, v = (torch.empty(length, h.shape[-1], dtype=wq.dtype, device=h.device) for _ in range(3))
+            self._project_norm_(wq, self.norm_q, h, q[start:stop], rope, start)
+            self._project_norm_(wk, self.norm_k, h, k[start:stop], rope, start)
+            wv(h, out=v[start:stop])
             del h
-        out = attention(q, k, v)
-        del q, k, v  # free them before the output projection
-        return self._project_out(out, chunk)
+        return self._attend(q, k, v)
 
 
 class CrossAttention(_Attention):
-    def forward(self, inputs: TokenSource, batch: int, length: int, context: torch.Tensor,
-                chunk: int = TOKEN_CHUNK) -> torch.Tensor:
-        """Attention from `length` tokens (float32 inputs from `inputs`) to context [B, Lc, dim]."""
+    def attend(self, inputs: TokenSource, length: int, context: torch.Tensor, spans: Sequence[tuple[int, int]],
+               weights: tuple[Dense, Dense, Dense]) -> torch.Tensor:
+        """Attention output [length, dim] of one sample (before ``o``) to its text
+        ``context`` [Lc, dim]; ``weights`` are the dense q, k, v."""
+        wq, wk, wv = weights
+        k = torch.empty(context.shape[0], context.shape[-1], dtype=wk.dtype, device=context.device)
+        self._project_norm_(wk, self.norm_k, context, k)
+        v = wv(context)
         q = None
-        for start, stop in token_spans(length, chunk, batch):
-            h = inputs(start, stop)
-            h = h.to(self.compute_dtype(h.dtype))
+        for start, stop in spans:
+            h = inputs(start, stop)[0]
             if q is None:
-                q = self._empty_heads(batch, length, h)
-            self._normed(self.q, self.norm_q, h, q[:, start:stop])
+                q = torch.empty(length, h.shape[-1], dtype=wq.dtype, device=h.device)
+            self._project_norm_(wq, self.norm_q, h, q[start:stop])
             del h
-        k = self._empty_heads(batch, context.shape[1], q)
-        self._normed(self.k, self.norm_k, context, k)
-        v = self._heads(apply_linear(self.v, context).to(q.dtype))
-        out = attention(q, k, v)
-        del q, k, v
-        return self._project_out(out, chunk)
+        return self._attend(q, k, v.to(q.dtype))
 
 
 class DiTBlock(nn.Module):
-    """Self-attention, camera injection, cross-attention, FFN; adaLN-modulated."""
+    """Self-attention, camera injection, cross-attention, FFN; adaLN-modulated.
 
-    # Rows per chunk of per-token work; 0 or None runs the whole sequence at once (a few %
-    # faster on big GPUs, about twice the activation memory).
+    Order of work (x is the float32 residual stream [B, L, dim], updated in place):
+    1. self-attention per sample -> outputs of all samples kept ([L, dim] each);
+    2. per token chunk, all samples: o-projection, then gated residual and camera affine
+       in one fused pass (camera layers run once per chunk, shared by the CFG branches);
+    3. cross-attention per sample -> outputs kept;
+    4. per sample and chunk: o-projection, residual add fused with the FFN's input norm,
+       FFN (GELU in the first matmul's epilogue), gated residual.
+    """
+
+    # Tokens per chunk of per-token work; 0 or None runs the whole sequence at once (a few %
+    # faster on big GPUs, more activation memory).
     token_chunk: int | None = TOKEN_CHUNK
 
     def __init__(self, config: DiTConfig) -> None:
@@ -278,56 +281,82 @@ class DiTBlock(nn.Module):
         self.cam_scale_layer = nn.Linear(dim, dim)
         self.cam_shift_layer = nn.Linear(dim, dim)
 
+    @torch.no_grad()  # in-place updates and out= products: inference only
     def forward(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor,
                 camera: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, L, dim] float32 (updated in place and returned); e0 [B, 6, dim] float32;
         context [B, text_len, dim]; camera [B or 1, L, dim] model-level camera tokens or None."""
-        chunk = self.token_chunk
         batch, length = x.shape[:2]
+        spans = list(token_spans(length, self.token_chunk))
         # Separate tensors, not views at six offsets of one buffer: a compiled kernel would
         # specialise (and recompile) on each view's storage offset.
         shift1, scale1, gate1, shift2, scale2, gate2 = (m.clone() for m in (self.modulation.float() + e0).unbind(1))
 
-        attn_dtype = self.self_attn.compute_dtype(torch.float32)
-        y = self.self_attn(lambda s, e: fused.run(fused.ln_modulate, x[:, s:e], shift1, scale1, self.norm1.eps,
-                                                      attn_dtype),
-                           batch, length, rope, chunk)
-        x.addcmul_(y, gate1[:, None])
-        del y
+        attn = self.self_attn
+        dtype = attn.compute_dtype(torch.float32)
+        eps1 = self.norm1.eps
+        weights = (dense(attn.q), dense(attn.k), dense(attn.v))
+        outs = [attn.attend(lambda s, e, b=b: fused.run(fused.ln_modulate, x[b:b + 1, s:e], shift1[b:b + 1],
+                                                         scale1[b:b + 1], eps1, dtype),
+                            length, rope, spans, weights)
+                for b in range(batch)]
+        del weights
+        self._attention_residual(x, outs, gate1, camera, spans)
+        del outs
 
-        if camera is not None:
-            for start, stop in token_spans(length, chunk, batch):
-                self._inject_camera(x[:, start:stop], camera[:, start:stop])
-
-        y = self.cross_attn(self._cross_input(x), batch, length, context, chunk)
-        x.add_(y)
-        del y
-
-        for start, stop in token_spans(length, chunk, batch):
-            part = x[:, start:stop]  # a view: the in-place update lands in x
-            ffn_dtype = linear_compute_dtype(self.ffn[0]) or torch.float32
-            h = apply_linear(self.ffn[0], fused.run(fused.ln_modulate, part, shift2, scale2, self.norm2.eps, ffn_dtype))
-            part.addcmul_(apply_linear(self.ffn[2], F.gelu(h, approximate="tanh")), gate2[:, None])
+        cross = self.cross_attn
+        weights = (dense(cross.q), dense(cross.k), dense(cross.v))
+        outs = [cross.attend(self._cross_input(x, b), length, context[b], spans, weights) for b in range(batch)]
+        del weights
+        self._cross_residual_and_ffn(x, outs, shift2, scale2, gate2, spans)
         return x
 
-    def _cross_input(self, x: torch.Tensor) -> TokenSource:
-        """Tokens [start, stop) of norm3(x), in the cross-attention's compute dtype."""
-        norm = self.norm3
-        if isinstance(norm, FloatLayerNorm) and norm.weight is not None:
-            dtype = self.cross_attn.compute_dtype(torch.float32)
-            return lambda s, e: fused.run(fused.ln_affine, x[:, s:e], norm.weight, norm.bias, norm.eps, dtype)
-        return lambda s, e: norm(x[:, s:e])
+    def _attention_residual(self, x: torch.Tensor, outs: list[torch.Tensor], gate: torch.Tensor,
+                            camera: torch.Tensor | None, spans: Sequence[tuple[int, int]]) -> None:
+        """x += o(attention) * gate, then the camera affine, per token chunk for all samples."""
+        wo = dense(self.self_attn.o)
+        cam = [dense(layer) for layer in (self.cam_injector_layer1, self.cam_injector_layer2,
+                                          self.cam_scale_layer, self.cam_shift_layer)] if camera is not None else None
+        for start, stop in spans:
+            y = torch.empty(len(outs), stop - start, x.shape[-1], dtype=wo.dtype, device=x.device)
+            for b, out in enumerate(outs):
+                wo(out[start:stop], out=y[b])
+            if cam is None:
+                x[:, start:stop].addcmul_(y, gate[:, None])
+            else:
+                scale, shift = self._camera_scale_shift(cam, camera[:, start:stop])
+                fused.run(fused.gate_camera_, x[:, start:stop], y, gate, scale, shift)
+            del y
 
-    def _inject_camera(self, x: torch.Tensor, camera: torch.Tensor) -> None:
-        """x = (1 + scale(h)) * x + shift(h), h = layer2(silu(layer1(c))) + c, in place on x."""
-        hidden = apply_linear(self.cam_injector_layer2, F.silu(apply_linear(self.cam_injector_layer1, camera)))
-        hidden = hidden + camera.to(hidden.dtype)
-        scale = apply_linear(self.cam_scale_layer, hidden)
-        shift = apply_linear(self.cam_shift_layer, hidden)
-        del hidden
-        # (1 + scale) stays in the layer's output dtype, as in the reference under bf16
-        # autocast; the product with the float32 stream is float32.
-        x.mul_(1 + scale).add_(shift)
+    @staticmethod
+    def _camera_scale_shift(cam: list[Dense], camera: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """scale(h), shift(h) with h = layer2(silu(layer1(c))) + c, in the layers' dtype."""
+        layer1, layer2, scale_layer, shift_layer = cam
+        hidden = layer2(F.silu(layer1(camera)))
+        hidden += camera.to(hidden.dtype)
+        return scale_layer(hidden), shift_layer(hidden)
+
+    def _cross_input(self, x: torch.Tensor, b: int) -> TokenSource:
+        """Tokens [start, stop) of sample b of norm3(x), in the cross-attention's compute dtype."""
+        norm = self.norm3
+        dtype = self.cross_attn.compute_dtype(torch.float32)
+        if isinstance(norm, FloatLayerNorm) and norm.weight is not None:
+            return lambda s, e: fused.run(fused.ln_affine, x[b:b + 1, s:e], norm.weight, norm.bias, norm.eps, dtype)
+        return lambda s, e: norm(x[b:b + 1, s:e]).to(dtype)
+
+    def _cross_residual_and_ffn(self, x: torch.Tensor, outs: list[torch.Tensor], shift: torch.Tensor,
+                                scale: torch.Tensor, gate: torch.Tensor, spans: Sequence[tuple[int, int]]) -> None:
+        """x += o(cross attention); x += FFN(norm2(x) modulated) * gate; per sample and chunk."""
+        wo, up, down = dense(self.cross_attn.o), dense(self.ffn[0]), dense(self.ffn[2])
+        eps = self.norm2.eps
+        for b, out in enumerate(outs):
+            for start, stop in spans:
+                part = x[b:b + 1, start:stop]  # a view: in-place updates land in x
+                y = wo(out[start:stop])[None]
+                h = fused.run(fused.add_ln_modulate_, part, y, shift[b:b + 1], scale[b:b + 1], eps, up.dtype)
+                del y
+                part.addcmul_(down(up(h, gelu=True)), gate[b:b + 1, None])
+            outs[b] = None  # free this sample's attention output early
 
 
 class Head(nn.Module):
@@ -510,8 +539,9 @@ class LingBotDiT(nn.Module):
             raise ValueError(f"x/y: {inputs.shape[1]} input channels, the checkpoint expects "
                              f"{self.config.in_dim}{hint}")
         grid = self._patch_grid(x.shape[2:], "x")
-        tokens = self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(
-            torch.float32, memory_format=torch.contiguous_format)
+        # A contiguous float32 stream (the fused kernels read rows); .to() alone keeps the
+        # transposed view when the weights already are float32.
+        tokens = self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(torch.float32).contiguous()
         del inputs
         if camera_tokens is not None and (camera_tokens.dim() != 3 or camera_tokens.shape[0] not in (1, batch)
                                           or camera_tokens.shape[1:] != tokens.shape[1:]):

@@ -1,0 +1,163 @@
+"""Hand-written Triton kernels for the per-token elementwise chains of a DiT block.
+
+Between its matmuls a block makes several passes over the float32 residual stream
+([tokens, 5120] per sample, 0.67 GB at 480x832x81). Eager PyTorch spends 4-10 kernels per
+chain; Inductor fuses them but, compiled for dynamic shapes, reached only a half to a tenth
+of the memory bandwidth (measured in bench/block_profile.py). Each kernel here gives one
+program one row: the row is read once, reduced in registers and written once.
+
+The eager functions in ``fused.py`` are the definitions; these match them to float32
+rounding (bf16 intermediates are rounded where the definition rounds them). Only imported
+where Triton is available; ``fused`` falls back to the eager versions otherwise.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _warps(block: int) -> int:
+    return 16 if block >= 8192 else 8 if block >= 2048 else 4
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 2 or t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected a [rows, dim] tensor with contiguous rows, got shape "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+
+
+# ----------------------------------------------------------------- RMS norm + RoPE (q, k)
+
+@triton.jit
+def _rms_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, token_start, eps,
+                     DIM: tl.constexpr, HALF_HEAD: tl.constexpr, PAIRS: tl.constexpr,
+                     NORM: tl.constexpr, ROPE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, 2 * PAIRS)
+    mask = offs < DIM
+    ptr = x_ptr + row * row_stride + offs
+    x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / DIM + eps)
+        x = x * rstd * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ROPE:
+        even, odd = tl.split(tl.reshape(x, (PAIRS, 2)))
+        pair = tl.arange(0, PAIRS)
+        table = (token_start + row) * HALF_HEAD + pair % HALF_HEAD
+        c = tl.load(cos_ptr + table, mask=pair < DIM // 2, other=0.0)
+        s = tl.load(sin_ptr + table, mask=pair < DIM // 2, other=0.0)
+        x = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (2 * PAIRS,))
+    tl.store(ptr, x.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_rope_(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
+              token_start: int, eps: float, head_dim: int) -> torch.Tensor:
+    """In place on x [rows, dim] (tokens token_start.. of one sample): RMS norm with
+    ``weight`` (None: skipped), then RoPE with the full cos/sin tables [tokens, 1, head_dim/2]
+    float32 (None: skipped)."""
+    _check_rows("rms_rope_", x)
+    rows, dim = x.shape
+    norm, rope = weight is not None, cos is not None
+    if rope and (cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous()):
+        raise ValueError("rms_rope_: cos/sin must be contiguous float32 tables")
+    pairs = triton.next_power_of_2(dim) // 2
+    _rms_rope_kernel[(rows,)](
+        x, weight if norm else x, cos if rope else x, sin if rope else x, x.stride(0), token_start, eps,
+        DIM=dim, HALF_HEAD=head_dim // 2, PAIRS=pairs, NORM=norm, ROPE=rope, num_warps=_warps(2 * pairs),
+    )
+    return x
+
+
+# ------------------------------------------------- LayerNorm (+ residual add) + modulation
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, y_ptr, out_ptr, a_ptr, b_ptr, x_stride, y_stride, out_stride, eps,
+                       DIM: tl.constexpr, BLOCK: tl.constexpr, ADD_Y: tl.constexpr, MODULATE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.arange(0, BLOCK)
+    mask = col < DIM
+    x = tl.load(x_ptr + row * x_stride + col, mask=mask, other=0.0).to(tl.float32)
+    if ADD_Y:
+        x = x + tl.load(y_ptr + row * y_stride + col, mask=mask, other=0.0).to(tl.float32)
+        tl.store(x_ptr + row * x_stride + col, x, mask=mask)
+    mean = tl.sum(x, axis=0) / DIM
+    centred = tl.where(mask, x - mean, 0.0)
+    h = centred * tl.rsqrt(tl.sum(centred * centred, axis=0) / DIM + eps)
+    a = tl.load(a_ptr + col, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
+    if MODULATE:
+        h = h * (1.0 + a) + b
+    else:
+        h = h * a + b
+    tl.store(out_ptr + row * out_stride + col, h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def layer_norm(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, dtype: torch.dtype,
+               modulate: bool, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm of the rows of float32 x [rows, dim], returned in ``dtype``.
+
+    ``modulate``: h * (1 + a) + b (a = scale, b = shift); else h * a + b (weight, bias).
+    ``residual`` [rows, dim]: x += residual first, written back into x."""
+    _check_rows("layer_norm", x)
+    if x.dtype != torch.float32:
+        raise ValueError("layer_norm: the residual stream must be float32")
+    rows, dim = x.shape
+    if residual is not None:
+        residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+        _check_rows("layer_norm residual", residual)
+    a, b = a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
+    if a.numel() != dim or b.numel() != dim:
+        raise ValueError(f"layer_norm: expected {dim} values per parameter, got {a.numel()} and {b.numel()}")
+    out = torch.empty(rows, dim, dtype=dtype, device=x.device)
+    block = triton.next_power_of_2(dim)
+    _layer_norm_kernel[(rows,)](
+        x, residual if residual is not None else x, out, a, b, x.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0), eps,
+        DIM=dim, BLOCK=block, ADD_Y=residual is not None, MODULATE=modulate, num_warps=_warps(block),
+    )
+    return out
+
+
+# ------------------------------------------------- gated residual + camera affine (in place)
+
+@triton.jit
+def _gate_camera_kernel(x_ptr, y_ptr, gate_ptr, scale_ptr, shift_ptr, x_batch_stride, y_batch_stride,
+                        gate_batch_stride, cam_batch_stride, DIM: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sample = tl.program_id(1).to(tl.int64)
+    col = tl.arange(0, BLOCK)
+    mask = col < DIM
+    x_at = x_ptr + sample * x_batch_stride + row * DIM + col
+    cam = sample * cam_batch_stride + row * DIM + col
+    x = tl.load(x_at, mask=mask, other=0.0)
+    y = tl.load(y_ptr + sample * y_batch_stride + row * DIM + col, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(gate_ptr + sample * gate_batch_stride + col, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + cam, mask=mask, other=0.0)
+    shift = tl.load(shift_ptr + cam, mask=mask, other=0.0).to(tl.float32)
+    # 1 + scale is rounded to the camera layers' dtype, as the definition computes it there.
+    one_plus = (scale.to(tl.float32) + 1.0).to(scale_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    one_plus = one_plus.to(tl.float32)
+    tl.store(x_at, (x + y * gate) * one_plus + shift, mask=mask)
+
+
+def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
+                 shift: torch.Tensor) -> torch.Tensor:
+    """x = (x + y * gate) * (1 + scale) + shift in place. x [B, n, D] float32 with contiguous
+    rows; y [B, n, D]; scale, shift [B or 1, n, D]; gate [B, D] float32."""
+    batch, rows, dim = x.shape
+    if x.dtype != torch.float32 or x.stride(2) != 1 or x.stride(1) != dim:
+        raise ValueError("gate_camera_: x must be a float32 [B, n, D] view with contiguous rows")
+    y, scale, shift = y.contiguous(), scale.contiguous(), shift.contiguous()
+    for name, t in (("y", y), ("scale", scale), ("shift", shift)):
+        if t.shape[1:] != x.shape[1:] or t.shape[0] not in (1, batch):
+            raise ValueError(f"gate_camera_: {name} must be [B or 1, {rows}, {dim}], got {tuple(t.shape)}")
+    if scale.shape[0] != shift.shape[0] or scale.dtype != shift.dtype or y.shape[0] != batch:
+        raise ValueError("gate_camera_: scale and shift must match, y must have x's batch")
+    gate = gate.float().contiguous()
+    block = triton.next_power_of_2(dim)
+    _gate_camera_kernel[(rows, batch)](
+        x, y, gate, scale, shift, x.stride(0), y.stride(0), gate.stride(0),
+        0 if scale.shape[0] == 1 else scale.stride(0), DIM=dim, BLOCK=block, num_warps=_warps(block),
+    )
+    return x
