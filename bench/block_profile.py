@@ -26,6 +26,7 @@ from _standalone import import_pack  # noqa: E402
 
 import_pack()
 from comfyui_lingbot_world.loaders.nf4 import quantize_linears_  # noqa: E402
+from comfyui_lingbot_world.loaders.synthetic_dit import fill_synthetic_  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B  # noqa: E402
 from comfyui_lingbot_world.wan.model import DiTBlock, build_rope  # noqa: E402
 from kernel_floor import block_floor_ms  # noqa: E402
@@ -50,21 +51,11 @@ def category(name: str) -> str:
 
 
 def make_block(nf4: bool, seed: int = 0) -> DiTBlock:
-    torch.manual_seed(seed)
+    """Block 0 of a synthetic A14B expert (the checkpoint tool's values), bf16 or NF4."""
     with torch.device("cuda"):
         block = DiTBlock(A14B)
-    with torch.no_grad():
-        for name, p in block.named_parameters():
-            if p.dim() >= 2:
-                torch.nn.init.xavier_uniform_(p)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)
-        block.modulation.normal_(std=A14B.dim ** -0.5)
+    fill_synthetic_(block, A14B, seed, prefix="blocks.0.")
     block = block.to(torch.bfloat16)
-    for norm in (block.self_attn.norm_q, block.self_attn.norm_k, block.cross_attn.norm_q, block.cross_attn.norm_k):
-        norm.float()
     if nf4:
         quantize_linears_(block)
     return block.eval()

@@ -51,18 +51,6 @@ def ln_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps).to(dtype)
 
 
-def rms_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-             heads: int) -> torch.Tensor:
-    """RMSNorm(x) * weight, split into heads, channel pairs rotated by RoPE; x's dtype.
-    x [B, l, D]; cos, sin [l, 1, D / heads / 2] float32 -> [B, l, heads, D / heads]."""
-    return _rotate_pairs(_rms(x.float(), weight, eps), cos, sin, heads).to(x.dtype)
-
-
-def rms_heads(x: torch.Tensor, weight: torch.Tensor, eps: float, heads: int) -> torch.Tensor:
-    """RMSNorm(x) * weight split into heads, in x's dtype (cross-attention q and k)."""
-    return _rms(x.float(), weight, eps).unflatten(-1, (heads, -1)).to(x.dtype)
-
-
 def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
                  shift: torch.Tensor) -> torch.Tensor:
     """x = (x + y * gate) * (1 + scale) + shift, in place on the float32 stream.

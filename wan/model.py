@@ -148,21 +148,6 @@ class FloatLayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
 
 
-def _modulate(normed: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """normed * (1 + scale) + shift, in place on a float32 temporary; shift/scale [B, dim]."""
-    return normed.mul_(1 + scale[:, None]).add_(shift[:, None])
-
-
-def normalized_input(x: torch.Tensor, norm: nn.Module, dtype: torch.dtype, chunk: int,
-                     shift: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """norm(x) [* (1 + scale) + shift] computed in float32 per token chunk, stored in `dtype`."""
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    for start, stop in token_spans(x.shape[1], chunk, x.shape[0]):
-        part = norm(x[:, start:stop]).float()
-        out[:, start:stop] = part if scale is None else _modulate(part, shift, scale)
-    return out
-
-
 # Produces the input of tokens [start, stop) of one sample for a block sub-layer on demand
 # ([1, n, dim], already in the sub-layer's compute dtype), so the normalized copy of the
 # whole sequence never exists at once.
@@ -181,7 +166,6 @@ class _Attention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.eps = eps
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -189,18 +173,15 @@ class _Attention(nn.Module):
         self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
 
-    def compute_dtype(self, fallback: torch.dtype) -> torch.dtype:
-        return linear_compute_dtype(self.q) or fallback
-
     def _project_norm_(self, linear: Dense, norm: nn.Module, x: torch.Tensor, out: torch.Tensor,
                        rope: Rope | None = None, token_start: int = 0) -> None:
         """out [n, dim] <- norm(linear(x)), RoPE-rotated when given (in place, float32 math)."""
         linear(x, out=out)
-        weight = norm.weight if isinstance(norm, RMSNorm) else None
-        if weight is not None or rope is not None:
+        rms = norm if isinstance(norm, RMSNorm) else None
+        if rms is not None or rope is not None:
             cos, sin = rope if rope is not None else (None, None)
-            fused.run(fused.rms_rope_, out, weight, cos, sin, token_start, getattr(norm, "eps", self.eps),
-                      self.head_dim)
+            weight, eps = (rms.weight, rms.eps) if rms is not None else (None, 0.0)
+            fused.run(fused.rms_rope_, out, weight, cos, sin, token_start, eps, self.head_dim)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One sample's attention: q [Lq, dim], k and v [Lk, dim] -> [Lq, dim]."""
@@ -293,9 +274,8 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = (m.clone() for m in (self.modulation.float() + e0).unbind(1))
 
         attn = self.self_attn
-        dtype = attn.compute_dtype(torch.float32)
-        eps1 = self.norm1.eps
         weights = (dense(attn.q), dense(attn.k), dense(attn.v))
+        dtype, eps1 = weights[0].dtype, self.norm1.eps
         outs = [attn.attend(lambda s, e, b=b: fused.run(fused.ln_modulate, x[b:b + 1, s:e], shift1[b:b + 1],
                                                          scale1[b:b + 1], eps1, dtype),
                             length, rope, spans, weights)
@@ -306,7 +286,8 @@ class DiTBlock(nn.Module):
 
         cross = self.cross_attn
         weights = (dense(cross.q), dense(cross.k), dense(cross.v))
-        outs = [cross.attend(self._cross_input(x, b), length, context[b], spans, weights) for b in range(batch)]
+        outs = [cross.attend(self._cross_input(x, b, weights[0].dtype), length, context[b], spans, weights)
+                for b in range(batch)]
         del weights
         self._cross_residual_and_ffn(x, outs, shift2, scale2, gate2, spans)
         return x
@@ -336,10 +317,9 @@ class DiTBlock(nn.Module):
         hidden += camera.to(hidden.dtype)
         return scale_layer(hidden), shift_layer(hidden)
 
-    def _cross_input(self, x: torch.Tensor, b: int) -> TokenSource:
-        """Tokens [start, stop) of sample b of norm3(x), in the cross-attention's compute dtype."""
+    def _cross_input(self, x: torch.Tensor, b: int, dtype: torch.dtype) -> TokenSource:
+        """Tokens [start, stop) of sample b of norm3(x), in the cross-attention's compute ``dtype``."""
         norm = self.norm3
-        dtype = self.cross_attn.compute_dtype(torch.float32)
         if isinstance(norm, FloatLayerNorm) and norm.weight is not None:
             return lambda s, e: fused.run(fused.ln_affine, x[b:b + 1, s:e], norm.weight, norm.bias, norm.eps, dtype)
         return lambda s, e: norm(x[b:b + 1, s:e]).to(dtype)
@@ -370,7 +350,10 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, chunk: int = TOKEN_CHUNK) -> torch.Tensor:
         shift, scale = (self.modulation.float() + e[:, None]).unbind(1)
-        h = normalized_input(x, self.norm, linear_compute_dtype(self.head) or x.dtype, chunk, shift, scale)
+        dtype = linear_compute_dtype(self.head) or x.dtype
+        h = torch.empty(x.shape, dtype=dtype, device=x.device)
+        for start, stop in token_spans(x.shape[1], chunk, x.shape[0]):
+            h[:, start:stop] = fused.run(fused.ln_modulate, x[:, start:stop], shift, scale, self.norm.eps, dtype)
         return apply_linear(self.head, h)
 
 
