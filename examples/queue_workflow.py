@@ -28,7 +28,7 @@ import requests
 import websocket  # websocket-client
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".gif")
-SIZE_NODES = ("LingBotVAEEncode", "LingBotCamera")  # their width/height/frames must agree
+SIZE_NODES = ("LingBotWorldVAEEncode", "LingBotWorldCamera")  # their width/height/frames must agree
 
 
 class RunFailed(Exception):
@@ -78,13 +78,13 @@ def customize(graph: dict, args: argparse.Namespace, image_name: str | None) -> 
     if image_name is not None and not set_inputs(graph, ("LoadImage",), image=image_name):
         raise RunFailed("the workflow has no LoadImage node to take --image", 2)
     if (args.prompt is not None or args.negative_prompt is not None) and not set_inputs(
-            graph, ("LingBotTextEncode",), prompt=args.prompt, negative_prompt=args.negative_prompt):
-        raise RunFailed("the workflow has no LingBotTextEncode node to take --prompt", 2)
-    set_inputs(graph, ("LingBotSampler",), seed=args.seed, steps=args.steps)
+            graph, ("LingBotWorldTextEncode",), prompt=args.prompt, negative_prompt=args.negative_prompt):
+        raise RunFailed("the workflow has no LingBotWorldTextEncode node to take --prompt", 2)
+    set_inputs(graph, ("LingBotWorldSampler",), seed=args.seed, steps=args.steps)
     set_inputs(graph, SIZE_NODES, width=args.width, height=args.height, frames=args.frames)
     if args.preset is not None:
-        if not set_inputs(graph, ("LingBotCamera",), source="preset", preset=args.preset):
-            raise RunFailed("--preset needs a workflow with a LingBotCamera node", 2)
+        if not set_inputs(graph, ("LingBotWorldCamera",), source="preset", preset=args.preset):
+            raise RunFailed("--preset needs a workflow with a LingBotWorldCamera node", 2)
 
 
 def queue(http: requests.Session, base: str, graph: dict, client_id: str) -> str:

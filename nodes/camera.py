@@ -1,4 +1,4 @@
-"""LingBot Camera Plücker Conditioning: a camera path (preset or .npy files) for the sampler."""
+"""LingBot-World Camera Plücker Conditioning: a camera path (preset or .npy files) for the sampler."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +27,7 @@ def preview_image(poses: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(255.0)[None]
 
 
-class LingBotCamera:
+class LingBotWorldCamera:
     DESCRIPTION = (
         "Turns a camera path into the Plücker-ray conditioning LingBot-World follows. Use a preset "
         "move, or poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "

@@ -1,4 +1,4 @@
-"""LingBot NF4 DiT Loader: names the two experts; nothing heavy is read until sampling."""
+"""LingBot-World NF4 DiT Loader: names the two experts; nothing heavy is read until sampling."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 MAX_BLOCK_SWAP = 40  # the A14B experts have 40 blocks; a larger count means "all on the GPU"
 
 
-class LingBotDiTLoader:
+class LingBotWorldDiTLoader:
     DESCRIPTION = (
         "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
         "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
@@ -25,7 +25,7 @@ class LingBotDiTLoader:
     CATEGORY = types.CATEGORY
     RETURN_TYPES = (types.DIT,)
     RETURN_NAMES = ("dit",)
-    OUTPUT_TOOLTIPS = ("Both experts, for the LingBot Dual-Expert Sampler.",)
+    OUTPUT_TOOLTIPS = ("Both experts, for the LingBot-World Dual-Expert Sampler.",)
     FUNCTION = "load"
 
     @classmethod

@@ -1,4 +1,4 @@
-"""LingBot Dual-Expert Sampler: high-noise expert first, then low-noise, one resident at a time."""
+"""LingBot-World Dual-Expert Sampler: high-noise expert first, then low-noise, one resident at a time."""
 from __future__ import annotations
 
 import comfy.utils
@@ -20,7 +20,7 @@ def _check_input(value, kind: type, field: str, source: str) -> None:
         raise ValueError(f"{field}: expected the output of {source}, got {type(value).__name__}")
 
 
-class LingBotSampler:
+class LingBotWorldSampler:
     DESCRIPTION = (
         "Generates the video latent with LingBot-World's two experts: the high-noise expert for "
         "the steps above the boundary, then the low-noise expert. ComfyUI loads one expert at a "
@@ -30,16 +30,16 @@ class LingBotSampler:
     CATEGORY = types.CATEGORY
     RETURN_TYPES = ("LATENT",)
     RETURN_NAMES = ("samples",)
-    OUTPUT_TOOLTIPS = ("The denoised video latent, for the LingBot Wan VAE Decode node.",)
+    OUTPUT_TOOLTIPS = ("The denoised video latent, for the LingBot-World Wan VAE Decode node.",)
     FUNCTION = "generate"
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "dit": (types.DIT, {"tooltip": "Both experts, from the LingBot NF4 DiT Loader."}),
-                "text": (types.TEXT, {"tooltip": "Prompt embeddings from LingBot T5 Encode + Unload."}),
-                "i2v": (types.I2V, {"tooltip": "Start-frame condition from LingBot Wan VAE Encode."}),
+                "dit": (types.DIT, {"tooltip": "Both experts, from the LingBot-World NF4 DiT Loader."}),
+                "text": (types.TEXT, {"tooltip": "Prompt embeddings from LingBot-World T5 Encode + Unload."}),
+                "i2v": (types.I2V, {"tooltip": "Start-frame condition from LingBot-World Wan VAE Encode."}),
                 "steps": ("INT", {"default": 40, "min": 1, "max": 200,
                                   "tooltip": "Denoising steps (the reference uses 70; 40 is common)."}),
                 "shift": ("FLOAT", {"default": 10.0, "min": 0.1, "max": 100.0, "step": 0.1,
@@ -57,17 +57,17 @@ class LingBotSampler:
                                              "tooltip": "unipc: the reference solver; euler: plain flow-matching steps."}),
             },
             "optional": {
-                "camera": (types.CAMERA, {"tooltip": "Camera path from LingBot Camera Plücker Conditioning. "
+                "camera": (types.CAMERA, {"tooltip": "Camera path from LingBot-World Camera Plücker Conditioning. "
                                           "Its width, height and frames must match the VAE Encode node."}),
             },
         }
 
     def generate(self, dit, text, i2v, steps, shift, cfg_high, cfg_low, boundary, seed, sampler, camera=None):
-        _check_input(dit, DiTExperts, "dit", "LingBot NF4 DiT Loader")
-        _check_input(text, TextEmbeddings, "text", "LingBot T5 Encode + Unload")
-        _check_input(i2v, I2VCondition, "i2v", "LingBot Wan VAE Encode")
+        _check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
+        _check_input(text, TextEmbeddings, "text", "LingBot-World T5 Encode + Unload")
+        _check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         if camera is not None:
-            _check_input(camera, CameraCondition, "camera", "LingBot Camera Plücker Conditioning")
+            _check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
         check_camera_matches(camera, i2v)  # before any expert is loaded

@@ -1,4 +1,4 @@
-"""LingBot T5 Encode + Unload: prompts -> umT5 embeddings, encoder freed before returning."""
+"""LingBot-World T5 Encode + Unload: prompts -> umT5 embeddings, encoder freed before returning."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +29,7 @@ def embedding_cache_dir() -> Path:
     return base / "text_embeddings"
 
 
-class LingBotTextEncode:
+class LingBotWorldTextEncode:
     DESCRIPTION = (
         "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
         "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "

@@ -1,4 +1,4 @@
-"""LingBot Wan VAE Encode / Decode: first frame -> I2V condition, latent -> video frames."""
+"""LingBot-World Wan VAE Encode / Decode: first frame -> I2V condition, latent -> video frames."""
 from __future__ import annotations
 
 import torch
@@ -24,7 +24,7 @@ def video_to_images(video: torch.Tensor) -> torch.Tensor:
     return video.add(1.0).div_(2.0).clamp_(0.0, 1.0).permute(1, 2, 3, 0).contiguous()
 
 
-class LingBotVAEEncode:
+class LingBotWorldVAEEncode:
     DESCRIPTION = (
         "Encodes the start image with the Wan2.1 VAE into the image-to-video condition (the first "
         "frame plus a mask for the frames to generate). The image is resized to width x height; "
@@ -62,7 +62,7 @@ class LingBotVAEEncode:
         return (condition,)
 
 
-class LingBotVAEDecode:
+class LingBotWorldVAEDecode:
     DESCRIPTION = (
         "Decodes the sampled latent into video frames with the Wan2.1 VAE, then frees the VAE. "
         "Feed the frames to Create Video (16 fps) and Save Video."
@@ -77,7 +77,7 @@ class LingBotVAEDecode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "samples": ("LATENT", {"tooltip": "Latent from the LingBot Dual-Expert Sampler."}),
+                "samples": ("LATENT", {"tooltip": "Latent from the LingBot-World Dual-Expert Sampler."}),
                 "vae": _vae_input(),
                 "tile": ("INT", {
                     "default": 0, "min": 0, "max": 512, "step": 8,
@@ -95,7 +95,7 @@ class LingBotVAEDecode:
             shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
             raise ValueError(
                 f"samples: expected a LingBot latent [1, 16, frames, height/8, width/8], got {shape}; "
-                "connect the LingBot Dual-Expert Sampler"
+                "connect the LingBot-World Dual-Expert Sampler"
             )
         if latent.shape[0] != 1:
             raise ValueError(f"samples: holds {latent.shape[0]} videos; the decoder takes one at a time")

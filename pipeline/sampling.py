@@ -100,7 +100,7 @@ class _ActiveExpert:
             return (uncond + guide * (cond - uncond)).float()
 
 
-OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot NF4 DiT Loader"
+OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot-World NF4 DiT Loader"
 
 
 def out_of_memory_message(condition: I2VCondition, detail: str | None) -> str:

@@ -53,9 +53,9 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
     graph = copy.deepcopy(graph)
     for node in graph.values():
         inputs = node["inputs"]
-        if node["class_type"] in ("LingBotVAEEncode", "LingBotCamera"):
+        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera"):
             inputs.update(width=width, height=height, frames=frames)
-        if node["class_type"] == "LingBotSampler":
+        if node["class_type"] == "LingBotWorldSampler":
             inputs["steps"] = steps
     return graph
 

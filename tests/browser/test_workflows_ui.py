@@ -140,8 +140,8 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
 
     size = {"width": WIDTH, "height": HEIGHT, "frames": FRAMES}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, {
-        "LingBotVAEEncode": size, "LingBotCamera": size, "LingBotSampler": {"steps": STEPS}})
-    sized = [n for n in api.values() if n["class_type"] in ("LingBotVAEEncode", "LingBotCamera")]
+        "LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}})
+    sized = [n for n in api.values() if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera")]
     assert len(changed) == 3 * len(sized) + 1  # width, height, frames of each; the sampler's steps
     small = tiny_package.small_workflow(api, frames=FRAMES, width=WIDTH, height=HEIGHT, steps=STEPS)
     assert comparable(frontend.graph_to_prompt()) == comparable(small)

@@ -77,7 +77,7 @@ def test_example_prints_validation_errors(comfy_server: ComfyServer, tmp_path: P
     # treats any validation error as a refusal.
     assert done.returncode == 2, done.stdout + done.stderr
     assert "refused" in done.stderr
-    assert "node 6 (LingBotSampler) input steps" in done.stderr, done.stderr
+    assert "node 6 (LingBotWorldSampler) input steps" in done.stderr, done.stderr
     assert not (tmp_path / "never.mp4").exists()
 
 

@@ -290,7 +290,7 @@ def _image_node(server: ComfyServer, kind: str) -> dict:
 def test_start_images_of_any_mode_and_size_work(comfy_server: ComfyServer, idle: int, kind: str) -> None:
     graph = {
         "1": _image_node(comfy_server, kind),
-        "3": {"class_type": "LingBotVAEEncode",
+        "3": {"class_type": "LingBotWorldVAEEncode",
               "inputs": {"image": ["1", 0], "vae": f"{PACKAGE}/Wan2.1_VAE.pth", "width": WIDTH,
                          "height": HEIGHT, "frames": FRAMES, "device": "auto"}},
         "9": {"class_type": "LingBotFaultSink", "inputs": {"value": ["3", 0]}},
@@ -313,8 +313,8 @@ def _status_shows(stage: str, status: dict) -> bool:
     return status["dit_models_alive"] >= 1  # expert load and sampling
 
 
-CANCEL_STAGES = {"text": "LingBotTextEncode", "expert": "LingBotSampler", "sampling": "LingBotSampler",
-                 "decode": "LingBotVAEDecode"}
+CANCEL_STAGES = {"text": "LingBotWorldTextEncode", "expert": "LingBotWorldSampler", "sampling": "LingBotWorldSampler",
+                 "decode": "LingBotWorldVAEDecode"}
 
 
 @pytest.mark.parametrize("stage", list(CANCEL_STAGES))
@@ -355,7 +355,7 @@ def test_out_of_memory_in_sampling_is_explained_and_the_next_run_works(
     try:
         message = expect_error(comfy_server, workflow(), "CUDA out of memory while sampling",
                                f"{FRAMES} frames at {WIDTH}x{HEIGHT}", "reduce width/height/frames",
-                               "enable block swap in the LingBot NF4 DiT Loader", node_type="LingBotSampler")
+                               "enable block swap in the LingBot-World NF4 DiT Loader", node_type="LingBotWorldSampler")
     finally:
         (fault_dir / "oom.once").unlink(missing_ok=True)
     assert "Tried to allocate 9.50 GiB" in message  # the original detail is kept

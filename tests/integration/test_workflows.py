@@ -21,15 +21,15 @@ from comfy_server import ComfyServer, PromptRejected, video_info
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
-    "LingBotTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
+    "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
                           ["LINGBOT_TEXT"]),
-    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
-    "LingBotCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
+    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
                        "frames"], [], ["LINGBOT_CAMERA", "IMAGE"]),
-    "LingBotVAEEncode": (["image", "vae", "width", "height", "frames", "device"], [], ["LINGBOT_I2V"]),
-    "LingBotSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
+    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], [], ["LINGBOT_I2V"]),
+    "LingBotWorldSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                         "sampler"], ["camera"], ["LATENT"]),
-    "LingBotVAEDecode": (["samples", "vae", "tile", "device"], [], ["IMAGE"]),
+    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], [], ["IMAGE"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
@@ -118,7 +118,7 @@ def test_shipped_workflow_saves_a_video(comfy_server: ComfyServer, workflow: Pat
     assert (video.frames, video.width, video.height) == (frames, WIDTH, HEIGHT), video
     assert video.fps == 16
 
-    has_camera = any(n["class_type"] == "LingBotCamera" for n in graph.values())
+    has_camera = any(n["class_type"] == "LingBotWorldCamera" for n in graph.values())
     previews = [f for f in comfy_server.output_files(result) if f.suffix == ".png"]
     assert len(previews) == (1 if has_camera else 0), previews  # the camera path drawing
 
@@ -138,7 +138,7 @@ def test_invalid_inputs_are_rejected_with_the_input_named(comfy_server: ComfySer
     assert rejected.value.status == 400
     errors = rejected.value.node_errors[VAE_ENCODE]["errors"]
     assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [("value_not_in_list", "vae")]
-    assert rejected.value.node_errors[VAE_ENCODE]["class_type"] == "LingBotVAEEncode"
+    assert rejected.value.node_errors[VAE_ENCODE]["class_type"] == "LingBotWorldVAEEncode"
 
     too_few_steps = json.loads(json.dumps(graph))
     too_few_steps[SAMPLER]["inputs"]["steps"] = 0
@@ -159,7 +159,7 @@ def test_runtime_error_names_the_input_and_the_server_goes_on(comfy_server: Comf
 
     assert result.status == "error", result.describe()
     error = result.error
-    assert error["node_id"] == VAE_ENCODE and error["node_type"] == "LingBotVAEEncode"
+    assert error["node_id"] == VAE_ENCODE and error["node_type"] == "LingBotWorldVAEEncode"
     assert error["exception_type"].endswith("ValueError")
     assert "width" in error["exception_message"] and "16" in error["exception_message"], error
     assert comfy_server.alive
@@ -192,7 +192,7 @@ def test_cancel_during_sampling_interrupts_and_the_next_prompt_runs(comfy_server
     result = comfy_server.wait(prompt_id, timeout=120)
     assert result.status == "interrupted", result.describe()
     interrupted = next(d for kind, d in result.events if kind == "execution_interrupted")
-    assert interrupted["node_id"] == SAMPLER and interrupted["node_type"] == "LingBotSampler"
+    assert interrupted["node_id"] == SAMPLER and interrupted["node_type"] == "LingBotWorldSampler"
     assert max(p["value"] for p in result.progress if p["node"] == SAMPLER) < 200
     assert not any(kind == "execution_success" for kind, _ in result.events)
 

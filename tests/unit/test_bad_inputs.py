@@ -40,11 +40,11 @@ import folder_paths  # noqa: E402
 
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.nodes.camera import LingBotCamera  # noqa: E402
-from comfyui_lingbot_world.nodes.dit_loader import LingBotDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.model_files import NO_FILE  # noqa: E402
-from comfyui_lingbot_world.nodes.sampler import LingBotSampler  # noqa: E402
-from comfyui_lingbot_world.nodes.vae import LingBotVAEEncode  # noqa: E402
+from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
+from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEEncode  # noqa: E402
 from comfyui_lingbot_world.pipeline import image as image_stage  # noqa: E402
 from comfyui_lingbot_world.pipeline import text as text_stage  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
@@ -114,12 +114,12 @@ def _defaults(node_class) -> dict:
 
 
 def camera_node(**inputs):
-    values = {**_defaults(LingBotCamera), "poses_file": NO_FILE, "intrinsics_file": NO_FILE, **inputs}
-    return LingBotCamera().build(**values)
+    values = {**_defaults(LingBotWorldCamera), "poses_file": NO_FILE, "intrinsics_file": NO_FILE, **inputs}
+    return LingBotWorldCamera().build(**values)
 
 
 def dit_loader(high: str, low: str):
-    return LingBotDiTLoader().load(**{**_defaults(LingBotDiTLoader), "high_noise": high, "low_noise": low})[0]
+    return LingBotWorldDiTLoader().load(**{**_defaults(LingBotWorldDiTLoader), "high_noise": high, "low_noise": low})[0]
 
 
 # --------------------------------------------------------------------------- node messages
@@ -206,7 +206,7 @@ def test_size_and_frames_are_named_by_camera_and_vae_nodes(comfy_dirs, width, he
     image = torch.rand(1, 40, 60, 3)
     calls = {
         "camera": lambda: camera_node(source="preset", preset="pan_left", width=width, height=height, frames=frames),
-        "vae": lambda: LingBotVAEEncode().encode(image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=width,
+        "vae": lambda: LingBotWorldVAEEncode().encode(image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=width,
                                                  height=height, frames=frames, device="cpu"),
     }
     for node, call in calls.items():
@@ -308,9 +308,9 @@ def inputs(package):
 
 
 def _sample(dit, text, i2v, seed: int = 1):
-    values = {**_defaults(LingBotSampler), "dit": dit, "text": text, "i2v": i2v, "steps": 3, "shift": 5.0,
+    values = {**_defaults(LingBotWorldSampler), "dit": dit, "text": text, "i2v": i2v, "steps": 3, "shift": 5.0,
               "cfg_high": 5.0, "cfg_low": 4.0, "boundary": 0.9, "seed": seed, "sampler": "unipc"}
-    return LingBotSampler().generate(**values)[0]["samples"]
+    return LingBotWorldSampler().generate(**values)[0]["samples"]
 
 
 def test_corrupt_expert_met_while_sampling_leaves_nothing_loaded(comfy_dirs, package, inputs) -> None:

@@ -25,13 +25,13 @@ import tiny_package  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.nodes import model_files  # noqa: E402
-from comfyui_lingbot_world.nodes.camera import LingBotCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.devices import pick_device  # noqa: E402
-from comfyui_lingbot_world.nodes.dit_loader import LingBotDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.expert_patcher import DiTExperts  # noqa: E402
-from comfyui_lingbot_world.nodes.sampler import LingBotSampler  # noqa: E402
-from comfyui_lingbot_world.nodes.text_encode import LingBotTextEncode, embedding_cache_dir  # noqa: E402
-from comfyui_lingbot_world.nodes.vae import LingBotVAEDecode, LingBotVAEEncode  # noqa: E402
+from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
+from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode, embedding_cache_dir  # noqa: E402
+from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import CameraCondition  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import I2VCondition  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import TextEmbeddings  # noqa: E402
@@ -44,21 +44,21 @@ PKG = "lingbot/pkg"
 
 # The input order of every node: the UI format stores widget values in this order.
 EXPECTED_INPUTS = {
-    "LingBotTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], []),
-    "LingBotCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
-    "LingBotVAEEncode": (["image", "vae", "width", "height", "frames", "device"], []),
-    "LingBotSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
+    "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], []),
+    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
+    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], []),
+    "LingBotWorldSampler": (["dit", "text", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                        ["camera"]),
-    "LingBotVAEDecode": (["samples", "vae", "tile", "device"], []),
+    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], []),
 }
 EXPECTED_OUTPUTS = {
-    "LingBotTextEncode": ("LINGBOT_TEXT",),
-    "LingBotDiTLoader": ("LINGBOT_DIT",),
-    "LingBotCamera": ("LINGBOT_CAMERA", "IMAGE"),
-    "LingBotVAEEncode": ("LINGBOT_I2V",),
-    "LingBotSampler": ("LATENT",),
-    "LingBotVAEDecode": ("IMAGE",),
+    "LingBotWorldTextEncode": ("LINGBOT_TEXT",),
+    "LingBotWorldDiTLoader": ("LINGBOT_DIT",),
+    "LingBotWorldCamera": ("LINGBOT_CAMERA", "IMAGE"),
+    "LingBotWorldVAEEncode": ("LINGBOT_I2V",),
+    "LingBotWorldSampler": ("LATENT",),
+    "LingBotWorldVAEDecode": ("IMAGE",),
 }
 
 
@@ -111,20 +111,20 @@ def _image(h=40, w=60) -> torch.Tensor:
 
 
 def _text(installed) -> TextEmbeddings:
-    return LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer",
+    return LingBotWorldTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer",
                                       "a castle in the clouds", "blurry", "auto")[0]
 
 
 def _i2v(frames=FRAMES) -> I2VCondition:
-    return LingBotVAEEncode().encode(_image(), f"{PKG}/Wan2.1_VAE.pth", W, H, frames, "auto")[0]
+    return LingBotWorldVAEEncode().encode(_image(), f"{PKG}/Wan2.1_VAE.pth", W, H, frames, "auto")[0]
 
 
 def _dit() -> DiTExperts:
-    return LingBotDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4", "none")[0]
+    return LingBotWorldDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4", "none")[0]
 
 
 def _sample(dit, text, i2v, camera=None, steps=3, seed=1):
-    return LingBotSampler().generate(dit, text, i2v, steps, 5.0, 5.0, 4.0, 0.9, seed, "unipc", camera=camera)[0]
+    return LingBotWorldSampler().generate(dit, text, i2v, steps, 5.0, 5.0, 4.0, 0.9, seed, "unipc", camera=camera)[0]
 
 
 # --------------------------------------------------------------------------- schemas
@@ -155,17 +155,17 @@ def test_input_and_return_types(name, comfy_dirs):
 
 
 def test_widget_defaults():
-    text = LingBotTextEncode.INPUT_TYPES()["required"]
+    text = LingBotWorldTextEncode.INPUT_TYPES()["required"]
     assert text["negative_prompt"][1]["default"] == DEFAULT_NEGATIVE_PROMPT
     assert text["device"][0] == ["auto", "gpu", "cpu"]
-    sampler = LingBotSampler.INPUT_TYPES()["required"]
+    sampler = LingBotWorldSampler.INPUT_TYPES()["required"]
     defaults = {k: sampler[k][1]["default"] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")}
     assert defaults == {"steps": 40, "shift": 10.0, "cfg_high": 5.0, "cfg_low": 5.0, "boundary": 0.947, "sampler": "unipc"}
     assert sampler["seed"][1]["control_after_generate"] is True
     assert sampler["sampler"][0] == ["unipc", "euler"]
-    camera = LingBotCamera.INPUT_TYPES()["required"]
+    camera = LingBotWorldCamera.INPUT_TYPES()["required"]
     assert camera["preset"][0] == list(PRESETS)
-    for node in (camera, LingBotVAEEncode.INPUT_TYPES()["required"]):
+    for node in (camera, LingBotWorldVAEEncode.INPUT_TYPES()["required"]):
         assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
         assert node["width"][1]["step"] == node["height"][1]["step"] == 16
         assert node["frames"][1]["step"] == 4
@@ -216,7 +216,7 @@ def test_model_combos_list_files_folders_and_experts(comfy_dirs):
         "lingbot/pack/models_t5_umt5-xxl-enc-bf16.pth",
     ]
     assert model_files.list_tokenizer_folders() == ["lingbot/pack/tokenizer"]
-    dit = LingBotDiTLoader.INPUT_TYPES()["required"]
+    dit = LingBotWorldDiTLoader.INPUT_TYPES()["required"]
     assert dit["high_noise"][0] == dit["low_noise"][0] == model_files.list_expert_folders()
 
 
@@ -273,7 +273,7 @@ def test_pick_device_on_a_cpu_host():
 
 
 def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
-    camera, preview = LingBotCamera().build("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    camera, preview = LingBotWorldCamera().build("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
     assert isinstance(camera, CameraCondition)
     assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
     assert (camera.frames, camera.height, camera.width) == (9, H, W)
@@ -282,7 +282,7 @@ def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
 
 
 def test_camera_from_input_files(installed):
-    node = LingBotCamera()
+    node = LingBotWorldCamera()
     camera, preview = node.build("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 9)
     assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
     reference, _ = node.build("preset", "orbit_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
@@ -294,12 +294,12 @@ def test_camera_from_input_files(installed):
 
 
 def test_camera_is_changed_follows_file_contents(installed):
-    before = LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy", intrinsics_file="traj/intrinsics.npy")
-    assert LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
+    before = LingBotWorldCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy", intrinsics_file="traj/intrinsics.npy")
+    assert LingBotWorldCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
                                     intrinsics_file="traj/intrinsics.npy") == before
     poses, _ = preset_trajectory("dolly_in", 13)
     np.save(installed["input"] / "traj" / "poses.npy", poses)
-    assert LingBotCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
+    assert LingBotWorldCamera.IS_CHANGED(source="files", poses_file="traj/poses.npy",
                                     intrinsics_file="traj/intrinsics.npy") != before
 
 
@@ -316,9 +316,9 @@ def test_text_node_encodes_caches_and_validates(installed):
     assert again.from_cache
     torch.testing.assert_close(again.positive, text.positive)
     with pytest.raises(ValueError, match="prompt is empty"):
-        LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", "  ", "", "auto")
+        LingBotWorldTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", "  ", "", "auto")
     with pytest.raises(ValueError, match="tokenizer: folder"):
-        LingBotTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/nope", "x", "", "auto")
+        LingBotWorldTextEncode().encode(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/nope", "x", "", "auto")
 
 
 def test_vae_nodes_round_trip(installed):
@@ -328,16 +328,16 @@ def test_vae_nodes_round_trip(installed):
     latent = {"samples": i2v.y[4:][None]}
     ticks = []
     comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
-    frames = LingBotVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")[0]
+    frames = LingBotWorldVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")[0]
     assert tuple(frames.shape) == (FRAMES, H, W, 3) and frames.dtype == torch.float32
     assert 0.0 <= float(frames.min()) and float(frames.max()) <= 1.0
     assert ticks and ticks[-1][0] == ticks[-1][1]
-    tiled = LingBotVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 4, "cpu")[0]
+    tiled = LingBotWorldVAEDecode().decode(latent, f"{PKG}/Wan2.1_VAE.pth", 4, "cpu")[0]
     assert tiled.shape == frames.shape
     with pytest.raises(ValueError, match="samples: expected a LingBot latent"):
-        LingBotVAEDecode().decode({"samples": torch.zeros(1, 4, 8, 8)}, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")
+        LingBotWorldVAEDecode().decode({"samples": torch.zeros(1, 4, 8, 8)}, f"{PKG}/Wan2.1_VAE.pth", 0, "auto")
     with pytest.raises(ValueError, match="image: expected"):
-        LingBotVAEEncode().encode(torch.zeros(8, 8, 3), f"{PKG}/Wan2.1_VAE.pth", W, H, FRAMES, "auto")
+        LingBotWorldVAEEncode().encode(torch.zeros(8, 8, 3), f"{PKG}/Wan2.1_VAE.pth", W, H, FRAMES, "auto")
 
 
 def test_dit_loader_loads_nothing_and_checks_folders(installed):
@@ -347,21 +347,21 @@ def test_dit_loader_loads_nothing_and_checks_folders(installed):
         assert patcher.expert is None and patcher.loaded_size() == 0 and patcher.model_size() > 0
     assert dit.get_ram_usage() == 0
     with pytest.raises(CheckpointError, match="not an expert folder"):
-        LingBotDiTLoader().load(f"{PKG}/tokenizer", f"{PKG}/low_noise_model_bnb_nf4", "none")
+        LingBotWorldDiTLoader().load(f"{PKG}/tokenizer", f"{PKG}/low_noise_model_bnb_nf4", "none")
     with pytest.raises(ValueError, match="low_noise: folder"):
-        LingBotDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/missing", "none")
+        LingBotWorldDiTLoader().load(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/missing", "none")
 
 
 def test_dit_loader_block_swap_input(installed):
-    spec = LingBotDiTLoader.INPUT_TYPES()["required"]["block_swap"]
+    spec = LingBotWorldDiTLoader.INPUT_TYPES()["required"]["block_swap"]
     assert spec[0] == "INT" and (spec[1]["default"], spec[1]["min"], spec[1]["max"]) == (0, 0, 40)
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
-    swapped = LingBotDiTLoader().load(high, low, "none", 1)[0]
+    swapped = LingBotWorldDiTLoader().load(high, low, "none", 1)[0]
     assert swapped.high.model.options.block_swap == 1 and swapped.low.model.options.block_swap == 1
-    assert LingBotDiTLoader().load(high, low, "none", 0)[0].high.model.options.block_swap is None  # 0 = off
+    assert LingBotWorldDiTLoader().load(high, low, "none", 0)[0].high.model.options.block_swap is None  # 0 = off
     for bad in (-1, 41, 2.0):
         with pytest.raises(ValueError, match="block_swap"):
-            LingBotDiTLoader().load(high, low, "none", bad)
+            LingBotWorldDiTLoader().load(high, low, "none", bad)
     # A CPU host ignores block swap: same sizes, and sampling gives the same latent.
     plain = _dit()
     assert swapped.high.model_size() == plain.high.model_size()
@@ -381,7 +381,7 @@ def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypat
         loads.append([m.model.name for m in models])
 
     monkeypatch.setattr(mm, "load_models_gpu", recording_load)
-    camera, _ = LingBotCamera().build("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, FRAMES)
+    camera, _ = LingBotWorldCamera().build("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, FRAMES)
     ticks = []
     comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
     out = _sample(dit, text, i2v, camera, steps=3)
@@ -400,7 +400,7 @@ def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypat
 
 def test_sampler_rejects_a_camera_of_another_size(installed):
     text, i2v, dit = _text(installed), _i2v(), _dit()
-    camera, _ = LingBotCamera().build("preset", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, 64, H, FRAMES)
+    camera, _ = LingBotWorldCamera().build("preset", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, 64, H, FRAMES)
     with pytest.raises(ValueError, match=r"camera is for 5 frames at 64x32 .* 5 frames at 48x32"):
         _sample(dit, text, i2v, camera)
     assert dit.high.expert is None
@@ -438,7 +438,7 @@ def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_no_camera")
 # Widget values the frontend stores right after an input's own value.
-EXTRA_WIDGETS = {("LingBotSampler", "seed"): 1, ("LoadImage", "image"): 1}
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LoadImage", "image"): 1}
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -459,8 +459,8 @@ def _widget_names(class_type: str) -> list[str] | None:
 def test_api_workflow_matches_node_schemas(name, comfy_dirs):
     graph = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
     classes = [node["class_type"] for node in graph.values()]
-    assert classes.count("LingBotSampler") == 1 and "SaveVideo" in classes and "CreateVideo" in classes
-    assert ("LingBotCamera" in classes) == (name != "lingbot_no_camera")
+    assert classes.count("LingBotWorldSampler") == 1 and "SaveVideo" in classes and "CreateVideo" in classes
+    assert ("LingBotWorldCamera" in classes) == (name != "lingbot_no_camera")
     for node_id, node in graph.items():
         cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
         if cls is None:
@@ -473,9 +473,9 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
                 assert value[0] in graph, f"{node_id}.{key} links to a missing node"
     fps = [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"]
     assert fps == [16.0]
-    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotSampler")
-    encode = next(n for n in graph.values() if n["class_type"] == "LingBotVAEEncode")
-    for camera in (n for n in graph.values() if n["class_type"] == "LingBotCamera"):
+    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")
+    encode = next(n for n in graph.values() if n["class_type"] == "LingBotWorldVAEEncode")
+    for camera in (n for n in graph.values() if n["class_type"] == "LingBotWorldCamera"):
         assert [camera["inputs"][k] for k in ("width", "height", "frames")] == \
             [encode["inputs"][k] for k in ("width", "height", "frames")]
         assert sampler["inputs"]["camera"][0] in graph
@@ -511,5 +511,5 @@ def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
             for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
                 values.pop(0)
         assert values == []
-    seed_widgets = next(n for n in nodes.values() if n["type"] == "LingBotSampler")["widgets_values"]
+    seed_widgets = next(n for n in nodes.values() if n["type"] == "LingBotWorldSampler")["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"

@@ -38,7 +38,7 @@ from comfyui_lingbot_world.loaders.t5_loader import load_t5  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_npy  # noqa: E402
 from comfyui_lingbot_world.loaders.vae_loader import load_vae  # noqa: E402
 from comfyui_lingbot_world.nodes import model_files  # noqa: E402
-from comfyui_lingbot_world.nodes.camera import LingBotCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import camera_from_files  # noqa: E402
 from comfyui_lingbot_world.pipeline.run import CameraRequest, generate  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams  # noqa: E402
@@ -164,7 +164,7 @@ def test_input_names_cannot_leave_the_input_folder_through_a_linked_folder(folde
     with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
         model_files.resolve_input_file("linked/poses.npy", "poses_file", ".npy")
     with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
-        LingBotCamera().build(source="files", preset="static", speed=1.0, poses_file="../outside/poses.npy",
+        LingBotWorldCamera().build(source="files", preset="static", speed=1.0, poses_file="../outside/poses.npy",
                               intrinsics_file="../outside/poses.npy", width=48, height=32, frames=5)
 
 

@@ -67,7 +67,7 @@ def maybe_oom() -> None:
 def _find_pack() -> str:
     # ComfyUI imports a custom node package under its folder path; the pack is the package
     # whose own pipeline.sampling module is loaded (ComfyUI's top-level ``nodes`` module
-    # also lists LingBotSampler, but has no such submodule).
+    # also lists LingBotWorldSampler, but has no such submodule).
     for name in list(sys.modules):
         if f"{name}.pipeline.sampling" in sys.modules and f"{name}.nodes.expert_patcher" in sys.modules:
             return name
