@@ -134,8 +134,8 @@ def test_mappings_register_six_nodes_with_display_names():
     assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(EXPECTED_INPUTS)
     assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(EXPECTED_INPUTS)
     for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items():
-        assert name.startswith("LingBot")
-        assert pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name].startswith("LingBot ")
+        assert name.startswith("LingBotWorld")
+        assert pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name].startswith("LingBot-World ")
         assert cls.CATEGORY == "LingBot-World"
         assert callable(getattr(cls, cls.FUNCTION))
         assert cls.DESCRIPTION.strip()
