@@ -23,6 +23,7 @@ from ..loaders.synthetic_vae import write_vae_checkpoint
 from ..wan.config import A14B, TINY
 from ..wan.t5 import T5_TINY, UMT5_XXL
 from ..wan.vae import VAE_TINY, WAN21
+from . import cli
 
 PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
@@ -34,8 +35,7 @@ EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="make_checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
     p.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model geometry")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
                    help="nf4: layout A (*_bnb_nf4 folders); bf16: layout B (sharded diffusers folders)")
@@ -104,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run("make_checkpoint", main))

@@ -1,0 +1,145 @@
+"""The command-line tools: a user mistake answers in one line naming the flag and the fix,
+before anything is loaded; --help shows defaults; third-party start-up noise is silenced."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import tiny_package
+from comfyui_lingbot_world.pipeline import run as run_stage
+from comfyui_lingbot_world.tools import cli, generate, make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    return tiny_package.build(tmp_path_factory.mktemp("cli"), "nf4")
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    path = tmp_path / "start.png"
+    Image.new("RGB", (64, 48), (40, 90, 160)).save(path)
+    return path
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if the pipeline (the first thing that loads a model) is reached."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model would have been loaded")
+
+    monkeypatch.setattr(generate, "generate", refuse)
+    monkeypatch.setattr(run_stage, "generate", refuse)
+
+
+def _run_generate(argv: list[str], capsys) -> tuple[int, list[str]]:
+    code = cli.run("generate", generate.main, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def _base(package: Path, image: Path, out: Path) -> list[str]:
+    return ["--package", str(package), "--image", str(image), "--prompt", "a walk", "--out", str(out),
+            "--size", "32x32", "--frames", "5", "--steps", "1"]
+
+
+@pytest.mark.parametrize(
+    "change, flag, fix",
+    [
+        (lambda a, t: a.__setitem__(1, str(t / "missing_package")), "--package", "does not exist"),
+        (lambda a, t: a.__setitem__(3, str(t / "missing.jpg")), "--image", "does not exist"),
+        (lambda a, t: a.__setitem__(9, "31x32"), "--size", "multiple of 16"),
+        (lambda a, t: a.__setitem__(9, "big"), "--size", "HEIGHTxWIDTH"),
+        (lambda a, t: a.__setitem__(11, "6"), "--frames", "4n+1"),
+        (lambda a, t: a.__setitem__(7, str(t / "no_such_folder" / "v.mp4")), "--out", "create it first"),
+        (lambda a, t: a.__setitem__(7, str(t / "v.gif")), "--out", "must end in .mp4"),
+        (lambda a, t: a.__setitem__(13, "0"), "--steps", "at least 1"),
+    ],
+    ids=["missing-package", "missing-image", "size-not-16", "size-not-HxW", "bad-frames", "out-folder-missing",
+         "out-suffix", "zero-steps"],
+)
+def test_each_mistake_is_one_line_naming_the_flag(package, image, tmp_path, capsys, nothing_loads, change, flag, fix):
+    argv = _base(package, image, tmp_path / "v.mp4")
+    change(argv, tmp_path)
+    code, err = _run_generate(argv, capsys)
+    assert code == 2
+    assert len(err) == 1, err
+    assert err[0].startswith(f"generate: error: {flag}:"), err[0]
+    assert fix in err[0]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_unwritable_out_folder(package, image, tmp_path, capsys, nothing_loads):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, err = _run_generate(_base(package, image, locked / "v.mp4"), capsys)
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and len(err) == 1 and "--out" in err[0] and "not writable" in err[0]
+
+
+def test_unwritable_out_is_refused_by_access_check(package, image, tmp_path, capsys, nothing_loads, monkeypatch):
+    # The same rule where the test runs as root (CI): os.access is what the check asks.
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    code, err = _run_generate(_base(package, image, tmp_path / "v.mp4"), capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("generate: error: --out:") and "not writable" in err[0]
+
+
+def test_existing_out_is_kept_unless_overwrite(package, image, tmp_path, capsys, nothing_loads):
+    out = tmp_path / "v.mp4"
+    out.write_bytes(b"the user's video")
+    code, err = _run_generate(_base(package, image, out), capsys)
+    assert code == 2 and "--overwrite" in err[0]
+    assert out.read_bytes() == b"the user's video"
+
+
+def test_incomplete_package_names_what_is_missing(image, tmp_path, capsys, nothing_loads):
+    empty = tmp_path / "pkg"
+    empty.mkdir()
+    code, err = _run_generate(_base(empty, image, tmp_path / "v.mp4"), capsys)
+    assert code == 1 and len(err) == 1
+    assert "high-noise expert folder" in err[0] and "text encoder" in err[0]
+
+
+def test_bad_pose_folder_fails_before_loading(package, image, tmp_path, capsys, nothing_loads):
+    poses = tmp_path / "cam"
+    poses.mkdir()
+    (poses / "poses.npy").write_bytes(b"not numpy")
+    (poses / "intrinsics.npy").write_bytes(b"not numpy")
+    code, err = _run_generate(_base(package, image, tmp_path / "v.mp4") + ["--camera-dir", str(poses)], capsys)
+    assert code == 1 and len(err) == 1 and "poses.npy" in err[0]
+
+
+def test_help_text_lists_defaults_and_rules(capsys):
+    with pytest.raises(SystemExit):
+        generate.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for expected in ("(default: 81)", "4n+1", "(default: 40)", "(default: 5.0 5.0)", "(default: 0)", "multiples of 16"):
+        assert expected in out
+    with pytest.raises(SystemExit):
+        make_checkpoint.parse_args(["--help"])
+    assert "(default: cpu)" in capsys.readouterr().out
+
+
+def test_checkout_entry_point_is_quiet_and_one_line(tmp_path, image):
+    """The real process: one stderr line, exit 2, no traceback, no bitsandbytes chatter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT), "generate", "--package", str(tmp_path / "nope"), "--image", str(image),
+         "--prompt", "x", "--out", str(tmp_path / "v.mp4")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"generate: error: --package: package folder {tmp_path / 'nope'} does not exist"], done.stderr
+    assert "Traceback" not in done.stderr and "kernels" not in done.stderr

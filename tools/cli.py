@@ -1,0 +1,120 @@
+"""What the command-line tools share: one-line answers to user mistakes, defaults in --help,
+arguments checked before any model loads, and no third-party noise on stderr."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn, Sequence
+
+from PIL import Image, UnidentifiedImageError
+
+
+class UsageError(Exception):
+    """A mistake in the command line: printed as one line naming the flag and the fix."""
+
+    def __init__(self, flag: str, problem: str) -> None:
+        super().__init__(f"{flag}: {problem}" if flag else problem)
+        self.flag = flag
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the module docstring's layout and shows each option's default, where it has a
+    short one (a long default, such as the negative prompt, is described in its help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text or len(str(default)) > 40:
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else default
+        return f"{text} (default: {shown})"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a parse error raises UsageError (one line) instead of printing usage."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse words its errors as "argument --x: problem"; keep the flag, drop the prefix.
+        if message.startswith("argument "):
+            flag, _, problem = message[len("argument "):].partition(": ")
+            raise UsageError(flag.split("/")[0], problem + f" (see {self.prog} --help)")
+        raise UsageError("", message + f" (see {self.prog} --help)")
+
+
+def quiet_third_party() -> None:
+    """Silence start-up chatter the user can do nothing about.
+
+    bitsandbytes logs "Failed to load CPU gemm_4bit_forward ... pip install kernels" at
+    import on CPUs with AVX512-BF16: an optional Hugging Face download we never want.
+    """
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def existing_file(path: Path, flag: str, what: str) -> Path:
+    if not path.exists():
+        raise UsageError(flag, f"{what} {path} does not exist")
+    if not path.is_file():
+        raise UsageError(flag, f"{path} is a folder; give the {what} file")
+    return path
+
+
+def existing_dir(path: Path, flag: str, what: str) -> Path:
+    if not path.exists():
+        raise UsageError(flag, f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise UsageError(flag, f"{path} is a file; give the {what} folder")
+    return path
+
+
+def open_image(path: Path, flag: str) -> Image.Image:
+    existing_file(path, flag, "image")
+    try:
+        image = Image.open(path)
+        image.load()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise UsageError(flag, f"{path} is not an image Pillow can read ({exc})") from None
+    return image
+
+
+def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
+    """Check an output path before any work: right suffix, folder exists and is writable,
+    and an existing file is only replaced when the user said so."""
+    if path.suffix.lower() != suffix:
+        raise UsageError(flag, f"{path} must end in {suffix}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(flag, f"folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(flag, f"folder {folder} is not writable; choose another --out")
+    if path.is_dir():
+        raise UsageError(flag, f"{path} is a folder; give a file name ending in {suffix}")
+    if path.exists() and not overwrite:
+        raise UsageError(flag, f"{path} exists; pass --overwrite to replace it, or choose another name")
+    return path
+
+
+def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a tool's main: user mistakes become one line on stderr (exit 2), no traceback.
+
+    Errors the pack raises for bad inputs (files that are not what they should be, values
+    out of range) are user mistakes too; anything else is a bug and keeps its traceback.
+    """
+    quiet_third_party()
+    try:
+        return main(argv)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # CheckpointError, CameraError: they name the file or field
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
