@@ -1,7 +1,13 @@
 """Generate a video from a LingBot-World package without ComfyUI.
 
     python <checkout> generate --package DIR --image IMG --prompt "..." --out video.mp4 \
-        [--camera-dir DIR_WITH_poses.npy | --preset dolly_in] [--frames 81] [--size 480x832]
+        [--camera-dir DIR_WITH_poses.npy | --preset dolly_in | --actions w-20,j-10,w-30 |
+         --poses-from VIPE_OUTPUT_OR_EXPORT] [--frames 81 (up to 961)] [--size 480x832]
+
+Videos longer than --window frames (81) are made of chained windows, each starting on the
+last --overlap frames of the one before (docs/long_videos.md), and written to the .mp4 as
+each window finishes; Ctrl-C keeps the finished windows. Action strings: KEYS-FRAMES tokens,
+W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py).
 """
 from __future__ import annotations
 
@@ -12,11 +18,14 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..pipeline.run import CameraRequest, generate
+import numpy as np
+
+from ..pipeline import long_video as lv
 from ..pipeline.sampling import SamplingParams
-from ..pipeline.video_file import write_mp4
-from ..wan.camera import PRESETS
+from ..wan.camera import PRESETS, draw_trajectory
+from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import target_size
+from ..wan.long_video import plan_windows, window_cuts
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 
 
@@ -31,8 +40,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cam = p.add_mutually_exclusive_group()
     cam.add_argument("--camera-dir", type=Path, help="folder with poses.npy and intrinsics.npy")
     cam.add_argument("--preset", choices=PRESETS)
-    p.add_argument("--speed", type=float, default=1.0)
-    p.add_argument("--frames", type=int, default=81)
+    cam.add_argument("--actions", help="action string, e.g. w-20,j-10,w-30 (W/A/S/D move, I/J/K/L look, none)")
+    cam.add_argument("--poses-from", type=Path,
+                     help="a ViPE output folder (pose/, intrinsics/), a pose .npz, or a poses.npy (camera-to-world, OpenCV)")
+    p.add_argument("--speed", type=float, default=1.0, help="preset speed")
+    p.add_argument("--intrinsics", type=Path,
+                   help="intrinsics.npy (fx, fy, cx, cy for 480x832) for --actions; default: square pixels, ~79 deg")
+    p.add_argument("--poses-name", help="clip name inside a ViPE folder with several clips")
+    p.add_argument("--poses-source-size", help="HEIGHTxWIDTH of the video the poses were tracked on "
+                   "(default: twice the principal point)")
+    p.add_argument("--no-normalize-scale", action="store_true",
+                   help="keep the export's translation units (default: median step 0.05 per frame)")
+    p.add_argument("--world-to-camera", action="store_true", help="the export holds world-to-camera matrices")
+    p.add_argument("--frames", type=int, default=None,
+                   help="4n+1, up to 961 (default 81, or the action string's length)")
+    p.add_argument("--window", type=int, default=81, help="frames per window (4n+1)")
+    p.add_argument("--overlap", type=int, default=1, help="frames each window takes from the previous one (4j+1)")
+    p.add_argument("--scale-quantile", type=float, default=1.0,
+                   help="translation unit: this quantile of the path's steps (1 = largest step, as one pass)")
+    p.add_argument("--keep-experts", action="store_true",
+                   help="keep both experts loaded between windows (twice the expert memory)")
+    p.add_argument("--block-swap", type=int, default=0, help="DiT blocks kept on the GPU (0 = all)")
+    p.add_argument("--preview", type=Path, help="also write the camera path picture with the window cuts (.png)")
     p.add_argument("--size", help="HEIGHTxWIDTH; default: 480*832 pixels at the image's aspect ratio")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--shift", type=float, default=10.0)
@@ -48,6 +77,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _size(text: str, option: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().replace("*", "x").split("x"))
+    except ValueError:
+        raise SystemExit(f"error: {option} must be HEIGHTxWIDTH, e.g. 480x832; got {text!r}")
+    return height, width
+
+
+def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> lv.CameraPath | None:
+    if args.camera_dir:
+        return lv.path_from_files(args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy")
+    if args.preset:
+        return lv.path_from_preset(args.preset, args.speed, frames)
+    intrinsics = None
+    if args.intrinsics:
+        intrinsics = np.load(args.intrinsics, allow_pickle=False).reshape(-1, 4)[0]
+    if args.actions:
+        return lv.path_from_actions(args.actions, frames, height, width, intrinsics)
+    if args.poses_from:
+        source_size = _size(args.poses_source_size, "--poses-source-size") if args.poses_source_size else None
+        path = lv.path_from_export(args.poses_from, height, width, name=args.poses_name, source_size=source_size,
+                                   normalize_scale=not args.no_normalize_scale,
+                                   world_to_camera=args.world_to_camera)
+        if intrinsics is not None:
+            path.intrinsics = intrinsics
+        return path
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     prompt = args.prompt_file.read_text(encoding="utf-8").strip() if args.prompt_file else args.prompt
@@ -56,21 +114,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     image = Image.open(args.image)
     if args.size:
-        height, width = (int(v) for v in args.size.lower().split("x"))
+        height, width = _size(args.size, "--size")
     else:
         height, width = target_size(image.width, image.height, 480 * 832)
-    camera = None
-    if args.camera_dir or args.preset:
-        camera = CameraRequest(folder=args.camera_dir, preset=args.preset, speed=args.speed)
+    frames = args.frames or (frames_for_actions(args.actions) if args.actions else 81)
+    windows = lv.WindowParams(window=args.window, overlap=args.overlap, scale_quantile=args.scale_quantile)
+    plan = plan_windows(frames, windows.window, windows.overlap)
+    camera = camera_path(args, frames, height, width)
+    if args.preview and camera is not None:
+        Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(args.preview)
     params = SamplingParams(steps=args.steps, shift=args.shift, guide_high=args.cfg[0], guide_low=args.cfg[1],
                             boundary=args.boundary, seed=args.seed, sampler=args.sampler)
     started = time.perf_counter()
-    video = generate(args.package, image, prompt, args.negative_prompt, args.frames, height, width, camera, params,
-                     device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
-                     decode_tile=args.decode_tile or None,
-                     on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True))
-    write_mp4(video, args.out, fps=args.fps)
-    print(f"wrote {args.out} ({video.shape[1]} frames, {width}x{height}) in {time.perf_counter() - started:.1f} s")
+    print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
+    try:
+        result = lv.generate_long(
+            args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
+            windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
+            decode_tile=args.decode_tile or None, fps=args.fps, keep_experts=args.keep_experts,
+            block_swap=args.block_swap or None,
+            on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
+            on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"cancelled; {args.out} keeps the windows finished before", file=sys.stderr)
+        return 130
+    print(f"wrote {args.out} ({result.frames_written} frames, {width}x{height}, {result.windows_done} window(s)) "
+          f"in {time.perf_counter() - started:.1f} s")
     return 0
 
 
