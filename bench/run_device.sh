@@ -46,6 +46,8 @@ for what in "$@"; do
                   --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_81_321_cap24.json" 2>&1 | tail -4 ;;
         long961) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 961 --steps "${LONG_STEPS:-3}" \
                   --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" 2>&1 | tail -4 ;;
+        longkeep) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 321 --steps "${LONG_STEPS:-3}" \
+                  --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
         *) echo "unknown benchmark $what" ;;
     esac
 done
