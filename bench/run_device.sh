@@ -2,6 +2,7 @@
 # Run on the lent GPU machine (see bench/RESULTS.md): makes an a14b synthetic NF4 package
 # (once per machine) and runs the benchmark modes given as arguments, writing JSON to $OUT.
 #   bash bench/run_device.sh load naive p480 p720 swap12 frames
+#   bash bench/run_device.sh long; bash bench/run_device.sh long961   (two calls: each < 10 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -d .whl ]]; then
@@ -41,6 +42,12 @@ for what in "$@"; do
                     bench pipeline --size 480x832 --frames $f --steps 3 --vram-cap-gb 24 --kernel-floor \
                         --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_f${f}_cap24.json"
                 done ;;
+        long) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 81 321 --steps "${LONG_STEPS:-3}" \
+                  --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_81_321_cap24.json" 2>&1 | tail -4 ;;
+        long961) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 961 --steps "${LONG_STEPS:-3}" \
+                  --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" 2>&1 | tail -4 ;;
+        longkeep) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 321 --steps "${LONG_STEPS:-3}" \
+                  --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
         *) echo "unknown benchmark $what" ;;
     esac
 done

@@ -1,10 +1,17 @@
 """Generate a video from a LingBot-World package without ComfyUI.
 
     python <checkout> generate --package DIR --image IMG --prompt "..." --out video.mp4 \\
-        [--camera-dir DIR_WITH_poses.npy | --preset dolly_in] [--frames 81] [--size 480x832]
+        [--camera-dir DIR_WITH_poses.npy | --preset dolly_in | --actions w-20,j-10,w-30 |
+         --poses-from VIPE_OUTPUT_OR_EXPORT] [--frames 81 (up to 961)] [--size 480x832]
+
+Videos longer than --window frames (81) are made of chained windows, each starting on the
+last --overlap frames of the one before (docs/long_videos.md), and written to the .mp4 as
+each window finishes; Ctrl-C keeps the finished windows. Action strings: KEYS-FRAMES tokens,
+W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py).
 
 Every argument is checked before a model loads; a mistake answers in one line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +20,16 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+from PIL import Image
+
 from ..loaders.package import find_package
-from ..pipeline.run import CameraRequest, generate
+from ..pipeline import long_video as lv
 from ..pipeline.sampling import SamplingParams
-from ..pipeline.video_file import write_mp4
-from ..wan.camera import PRESETS
+from ..wan.camera import PRESETS, draw_trajectory
+from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import check_frame_count, check_size, target_size
+from ..wan.long_video import plan_windows, window_cuts
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from . import cli
 
@@ -39,8 +50,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cam = p.add_mutually_exclusive_group()
     cam.add_argument("--camera-dir", type=Path, help="folder with poses.npy and intrinsics.npy")
     cam.add_argument("--preset", choices=PRESETS, help="a built-in camera move")
+    cam.add_argument("--actions", help="action string, e.g. w-20,j-10,w-30 (W/A/S/D move, I/J/K/L look, none)")
+    cam.add_argument("--poses-from", type=Path,
+                     help="a ViPE output folder (pose/, intrinsics/), a pose .npz, or a poses.npy (camera-to-world, OpenCV)")
     p.add_argument("--speed", type=float, default=1.0, help="how far a preset pans, tilts or orbits")
-    p.add_argument("--frames", type=int, default=81, help="frames to generate: 4n+1")
+    p.add_argument("--intrinsics", type=Path,
+                   help="intrinsics.npy (fx, fy, cx, cy for 480x832) for --actions; default: square pixels, ~79 deg")
+    p.add_argument("--poses-name", help="clip name inside a ViPE folder with several clips")
+    p.add_argument("--poses-source-size", help="HEIGHTxWIDTH of the video the poses were tracked on "
+                   "(default: twice the principal point)")
+    p.add_argument("--no-normalize-scale", action="store_true",
+                   help="keep the export's translation units (default: median step 0.05 per frame)")
+    p.add_argument("--world-to-camera", action="store_true", help="the export holds world-to-camera matrices")
+    p.add_argument("--frames", type=int, default=None,
+                   help="frames to generate: 4n+1, up to 961 (default: 81, or the action string's length)")
+    p.add_argument("--window", type=int, default=81, help="frames per window (4n+1)")
+    p.add_argument("--overlap", type=int, default=1, help="frames each window takes from the previous one (4j+1)")
+    p.add_argument("--scale-quantile", type=float, default=1.0,
+                   help="translation unit: this quantile of the path's steps (1 = largest step, as one pass)")
+    p.add_argument("--keep-experts", action="store_true",
+                   help="keep both experts loaded between windows (twice the expert memory)")
+    p.add_argument("--block-swap", type=int, default=0, help="DiT blocks kept on the GPU (0 = all)")
+    p.add_argument("--preview", type=Path, help="also write the camera path picture with the window cuts (.png)")
     p.add_argument("--size", help="HEIGHTxWIDTH, multiples of 16 (default: 480*832 pixels at the image's "
                    "aspect ratio)")
     p.add_argument("--steps", type=int, default=40, help="denoising steps (the reference uses 70)")
@@ -58,13 +89,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _height_width(text: str, flag: str) -> tuple[int, int]:
+    parts = text.lower().replace("*", "x").split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise cli.UsageError(flag, f"{text!r} is not HEIGHTxWIDTH (e.g. 480x832)")
+    return int(parts[0]), int(parts[1])
+
+
 def _size(args: argparse.Namespace, image_w: int, image_h: int) -> tuple[int, int]:
     if not args.size:
         return target_size(image_w, image_h, DEFAULT_AREA)
-    parts = args.size.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise cli.UsageError("--size", f"{args.size!r} is not HEIGHTxWIDTH (e.g. 480x832)")
-    height, width = (int(p) for p in parts)
+    height, width = _height_width(args.size, "--size")
     try:
         check_size(height, width)
     except ValueError as exc:
@@ -84,40 +119,87 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def _flag_error(flag: str, check, *values) -> None:
+    """Run a pack check; its ValueError becomes a one-line answer naming the flag."""
+    try:
+        check(*values)
+    except ValueError as exc:
+        raise cli.UsageError(flag, str(exc)) from None
+
+
+def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> lv.CameraPath | None:
+    if args.camera_dir:
+        cli.existing_dir(args.camera_dir, "--camera-dir", "camera folder")
+        return lv.path_from_files(args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy")
+    if args.preset:
+        return lv.path_from_preset(args.preset, args.speed, frames)
+    intrinsics = None
+    if args.intrinsics:
+        cli.existing_file(args.intrinsics, "--intrinsics", "intrinsics file")
+        intrinsics = np.load(args.intrinsics, allow_pickle=False).reshape(-1, 4)[0]
+    if args.actions:
+        return lv.path_from_actions(args.actions, frames, height, width, intrinsics)
+    if args.poses_from:
+        if not args.poses_from.exists():
+            raise cli.UsageError("--poses-from", f"{args.poses_from} does not exist")
+        source_size = _height_width(args.poses_source_size, "--poses-source-size") if args.poses_source_size else None
+        path = lv.path_from_export(args.poses_from, height, width, name=args.poses_name, source_size=source_size,
+                                   normalize_scale=not args.no_normalize_scale,
+                                   world_to_camera=args.world_to_camera)
+        if intrinsics is not None:
+            path.intrinsics = intrinsics
+        return path
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Everything a user can get wrong is checked here, before the first model loads.
     prompt = _prompt(args)
     cli.output_file(args.out, "--out", ".mp4", args.overwrite)
+    if args.preview:
+        cli.output_file(args.preview, "--preview", ".png", args.overwrite)
     cli.existing_dir(args.package, "--package", "package folder")
     find_package(args.package)  # names every missing file at once
     image = cli.open_image(args.image, "--image")
     height, width = _size(args, image.width, image.height)
+    if args.actions:
+        _flag_error("--actions", frames_for_actions, args.actions)
+    frames = args.frames or (frames_for_actions(args.actions) if args.actions else 81)
+    _flag_error("--frames", check_frame_count, frames)
+    for flag, value in (("--decode-tile", args.decode_tile), ("--block-swap", args.block_swap)):
+        if value < 0:
+            raise cli.UsageError(flag, f"must be 0 or positive; got {value}")
+    if args.fps <= 0:
+        raise cli.UsageError("--fps", f"must be positive; got {args.fps}")
+    windows = lv.WindowParams(window=args.window, overlap=args.overlap, scale_quantile=args.scale_quantile)
     try:
-        check_frame_count(args.frames)
-    except ValueError as exc:
-        raise cli.UsageError("--frames", str(exc)) from None
-    if args.camera_dir:
-        cli.existing_dir(args.camera_dir, "--camera-dir", "camera folder")
-    for flag, value in (("--decode-tile", args.decode_tile), ("--fps", args.fps)):
-        if value < 0 or (flag == "--fps" and value == 0):
-            raise cli.UsageError(flag, f"must be {'positive' if flag == '--fps' else '0 or positive'}; got {value}")
-    camera = None
-    if args.camera_dir or args.preset:
-        camera = CameraRequest(folder=args.camera_dir, preset=args.preset, speed=args.speed)
-        camera.build(args.frames, height, width)  # cheap: a bad pose file fails now
+        plan = plan_windows(frames, windows.window, windows.overlap)
+    except ValueError as exc:  # its messages start with the field: "window must ..."
+        raise cli.UsageError("--" + str(exc).split(" ", 1)[0], str(exc)) from None
+    camera = camera_path(args, frames, height, width)  # cheap: a bad pose file fails now
     try:
         params = SamplingParams(steps=args.steps, shift=args.shift, guide_high=args.cfg[0], guide_low=args.cfg[1],
                                 boundary=args.boundary, seed=args.seed, sampler=args.sampler)
     except ValueError as exc:  # its messages start with the field: "steps must be ..."
         raise cli.UsageError("--" + str(exc).split(" ", 1)[0], str(exc)) from None
+    if args.preview and camera is not None:
+        Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(args.preview)
     started = time.perf_counter()
-    video = generate(args.package, image, prompt, args.negative_prompt, args.frames, height, width, camera, params,
-                     device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
-                     decode_tile=args.decode_tile or None,
-                     on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True))
-    write_mp4(video, args.out, fps=args.fps)
-    print(f"wrote {args.out} ({video.shape[1]} frames, {width}x{height}) in {time.perf_counter() - started:.1f} s")
+    print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
+    try:
+        result = lv.generate_long(
+            args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
+            windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
+            decode_tile=args.decode_tile or None, fps=args.fps, keep_experts=args.keep_experts,
+            block_swap=args.block_swap or None,
+            on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
+            on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"generate: cancelled; {args.out} keeps the windows finished before", file=sys.stderr)
+        return 130
+    print(f"wrote {args.out} ({result.frames_written} frames, {width}x{height}, {result.windows_done} window(s)) "
+          f"in {time.perf_counter() - started:.1f} s")
     return 0
 
 

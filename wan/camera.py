@@ -423,13 +423,16 @@ def preset_trajectory(name: str, frames: int, speed: float = 1.0) -> tuple[np.nd
 # --------------------------------------------------------------------------- preview
 
 
-def draw_trajectory(poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (512, 512)) -> np.ndarray:
+def draw_trajectory(
+    poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (512, 512), cuts: tuple[int, ...] = ()
+) -> np.ndarray:
     """Top-down view of a camera path: uint8 RGB [height, width, 3] for ``size`` = (width, height).
 
     The path is drawn in the first camera's ground plane (its x to the right, its z
     forward = up in the picture), so the preview does not depend on the world's axes.
     Short ticks show where the camera looks; a green dot marks the start, a red square
-    the end.
+    the end. ``cuts``: pose indices where a long video's windows begin, marked by white
+    bars across the path and numbered.
     """
     from PIL import Image, ImageDraw
 
@@ -481,6 +484,10 @@ def draw_trajectory(poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (5
             colour = (int(80 + 150 * t), int(170 - 60 * t), int(255 - 120 * t))
             draw.line([pts[i], pts[i + 1]], fill=colour, width=3)
     r = max(3, min(width, height) // 64)
+    for number, i in enumerate(cuts, start=1):
+        if not 0 <= i < n:
+            raise ValueError(f"cut at pose {i} is outside the path of {n} poses")
+        _draw_cut(draw, to_px, xz, i, 2 * r, str(number + 1))
     sx, sy = to_px(xz[0])
     draw.ellipse([sx - r, sy - r, sx + r, sy + r], fill=(70, 200, 90))
     ex, ey = to_px(xz[-1])
@@ -488,4 +495,17 @@ def draw_trajectory(poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (5
     draw.text((6, 6), f"top view, {n} poses", fill=(200, 200, 200))
     draw.text((6, height - 16), "start", fill=(70, 200, 90))
     draw.text((48, height - 16), "end", fill=(230, 70, 70))
+    if cuts:
+        draw.text((6, 20), f"{len(cuts) + 1} windows", fill=(235, 235, 235))
     return np.asarray(img, dtype=np.uint8).copy()
+
+
+def _draw_cut(draw, to_px, xz: np.ndarray, i: int, half: float, label: str) -> None:
+    """A bar across the path at pose ``i`` (perpendicular to the local direction of travel)."""
+    x, y = to_px(xz[i])
+    a, b = to_px(xz[max(i - 1, 0)]), to_px(xz[min(i + 1, len(xz) - 1)])
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    norm = float(np.hypot(dx, dy))
+    nx, ny = (-dy / norm, dx / norm) if norm > 1e-9 else (1.0, 0.0)
+    draw.line([(x - nx * half, y - ny * half), (x + nx * half, y + ny * half)], fill=(245, 245, 245), width=2)
+    draw.text((x + nx * half + 2, y + ny * half - 6), label, fill=(245, 245, 245))

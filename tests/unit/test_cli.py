@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import tiny_package
-from comfyui_lingbot_world.pipeline import run as run_stage
+from comfyui_lingbot_world.pipeline import long_video
 from comfyui_lingbot_world.tools import cli, generate, make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +35,7 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model would have been loaded")
 
-    monkeypatch.setattr(generate, "generate", refuse)
-    monkeypatch.setattr(run_stage, "generate", refuse)
+    monkeypatch.setattr(long_video, "generate_long", refuse)
 
 
 def _run_generate(argv: list[str], capsys) -> tuple[int, list[str]]:
@@ -61,9 +60,11 @@ def _base(package: Path, image: Path, out: Path) -> list[str]:
         (lambda a, t: a.__setitem__(7, str(t / "no_such_folder" / "v.mp4")), "--out", "create it first"),
         (lambda a, t: a.__setitem__(7, str(t / "v.gif")), "--out", "must end in .mp4"),
         (lambda a, t: a.__setitem__(13, "0"), "--steps", "at least 1"),
+        (lambda a, t: a.extend(["--actions", "w-10,q-3"]), "--actions", "'q-3'"),
+        (lambda a, t: a.extend(["--window", "8"]), "--window", "4n+1"),
     ],
     ids=["missing-package", "missing-image", "size-not-16", "size-not-HxW", "bad-frames", "out-folder-missing",
-         "out-suffix", "zero-steps"],
+         "out-suffix", "zero-steps", "bad-action", "bad-window"],
 )
 def test_each_mistake_is_one_line_naming_the_flag(package, image, tmp_path, capsys, nothing_loads, change, flag, fix):
     argv = _base(package, image, tmp_path / "v.mp4")
