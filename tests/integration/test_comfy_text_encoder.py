@@ -14,10 +14,9 @@ from a tiny config JSON written here (the host's umt5_config_xxl.json with the t
 geometry) and recognise the tiny file as umT5-XXL; the host's files are not edited.
 
 Tolerances: core computes in float32 from the file's weights; the pack's encoder loaded in
-float32 in this process matches it to 1e-5 (absolute; values up to ~3, seen: 1e-6). The pack's node
-computes in bf16 (its default), so its embedding is within 2% (relative Frobenius; seen:
-0.6-0.7%) of
-core's. Core pads to 512 tokens and zeroes the padded rows; the pack trims them.
+float32 in this process matches it to 1e-5 absolute (values up to ~3; seen: 1e-6). The
+pack's node computes in bf16 (its default): within 2% relative Frobenius error of core's
+(seen: 0.6-0.7%). Core pads to 512 tokens and zeroes the padded rows; the pack trims them.
 """
 from __future__ import annotations
 
