@@ -30,7 +30,7 @@ from comfyui_lingbot_world.loaders.t5_loader import load_t5
 from comfyui_lingbot_world.pipeline import text as text_stage
 from comfyui_lingbot_world.pipeline.text import load_tokenizer
 from comfyui_lingbot_world.tools import make_checkpoint
-from comfyui_lingbot_world.wan.t5 import T5_TINY, UMT5Encoder, encode_prompts
+from comfyui_lingbot_world.wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, encode_prompts
 from comfyui_lingbot_world.wan.tokenizer import UMT5Tokenizer
 from comfyui_lingbot_world.wan.vae import VAE_TINY
 
@@ -278,3 +278,62 @@ def test_writer_layout_and_make_checkpoint_part(tmp_path: Path) -> None:
     comfy = load_t5(tmp_path / COMFY_T5_FILES["bf16"], "cpu").state_dict()
     assert all(torch.equal(official[k], comfy[k]) for k in official)
     assert load_tokenizer(tmp_path / COMFY_T5_FILES["bf16"], None).vocab_size <= T5_TINY.vocab_size
+
+
+# ------------------------------------------------------------------------------ memory
+
+# 8 blocks of 1024 / ffn 2816 and a 32000-token table: ~101 M fp8 linear weights, ~33 M bf16.
+MEMORY_GEOMETRY = T5Geometry(vocab_size=32000, dim=1024, dim_attn=1024, dim_ffn=2816, num_heads=16,
+                             num_layers=8, num_buckets=32)
+_MEMORY_CHILD = r"""
+import json, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from _standalone import import_pack
+import_pack()
+import torch
+from comfyui_lingbot_world.loaders.comfy_t5 import load_comfy_t5
+
+def anon():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+
+peak = [0]
+done = threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.005)
+
+before = anon()
+peak[0] = before
+thread = threading.Thread(target=sample, daemon=True)
+thread.start()
+encoder = load_comfy_t5(sys.argv[2], "cpu", torch.bfloat16)
+done.set(); thread.join()
+print(json.dumps({"before": before, "peak": max(peak[0], anon())}))
+"""
+
+
+def test_fp8_file_is_streamed_not_read_whole(tmp_path: Path, spiece: bytes) -> None:
+    """Anonymous memory while loading stays near the bf16 model itself: the fp8 file (and a
+    float32 copy of it) is never held whole; each tensor is dequantized as it is read."""
+    import subprocess
+    import sys
+
+    path = write_comfy_t5(tmp_path / "medium_fp8.safetensors", MEMORY_GEOMETRY, fmt="fp8_scaled", tokenizer=spiece)
+    with torch.device("meta"):
+        model_bytes = sum(t.numel() * 2 for t in UMT5Encoder(MEMORY_GEOMETRY).state_dict().values())
+    file_bytes = path.stat().st_size
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(root), str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads(result.stdout.strip().splitlines()[-1])
+    increase = numbers["peak"] - numbers["before"]
+    print(f"\nfile {file_bytes / 1e6:.0f} MB, bf16 model {model_bytes / 1e6:.0f} MB, "
+          f"RssAnon +{increase / 1e6:.0f} MB peak while loading")
+    # Seen: about model + 35 MB (one tensor's float32 transients, allocator slack). Reading the
+    # file whole first would add file_bytes (~170 MB) on top of the model.
+    assert increase < model_bytes + file_bytes // 2, (numbers, model_bytes, file_bytes)
