@@ -337,3 +337,14 @@ def test_fp8_file_is_streamed_not_read_whole(tmp_path: Path, spiece: bytes) -> N
     # Seen: about model + 35 MB (one tensor's float32 transients, allocator slack). Reading the
     # file whole first would add file_bytes (~170 MB) on top of the model.
     assert increase < model_bytes + file_bytes // 2, (numbers, model_bytes, file_bytes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_scaled"])
+def test_cuda_load_equals_cpu_load(files: dict[str, Path], fmt: str) -> None:
+    """Tensors go from the memory map straight to the GPU and are dequantized there."""
+    cpu = load_comfy_t5(files[fmt], "cpu", torch.bfloat16).state_dict()
+    gpu = load_comfy_t5(files[fmt], "cuda", torch.bfloat16).state_dict()
+    for key, tensor in gpu.items():
+        assert tensor.is_cuda, key
+        assert torch.equal(tensor.cpu(), cpu[key]), key
