@@ -33,8 +33,8 @@ def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         raise CheckpointError(
             path,
-            f"is a safetensors file; this loader reads the official {EXPECTED_FILE} (torch.save format). "
-            "ComfyUI's umt5_xxl_*.safetensors files use other key names",
+            f"is a safetensors file; this reader takes torch.save files such as {EXPECTED_FILE} "
+            "(load_t5 reads ComfyUI's umt5_xxl_*.safetensors with loaders.comfy_t5)",
         )
     try:
         loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
