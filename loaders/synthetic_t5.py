@@ -114,6 +114,16 @@ def write_t5_checkpoint(path: Path, geometry: T5Geometry, seed: int = 0, dtype: 
     an interrupted write never leaves a half file under the final name.
     """
     path = Path(path)
+    tensors = draw_t5_weights(geometry, seed, dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(tensors, partial)
+    partial.replace(path)
+    return path
+
+
+def draw_t5_weights(geometry: T5Geometry, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The random weights of ``write_t5_checkpoint`` by official key (same seed, same values)."""
     with torch.device("meta"):
         shapes = UMT5Encoder(geometry).state_dict()
     tensors: dict[str, torch.Tensor] = {}
@@ -126,9 +136,106 @@ def write_t5_checkpoint(path: Path, geometry: T5Geometry, seed: int = 0, dtype: 
             else:
                 _draw_normal(tensor, std, f"{seed}/{key}", pool)
             tensors[key] = tensor
+    return tensors
+
+
+# --------------------------------------------------------------------- ComfyUI's umT5 files
+
+# Formats of ``write_comfy_t5``: the names of the files ComfyUI users have, bf16 standing in
+# for fp16 (exact against the bf16 .pth). fp8_scaled is the Comfy-Org file's encoding
+# (marker ``scaled_fp8`` + ``<layer>.scale_weight``); fp8_comfy_quant the newer one
+# (``<layer>.weight_scale`` + ``<layer>.comfy_quant``).
+COMFY_T5_FILES = {
+    "bf16": "umt5_xxl_bf16.safetensors",
+    "fp8_scaled": "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+    "fp8_comfy_quant": "umt5_xxl_fp8_e4m3fn_comfy_quant.safetensors",
+}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# The corpus the tiny SentencePiece model is trained on: sentences of _COMMON_WORDS.
+_CORPUS_SENTENCES = 2000
+
+
+def _corpus() -> list[str]:
+    words = list(dict.fromkeys(_COMMON_WORDS))
+    # a fixed walk through the word list: deterministic, and every word occurs many times
+    return [" ".join(words[(i * 7 + j * 13) % len(words)] for j in range(3 + i % 9)) for i in range(_CORPUS_SENTENCES)]
+
+
+def train_sentencepiece(vocab_size: int = 512) -> bytes:
+    """A real (small) umT5-style SentencePiece model, trained now: pad 0, eos 1, unk 2, no bos.
+
+    The vocabulary may come out smaller than ``vocab_size`` (the corpus is small); it never
+    exceeds it, so the ids fit an encoder of that vocabulary.
+    """
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_corpus()), model_writer=model, model_type="unigram",
+        vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=1.0,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=1, shuffle_input_sentence=False,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _is_linear(official_key: str) -> bool:
+    return official_key.endswith(("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight",
+                                  "ffn.gate.0.weight", "ffn.fc1.weight", "ffn.fc2.weight"))
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor scaled float8_e4m3fn: (fp8 weight, float32 scale) with weight ~ fp8 * scale."""
+    w = weight.float()
+    scale = (w.abs().amax() / FP8_MAX).clamp(min=1e-12)
+    return (w / scale).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def comfy_t5_tensors(geometry: T5Geometry, seed: int = 0, fmt: str = "bf16",
+                     tokenizer: bytes | None = None) -> dict[str, torch.Tensor]:
+    """``draw_t5_weights`` under ComfyUI's key names, in format ``fmt`` (see COMFY_T5_FILES)."""
+    from .comfy_t5 import SCALED_FP8_MARKER, TOKENIZER_KEY, comfy_key
+
+    if fmt not in COMFY_T5_FILES:
+        raise ValueError(f"format {fmt!r}: choose one of {', '.join(COMFY_T5_FILES)}")
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in draw_t5_weights(geometry, seed).items():
+        name = comfy_key(key)
+        if fmt == "bf16" or not _is_linear(key):
+            out[name] = tensor
+            continue
+        layer = name[: -len(".weight")]
+        out[name], scale = quantize_fp8(tensor)
+        if fmt == "fp8_scaled":
+            out[f"{layer}.scale_weight"] = scale
+        else:
+            out[f"{layer}.weight_scale"] = scale
+            conf = json.dumps({"format": "float8_e4m3fn"}).encode()
+            out[f"{layer}.comfy_quant"] = torch.tensor(list(conf), dtype=torch.uint8)
+    if fmt == "fp8_scaled":
+        out[SCALED_FP8_MARKER] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    if tokenizer is None:
+        tokenizer = train_sentencepiece(min(geometry.vocab_size, 512))
+    out[TOKENIZER_KEY] = torch.frombuffer(bytearray(tokenizer), dtype=torch.uint8)
+    return out
+
+
+def write_comfy_t5(path: Path, geometry: T5Geometry, seed: int = 0, fmt: str = "bf16",
+                   tokenizer: bytes | None = None) -> Path:
+    """Write a random-weight umT5 in ComfyUI's layout (HF key names, ``spiece_model`` inside).
+
+    The weights equal ``write_t5_checkpoint``'s for the same seed (bf16; fp8 formats hold
+    them quantized). Written beside ``path`` and renamed, as the .pth writer does.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = comfy_t5_tensors(geometry, seed, fmt, tokenizer)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    torch.save(tensors, partial)
+    save_file(tensors, str(partial), metadata={"format": "pt"})
     partial.replace(path)
     return path
 

@@ -1,4 +1,5 @@
-"""Load the umT5 encoder from the official ``models_t5_umt5-xxl-enc-bf16.pth``.
+"""Load the umT5 encoder from the official ``models_t5_umt5-xxl-enc-bf16.pth``, or from
+ComfyUI's ``umt5_xxl_*.safetensors`` (see ``comfy_t5``).
 
 The file is opened with ``torch.load(mmap=True)``: tensors stay in the page cache (reclaimable,
 not anonymous memory) and each one is copied straight to its destination. The official
@@ -13,6 +14,7 @@ from typing import Mapping
 import torch
 
 from ..wan.t5 import T5Geometry, UMT5Encoder
+from .comfy_t5 import is_comfy_t5_file, load_comfy_t5
 from .errors import CheckpointError
 from .state_dict import check_loaded, materialize
 
@@ -31,8 +33,8 @@ def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         raise CheckpointError(
             path,
-            f"is a safetensors file; this loader reads the official {EXPECTED_FILE} (torch.save format). "
-            "ComfyUI's umt5_xxl_*.safetensors files use other key names",
+            f"is a safetensors file; this reader takes torch.save files such as {EXPECTED_FILE} "
+            "(load_t5 reads ComfyUI's umt5_xxl_*.safetensors with loaders.comfy_t5)",
         )
     try:
         loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -61,7 +63,12 @@ def _unwrap(path: Path, loaded: object) -> dict[str, torch.Tensor]:
 
 
 def load_t5(path: str | Path, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> UMT5Encoder:
-    """Build the encoder on the meta device, then fill it tensor by tensor on ``device``."""
+    """Build the encoder on the meta device, then fill it tensor by tensor on ``device``.
+
+    A ``.safetensors`` file is read as ComfyUI's umT5 file (HF key names, fp16 or fp8 scaled).
+    """
+    if is_comfy_t5_file(path):
+        return load_comfy_t5(path, device, dtype)
     tensors = read_torch_state_dict(path)
     try:
         geometry = T5Geometry.from_state_dict(tensors)

@@ -12,6 +12,8 @@ from .devices import DEVICE_CHOICES, DEVICE_TOOLTIP, TEXT_WORKSPACE, check_inter
 from .model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
 
 CACHE_USER = "lingbot_world"
+# Tokenizer choice for ComfyUI's umt5_xxl_*.safetensors, which carry their own SentencePiece model.
+TOKENIZER_FROM_FILE = "(from the encoder file)"
 
 
 def embedding_cache_dir() -> Path:
@@ -46,12 +48,13 @@ class LingBotWorldTextEncode:
         return {
             "required": {
                 "t5_file": (list_t5_files(), {
-                    "tooltip": "umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth, from "
-                    "models/lingbot or models/text_encoders.",
+                    "tooltip": "umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth or ComfyUI's "
+                    "umt5_xxl_fp16 / umt5_xxl_fp8_e4m3fn_scaled .safetensors, from models/lingbot or "
+                    "models/text_encoders.",
                 }),
-                "tokenizer": (list_tokenizer_folders(), {
+                "tokenizer": (list_tokenizer_folders() + [TOKENIZER_FROM_FILE], {
                     "tooltip": "Folder with the umT5 tokenizer (tokenizer.json or spiece.model), e.g. the "
-                    "package's tokenizer/ folder.",
+                    f"package's tokenizer/ folder; {TOKENIZER_FROM_FILE} for ComfyUI's umt5_xxl_*.safetensors.",
                 }),
                 "prompt": ("STRING", {
                     "multiline": True, "default": "",
@@ -67,7 +70,8 @@ class LingBotWorldTextEncode:
 
     def encode(self, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str):
         t5_path = resolve_model_path(t5_file, T5_KINDS, "t5_file", want_dir=False)
-        tokenizer_dir = resolve_model_path(tokenizer, TOKENIZER_KINDS, "tokenizer", want_dir=True)
+        tokenizer_dir = (None if tokenizer == TOKENIZER_FROM_FILE
+                         else resolve_model_path(tokenizer, TOKENIZER_KINDS, "tokenizer", want_dir=True))
         target = pick_device(device)
         text: TextEmbeddings = encode_text(
             t5_path, tokenizer_dir, prompt, negative_prompt, target,

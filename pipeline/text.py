@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 
+from ..loaders.comfy_t5 import ComfyT5File, is_comfy_t5_file
+from ..loaders.errors import CheckpointError
 from ..loaders.t5_loader import load_t5
 from ..wan.t5 import encode_prompts
 from ..wan.tokenizer import UMT5Tokenizer
@@ -23,9 +25,22 @@ class TextEmbeddings:
     from_cache: bool  # True when the encoder was not loaded at all
 
 
+def load_tokenizer(t5_file: Path, tokenizer_dir: Path | None) -> UMT5Tokenizer:
+    """The folder's tokenizer, or with ``tokenizer_dir`` None the one stored in ``t5_file``
+    (ComfyUI's umT5 .safetensors files carry their SentencePiece model as ``spiece_model``)."""
+    if tokenizer_dir is not None:
+        return UMT5Tokenizer(tokenizer_dir)
+    if not is_comfy_t5_file(t5_file):
+        raise CheckpointError(
+            t5_file, "holds no tokenizer (only ComfyUI's umt5_xxl_*.safetensors files do); choose the tokenizer "
+            "folder that came with it",
+        )
+    return UMT5Tokenizer.from_sentencepiece_bytes(ComfyT5File(t5_file).tokenizer_bytes(), f"{t5_file}:spiece_model")
+
+
 def encode_text(
     t5_file: str | Path,
-    tokenizer_dir: str | Path,
+    tokenizer_dir: str | Path | None,
     prompt: str,
     negative_prompt: str,
     device: torch.device | str | None = None,
@@ -36,19 +51,21 @@ def encode_text(
 ) -> TextEmbeddings:
     """Encode both prompts. Only prompts missing from the cache load the encoder.
 
+    ``tokenizer_dir`` None: use the tokenizer stored in ``t5_file`` (ComfyUI's files).
     ``before_load`` runs just before the encoder is loaded (never on a cache hit): the
     place to make room on the device.
     """
     if not prompt or not prompt.strip():
         raise ValueError("prompt is empty: describe the scene to generate")
-    t5_file, tokenizer_dir = Path(t5_file), Path(tokenizer_dir)
+    t5_file = Path(t5_file)
+    tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
     device = resolve_device(device)
     texts = [prompt, negative_prompt or ""]
     cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS) if cache_dir else None
     found = [cache.get(t) if cache else None for t in texts]
     missing = [t for t, f in zip(texts, found) if f is None]
     if missing:
-        tokenizer = UMT5Tokenizer(tokenizer_dir)  # fails fast, before the big load
+        tokenizer = load_tokenizer(t5_file, tokenizer_dir)  # fails fast, before the big load
         if before_load:
             before_load()
         encoder = load_t5(t5_file, device, dtype)

@@ -23,12 +23,17 @@ def _folder_identity(folder: Path) -> list:
     return [_file_identity(p) for p in sorted(folder.iterdir()) if p.is_file()]
 
 
+# The tokenizer identity when it is read from the encoder file (already in the key).
+FROM_ENCODER_FILE = "from-encoder-file"
+
+
 class EmbeddingCache:
-    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path, max_len: int = 512) -> None:
+    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path | None, max_len: int = 512) -> None:
+        """``tokenizer_dir`` None: the tokenizer stored inside ``encoder_file``."""
         self.folder = Path(folder)
+        tokenizer = FROM_ENCODER_FILE if tokenizer_dir is None else _folder_identity(Path(tokenizer_dir))
         self._base = json.dumps(
-            {"encoder": _file_identity(Path(encoder_file)), "tokenizer": _folder_identity(Path(tokenizer_dir)),
-             "max_len": max_len},
+            {"encoder": _file_identity(Path(encoder_file)), "tokenizer": tokenizer, "max_len": max_len},
             sort_keys=True,
         )
 

@@ -3,6 +3,10 @@
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
 
+``--parts comfy_t5 --comfy-t5 fp8_scaled`` also writes the text encoder as ComfyUI users have
+it (``umt5_xxl_*.safetensors``: HF key names, SentencePiece model inside; see
+loaders/synthetic_t5.py); it is not part of the default parts.
+
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
 experts are made and quantized part by part on that device, never whole in RAM.
@@ -18,7 +22,7 @@ import torch
 
 from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
 from ..loaders.synthetic_dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
-from ..loaders.synthetic_t5 import write_t5_checkpoint, write_tokenizer
+from ..loaders.synthetic_t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
 from ..loaders.synthetic_vae import write_vae_checkpoint
 from ..wan.config import A14B, TINY
 from ..wan.t5 import T5_TINY, UMT5_XXL
@@ -30,6 +34,8 @@ PRESETS = {
     "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
 }
 PARTS = ("experts", "t5", "vae", "tokenizer")
+# Written only when asked for: the text encoder in ComfyUI's layout.
+EXTRA_PARTS = ("comfy_t5",)
 # Folder names per layout: (high-noise, low-noise).
 EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": (HIGH_NOISE_FOLDERS[1], LOW_NOISE_FOLDERS[1])}
 
@@ -43,12 +49,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="base seed; each component gets its own offset")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where expert weights are made")
     p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+                   help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)} (default: {','.join(PARTS)})")
+    p.add_argument("--comfy-t5", choices=sorted(COMFY_T5_FILES), default="bf16",
+                   help="format of the comfy_t5 part (ComfyUI's umt5_xxl_*.safetensors layout)")
     args = p.parse_args(argv)
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS + EXTRA_PARTS))
     if unknown or not parts:
-        p.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}")
+        p.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'}; "
+                f"choose from {', '.join(PARTS + EXTRA_PARTS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     args.parts = parts
@@ -67,7 +76,8 @@ def _human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str]) -> list[Path]:
+def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
+                  comfy_t5: str = "bf16") -> list[Path]:
     """Write the chosen parts of a package into ``out``; returns the written paths."""
     shapes = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
@@ -78,6 +88,8 @@ def write_package(out: Path, preset: str, layout: str, seed: int, device: str, p
             written.append(write_expert(out / folder, shapes["dit"], seed=seed + offset, device=device))
     if "t5" in parts:
         written.append(write_t5_checkpoint(out / T5_FILE, shapes["t5"], seed=seed + 2))
+    if "comfy_t5" in parts:  # the same weights as the t5 part (same seed), ComfyUI's layout
+        written.append(write_comfy_t5(out / COMFY_T5_FILES[comfy_t5], shapes["t5"], seed=seed + 2, fmt=comfy_t5))
     if "vae" in parts:
         written.append(write_vae_checkpoint(out / VAE_FILE, shapes["vae"], seed=seed + 3))
     if "tokenizer" in parts:
@@ -89,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     try:
-        written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts)
+        written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts,
+                                args.comfy_t5)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
         return 1

@@ -68,13 +68,22 @@ class _JsonBackend:
 
 
 class _SentencePieceBackend:
-    """A SentencePiece model (spiece.model), used when tokenizer.json is absent."""
+    """A SentencePiece model: spiece.model when tokenizer.json is absent, or the bytes of one
+    (ComfyUI stores it inside the encoder file)."""
 
-    def __init__(self, file: Path) -> None:
-        import sentencepiece
-
+    def __init__(self, file: Path | str, model_proto: bytes | None = None) -> None:
         try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(file))
+            import sentencepiece
+        except ImportError as exc:
+            raise TokenizerError(
+                f"{file}: reading a SentencePiece tokenizer needs the 'sentencepiece' package "
+                "(pip install sentencepiece; ComfyUI's own requirements include it)"
+            ) from exc
+        try:
+            if model_proto is not None:
+                self._sp = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
+            else:
+                self._sp = sentencepiece.SentencePieceProcessor(model_file=str(file))
         except Exception as exc:
             raise TokenizerError(f"{file}: cannot be read as a SentencePiece model ({exc})") from exc
         self.eos_id = self._sp.eos_id() if self._sp.eos_id() >= 0 else self._sp.piece_to_id(EOS)
@@ -88,6 +97,14 @@ class _SentencePieceBackend:
 
 class UMT5Tokenizer:
     """Tokenizer of a local folder holding ``tokenizer.json`` (preferred) or ``spiece.model``."""
+
+    @classmethod
+    def from_sentencepiece_bytes(cls, model_proto: bytes, source: str | Path) -> "UMT5Tokenizer":
+        """A tokenizer from a serialized SentencePiece model; ``source`` names it in errors."""
+        tokenizer = cls.__new__(cls)
+        tokenizer.folder = Path(source)
+        tokenizer._backend = _SentencePieceBackend(source, model_proto=model_proto)
+        return tokenizer
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
