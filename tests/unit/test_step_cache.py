@@ -144,21 +144,22 @@ def _inputs():
     return text, condition
 
 
-def _exact_reference(experts, text, condition, params):
+def _exact_reference(experts, text, condition, params, device="cpu"):
     """The sampler's loop as it was before fast mode, written out."""
     sampler = make_sampler(params.sampler, params.steps, params.shift)
-    latent = initial_noise(condition, params.seed)
+    latent = initial_noise(condition, params.seed).to(device)
+    positive, negative, y = text.positive.to(device), text.negative.to(device), condition.y[None].to(device)
     for index, t in enumerate(sampler.timesteps.tolist()):
         name = expert_for(t, params.boundary)
         model = experts.acquire(name)
         guide = params.guide_high if name == "high" else params.guide_low
-        x, tt = latent[None], torch.tensor([t])
+        x, tt = latent[None], torch.tensor([t], device=device)
         with torch.inference_mode():
-            both = model(x.expand(2, -1, -1, -1, -1), tt.expand(2), [text.positive, text.negative],
-                         y=condition.y[None].expand(2, -1, -1, -1, -1))
+            both = model(x.expand(2, -1, -1, -1, -1), tt.expand(2), [positive, negative],
+                         y=y.expand(2, -1, -1, -1, -1))
             v = (both[1] + guide * (both[0] - both[1])).float()
         latent = sampler.step(v, index, latent)
-    return latent
+    return latent.float().cpu()
 
 
 def test_all_off_is_bit_identical_to_the_exact_sampler():
@@ -182,3 +183,22 @@ def test_sample_with_cache_and_truncation_computes_fewer_forwards():
     assert stats.forwards == computed
     assert stats.forwards + stats.skipped_forwards + stats.truncated_forwards == 24
     assert stats.skipped_forwards > 0 and stats.truncated_forwards == 3
+
+
+
+@pytest.mark.gpu
+def test_all_off_is_bit_identical_on_cuda(tmp_path):
+    """The real DiT of a tiny package (CUDA kernels) through sample() vs the exact loop."""
+    import tiny_package
+    from comfyui_lingbot_world.loaders.package import find_package
+    from comfyui_lingbot_world.pipeline.experts import DiskExperts
+
+    files = find_package(tiny_package.build(tmp_path, "nf4"))
+    _, condition = _inputs()
+    g = torch.Generator().manual_seed(1)
+    text = TextEmbeddings(positive=torch.randn(6, 32, generator=g), negative=torch.randn(5, 32, generator=g),
+                          from_cache=False)
+    params = SamplingParams(steps=4, shift=5.0, seed=3)
+    got = sample(DiskExperts(files.high, files.low, "cuda"), text, condition, None, params)
+    want = _exact_reference(DiskExperts(files.high, files.low, "cuda"), text, condition, params, "cuda")
+    assert torch.equal(got, want)
