@@ -7,23 +7,28 @@ Key formats accepted (the ones ComfyUI users have for Wan; ComfyUI's own
   and optionally ``.alpha`` (the layer name with ``.`` written as ``_``);
 * diffusers / PEFT: ``diffusion_model.blocks.0.self_attn.q.lora_A.weight`` and
   ``.lora_B.weight``, with or without the ``diffusion_model.`` prefix;
-* dotted names with ``lora_down``/``lora_up`` (+ ``.alpha``), with or without the prefix.
+* dotted names with ``lora_down``/``lora_up`` (+ ``.alpha``), with or without the prefix;
+* whole-tensor differences as ComfyUI applies them: ``X.diff`` (X's weight), ``X.diff_b``
+  (X's bias), ``X.diff_m`` (X's modulation), e.g. in the lightx2v distillation LoRAs.
 
 The scale of one adapter is ``alpha / rank`` when the file stores an alpha, else 1 (as
 ComfyUI does), times the user's strength. Anything else is refused with the file and key
-named: keys of another kind (``.diff``, ``.dora_scale``, ...), keys that match no layer,
+named: keys of another kind (``.dora_scale``, ...), keys that match no layer or parameter,
 shapes that do not fit the layer, a down without its up, and non-finite values.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
-from ..wan.lora import LoraFactors
+from ..wan.lora import LoraFactors, linear_layers, parameter_shapes
 from .errors import CheckpointError, preview
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -33,7 +38,19 @@ _SUFFIXES = {
     ".lora_down.weight": "down", ".lora_up.weight": "up",
     ".lora_A.weight": "down", ".lora_B.weight": "up",
     ".alpha": "alpha",
+    ".diff_b": "diff_b", ".diff_m": "diff_m", ".diff": "diff",
 }
+# difference kind -> the parameter of the named module it changes
+_DIFF_PARAM = {"diff": "weight", "diff_b": "bias", "diff_m": "modulation"}
+
+
+@dataclass
+class LoraFile:
+    """What one file does to one expert: low-rank adapters per linear layer, and
+    whole-tensor differences per parameter (already scaled by the strength)."""
+
+    adapters: dict[str, list[LoraFactors]] = field(default_factory=dict)
+    param_deltas: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _split(key: str) -> tuple[str, str] | None:
@@ -52,15 +69,17 @@ def _layer_name(base: str, kohya: Mapping[str, str]) -> str | None:
     return base
 
 
-def read_lora(path: str | Path, layers: Mapping[str, tuple[int, int]], strength: float = 1.0,
-              ) -> dict[str, list[LoraFactors]]:
-    """Factors per layer name of the expert whose linear layers are ``layers``
-    (name -> (out, in), see ``wan.lora.linear_layers``), scaled by ``strength``."""
+def read_lora(path: str | Path, model: nn.Module, strength: float = 1.0) -> LoraFile:
+    """The file's adapters and differences for ``model``'s layers, scaled by ``strength``."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(path, "LoRA file not found; put it in ComfyUI/models/loras")
-    kohya = {name.replace(".", "_"): name for name in layers}
+    layers = linear_layers(model)
+    shapes = parameter_shapes(model)
+    modules = {name for name, _ in model.named_modules() if name}
+    kohya = {name.replace(".", "_"): name for name in modules}
     parts: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    result = LoraFile()
     names: dict[str, str] = {}
     try:
         handle = safe_open(str(path), framework="pt", device="cpu")
@@ -77,15 +96,25 @@ def read_lora(path: str | Path, layers: Mapping[str, tuple[int, int]], strength:
         for key in keys:
             base, role = _split(key)  # type: ignore[misc]
             name = _layer_name(base, kohya)
-            if name is None or name not in layers:
+            tensor = f.get_tensor(key)
+            if role in _DIFF_PARAM:
+                param = f"{name}.{_DIFF_PARAM[role]}" if name else None
+                if param not in shapes:
+                    raise CheckpointError(path, f"key {key!r} matches no parameter of the expert "
+                                                "(is this a LoRA for Wan2.2 A14B?)")
+                if tensor.numel() != math.prod(shapes[param]):
+                    raise CheckpointError(path, f"key {key!r} has shape {tuple(tensor.shape)}, but {param} "
+                                                f"has shape {shapes[param]}")
+            elif name is None or name not in layers:
                 raise CheckpointError(path, f"key {key!r} matches no linear layer of the expert "
                                             "(is this a LoRA for Wan2.2 A14B?)")
-            tensor = f.get_tensor(key)
             if not torch.isfinite(tensor.float()).all():
                 raise CheckpointError(path, f"key {key!r} holds non-finite values (NaN or inf)")
+            if role in _DIFF_PARAM:
+                result.param_deltas[param] = tensor.float() * strength
+                continue
             parts[name][role] = tensor
             names.setdefault(name, base)
-    adapters: dict[str, list[LoraFactors]] = {}
     for name, got in parts.items():
         base = names[name]
         if "down" not in got or "up" not in got:
@@ -102,6 +131,6 @@ def read_lora(path: str | Path, layers: Mapping[str, tuple[int, int]], strength:
         if alpha is not None and alpha.numel() != 1:
             raise CheckpointError(path, f"key {base + '.alpha'!r} should be one number, has shape {tuple(alpha.shape)}")
         scale = (float(alpha) / rank if alpha is not None else 1.0) * strength
-        adapters[name] = [LoraFactors(down, up, scale)]
-    return adapters
+        result.adapters[name] = [LoraFactors(down, up, scale)]
+    return result
 

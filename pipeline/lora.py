@@ -6,8 +6,9 @@ from pathlib import Path
 
 from torch import nn
 
+from ..loaders.errors import CheckpointError
 from ..loaders.lora import read_lora
-from ..wan.lora import attach_lora, detach_lora, linear_layers, merge_lora
+from ..wan.lora import apply_param_deltas, attach_lora, detach_lora, merge_lora
 from .sampling import ExpertSource
 
 
@@ -42,17 +43,20 @@ class LoraExperts:
         if self._models.get(name) is model:
             return model  # already carries this run's adapters
         detach_lora(model)  # adapters of an earlier, interrupted run
-        layers = linear_layers(model)
         try:
             for spec in self.loras:
                 strength = spec.strength(name)
                 if strength == 0:
                     continue
-                adapters = read_lora(spec.path, layers, strength)
-                if self.merge:
-                    merge_lora(model, adapters)
-                else:
-                    attach_lora(model, adapters, _compute_device(model))
+                lora = read_lora(spec.path, model, strength)
+                try:
+                    if self.merge:
+                        merge_lora(model, lora.adapters)
+                    else:
+                        attach_lora(model, lora.adapters, _compute_device(model))
+                    apply_param_deltas(model, lora.param_deltas)
+                except (TypeError, KeyError, ValueError) as exc:
+                    raise CheckpointError(spec.path, f"cannot apply to the {name}-noise expert: {exc}") from exc
         except Exception:
             detach_lora(model)
             self.source.release(name)

@@ -13,6 +13,11 @@ A LoRA on a linear layer ``y = x W^T + b`` adds ``scale · (x A^T) B^T`` (A: ``d
 * merged (``merge_lora``, floating-point weights only): ``W += scale · B A`` in place.
   Cheaper per step, but the expert is changed until it is loaded again.
 
+Adapter files may also carry whole-tensor differences for small parameters (biases,
+norm weights, block modulation: ComfyUI's ``diff`` / ``diff_b`` / ``diff_m`` keys, found in
+the lightx2v distillation LoRAs). ``apply_param_deltas`` adds those in place and keeps a
+copy of each original, which ``detach_lora`` puts back. A 4-bit weight is refused.
+
 Pure PyTorch; nothing here knows file formats (see ``loaders.lora``).
 """
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import nn
 
 LORA_ATTR = "lingbot_lora"
 _HOOK_ATTR = "lingbot_lora_hook"
+_BACKUP_ATTR = "lingbot_lora_originals"
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,45 @@ def attach_lora(model: nn.Module, adapters: Mapping[str, Iterable[LoraFactors]],
             object.__setattr__(layer, _HOOK_ATTR, layer.register_forward_hook(_output_hook))
 
 
+def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> logical shape (a 4-bit linear weight as [out, in])."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    for name, (out_f, in_f) in linear_layers(model).items():
+        shapes[f"{name}.weight"] = (out_f, in_f)
+    return shapes
+
+
+def _is_quantized(param: torch.Tensor) -> bool:
+    return getattr(param, "quant_state", None) is not None or not param.dtype.is_floating_point
+
+
+@torch.no_grad()
+def apply_param_deltas(model: nn.Module, deltas: Mapping[str, torch.Tensor]) -> None:
+    """``param += delta`` for each named parameter, keeping the original for ``detach_lora``."""
+    originals: dict[str, torch.Tensor] = model.__dict__.setdefault(_BACKUP_ATTR, {})
+    params = dict(model.named_parameters())
+    for name, delta in deltas.items():
+        param = params.get(name)
+        if param is None:
+            raise KeyError(f"LoRA difference for {name!r}: this expert has no such parameter")
+        if _is_quantized(param):
+            raise TypeError(f"LoRA difference for {name!r}: the weight is 4-bit; a full-weight difference cannot be "
+                            "added without dequantizing it (use a bf16 expert for this LoRA)")
+        if delta.numel() != param.numel():
+            raise ValueError(f"LoRA difference for {name!r} has shape {tuple(delta.shape)}, the parameter "
+                             f"{tuple(param.shape)}")
+        if name not in originals:
+            originals[name] = param.data.clone()
+        param.data += delta.to(param.device, param.dtype).reshape(param.shape)
+
+
 def detach_lora(model: nn.Module) -> int:
-    """Remove every unmerged adapter; returns the number of layers that had one."""
+    """Remove every unmerged adapter and put back parameters changed by
+    ``apply_param_deltas``; returns the number of layers that had an adapter."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, original in model.__dict__.pop(_BACKUP_ATTR, {}).items():
+            params[name].data.copy_(original)
     count = 0
     for layer in model.modules():
         hook = layer.__dict__.pop(_HOOK_ATTR, None)
@@ -110,7 +153,7 @@ def detach_lora(model: nn.Module) -> int:
 
 
 def has_lora(model: nn.Module) -> bool:
-    return any(getattr(m, LORA_ATTR, None) for m in model.modules())
+    return bool(model.__dict__.get(_BACKUP_ATTR)) or any(getattr(m, LORA_ATTR, None) for m in model.modules())
 
 
 @torch.no_grad()

@@ -120,7 +120,7 @@ def test_lora_equals_merged_reference(tmp_path, nf4_folder, kind, fmt, swap):
         base = model(**inputs())
         reference = merged_reference(build(kind, nf4_folder), fac, scale_of(with_alpha, strength))(**inputs())
     weights_before = {n: p.clone() for n, p in model.named_parameters()}
-    attach_lora(model, read_lora(path, layers, strength))
+    attach_lora(model, read_lora(path, model, strength).adapters)
     swapper = BlockSwapper(model, 1, transfer=SyncTransfer("cpu")) if swap else None
     with torch.inference_mode():
         got = model(**inputs())
@@ -140,7 +140,7 @@ def test_merged_equals_unmerged(tmp_path, nf4_folder, kind):
     model = build(kind, nf4_folder)
     layers = linear_layers(model)
     fac = factors(layers)
-    adapters = read_lora(write_lora(tmp_path / "l.safetensors", fac, "kohya"), layers, 1.0)
+    adapters = read_lora(write_lora(tmp_path / "l.safetensors", fac, "kohya"), model, 1.0).adapters
     with torch.inference_mode():
         base = model(**inputs())
     attach_lora(model, adapters)
@@ -156,7 +156,7 @@ def test_merged_equals_unmerged(tmp_path, nf4_folder, kind):
 def test_merge_refuses_4bit(tmp_path, nf4_folder):
     model = build("nf4", nf4_folder)
     layers = linear_layers(model)
-    adapters = read_lora(write_lora(tmp_path / "l.safetensors", factors(layers), "kohya"), layers)
+    adapters = read_lora(write_lora(tmp_path / "l.safetensors", factors(layers), "kohya"), model).adapters
     with pytest.raises(TypeError, match="quantized"):
         merge_lora(model, adapters)
 
@@ -178,7 +178,13 @@ def _malformed(tmp_path: Path, layers: dict, what: str) -> tuple[Path, str]:
         bad = "diffusion_model.blocks.7.self_attn.q.lora_A.weight"
         state[bad] = torch.zeros(RANK, 64)
     elif what == "kind":
+        bad = "diffusion_model.blocks.0.norm3.dora_scale"
+        state[bad] = torch.zeros(64)
+    elif what == "diff_shape":
         bad = "diffusion_model.blocks.0.norm3.diff"
+        state[bad] = torch.zeros(65)
+    elif what == "diff_nomatch":
+        bad = "diffusion_model.blocks.0.ffn.diff_m"
         state[bad] = torch.zeros(64)
     else:  # missing up
         del state[key]
@@ -187,12 +193,12 @@ def _malformed(tmp_path: Path, layers: dict, what: str) -> tuple[Path, str]:
     return path, bad
 
 
-@pytest.mark.parametrize("what", ["shape", "nan", "nomatch", "kind", "missing"])
+@pytest.mark.parametrize("what", ["shape", "nan", "nomatch", "kind", "missing", "diff_shape", "diff_nomatch"])
 def test_malformed_lora_is_refused_naming_file_and_key(tmp_path, nf4_folder, what):
-    layers = linear_layers(build("float32", nf4_folder))
-    path, bad = _malformed(tmp_path, layers, what)
+    model = build("float32", nf4_folder)
+    path, bad = _malformed(tmp_path, linear_layers(model), what)
     with pytest.raises(CheckpointError) as err:
-        read_lora(path, layers)
+        read_lora(path, model)
     assert str(path) in str(err.value) and bad in str(err.value)
 
 
@@ -200,7 +206,7 @@ def test_not_a_safetensors_file_is_refused(tmp_path):
     path = tmp_path / "x.safetensors"
     path.write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="x.safetensors"):
-        read_lora(path, {"a": (1, 1)})
+        read_lora(path, nn.Linear(1, 1))
 
 
 class OneModelSource:
@@ -222,3 +228,53 @@ def test_lora_experts_applies_strength_per_expert_and_detaches(tmp_path, nf4_fol
     source.release("high")
     source.release("low")
     assert not has_lora(models["high"])
+
+
+DIFFS = {"blocks.0.self_attn.q.diff_b": "blocks.0.self_attn.q.bias", "blocks.1.norm3.diff": "blocks.1.norm3.weight",
+         "blocks.2.diff_m": "blocks.2.modulation", "head.head.diff_b": "head.head.bias"}
+
+
+@pytest.mark.parametrize("kind", ["nf4", "float32"])
+@pytest.mark.parametrize("prefix", ["diffusion_model.", "lora_unet_"])
+def test_whole_tensor_differences_and_restore(tmp_path, nf4_folder, kind, prefix):
+    model = build(kind, nf4_folder)
+    layers = linear_layers(model)
+    fac = factors(layers)
+    path = write_lora(tmp_path / "l.safetensors", fac, "kohya" if prefix == "lora_unet_" else "dotted_down_up")
+    from safetensors.torch import load_file
+    state = load_file(str(path))
+    params = dict(model.named_parameters())
+    g = torch.Generator().manual_seed(4)
+    deltas = {param: torch.randn(params[param].shape, generator=g) * 0.5 for param in DIFFS.values()}
+    for key, param in DIFFS.items():
+        base, _, suffix = key.rpartition(".")
+        name = prefix + (base.replace(".", "_") if prefix == "lora_unet_" else base)
+        state[f"{name}.{suffix}"] = deltas[param]
+    save_file(state, str(path))
+    strength = 0.7
+    with torch.inference_mode():
+        base_out = model(**inputs())
+    reference = merged_reference(build(kind, nf4_folder), fac, scale_of(True, strength))
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if name in deltas:
+                p += (deltas[name] * strength).to(p.dtype)
+    with torch.inference_mode():
+        want = reference(**inputs())
+    source = LoraExperts(OneModelSource({"high": model}), [LoraSpec(path, strength_high=strength)])
+    with torch.inference_mode():
+        got = source.acquire("high")(**inputs())
+    close(got, want, base_out)
+    source.release("high")
+    with torch.inference_mode():
+        assert torch.equal(model(**inputs()), base_out)  # the originals are back
+
+
+def test_full_weight_difference_on_a_4bit_layer_is_refused(tmp_path, nf4_folder):
+    model = build("nf4", nf4_folder)
+    path = tmp_path / "w.safetensors"
+    save_file({"diffusion_model.blocks.0.ffn.0.diff": torch.zeros(SMALL.ffn_dim, SMALL.dim)}, str(path))
+    source = LoraExperts(OneModelSource({"high": model}), [LoraSpec(path)])
+    with pytest.raises(CheckpointError, match="w.safetensors.*blocks.0.ffn.0.weight.*4-bit"):
+        source.acquire("high")
+    assert not has_lora(model)
