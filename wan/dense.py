@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .lora import lora_delta
+from .lora import add_lora_delta
 
 
 @dataclass
@@ -83,8 +83,6 @@ def dense(layer: nn.Module) -> Dense:
     else:
         matrix = weight.detach()  # inference only; out= products refuse autograd inputs
         dtype = weight.dtype
-    delta = lora_delta(layer, dtype, matrix.device)
-    if delta is not None:  # a new tensor: the layer's weight stays as it is
-        matrix = matrix.to(dtype) + delta
+    matrix = add_lora_delta(layer, matrix)  # a new tensor when adapters hang on the layer
     bias = layer.bias
     return Dense(matrix, None if bias is None else bias.detach().to(dtype))

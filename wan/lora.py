@@ -53,15 +53,14 @@ def linear_layers(model: nn.Module) -> dict[str, tuple[int, int]]:
     return {name: (m.out_features, m.in_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def lora_delta(layer: nn.Module, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """Sum of the attached adapters' ``scale · B A`` for ``layer``; None when it has none."""
-    factors: Sequence[LoraFactors] | None = getattr(layer, LORA_ATTR, None)
-    if not factors:
-        return None
-    total = factors[0].delta(torch.float32, device)
-    for f in factors[1:]:
-        total += f.delta(torch.float32, device)
-    return total.to(dtype)
+def add_lora_delta(layer: nn.Module, matrix: torch.Tensor) -> torch.Tensor:
+    """``matrix + Σ scale · B A`` for the adapters on ``layer`` (a new tensor; ``matrix``
+    itself is returned when there are none). One fused addmm per adapter, in the
+    matrix's dtype (the product accumulates in float32 inside the matmul)."""
+    for f in getattr(layer, LORA_ATTR, ()):
+        up, down = f.up.to(matrix.device, matrix.dtype), f.down.to(matrix.device, matrix.dtype)
+        matrix = torch.addmm(matrix, up, down, alpha=f.scale)
+    return matrix
 
 
 def _output_hook(layer: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
