@@ -21,6 +21,9 @@ video_psnr_vs_exact (peak-to-peak 2 for videos in [-1, 1]; null for the referenc
 and where the reference has another size; a few-step variant is compared with the exact
 reference of the same seed, whatever its step count).
 
+--synthetic-lora PATH writes a random rank-64 LoRA of the package's shapes (kohya keys) for
+timing a LoRA row when no real adapter is at hand.
+
 CPU smoke test (a tiny package from `python . make_checkpoint --preset tiny --out DIR`):
     python bench/time_to_video.py --package DIR --device cpu --size 32x48 --frames 5 --steps 4 \\
         --variant exact --variant fast=cache=0.05,warmup=1,cfg_truncate=0.25 --out-dir /tmp/ttv
@@ -169,6 +172,33 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
     return record, latent, video
 
 
+LORA_LAYERS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+               "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+
+
+def write_synthetic_lora(path: Path, package: str, rank: int, seed: int = 0) -> Path:
+    """A random LoRA (kohya keys, alpha = rank) on every attention and FFN linear of the
+    package's experts: the shapes and size of a rank-``rank`` Wan2.2 adapter, for timing."""
+    from safetensors.torch import save_file
+
+    from comfyui_lingbot_world.loaders.layout import read_config
+
+    config = read_config(find_package(package).high)
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"ffn.0": (config.ffn_dim, config.dim), "ffn.2": (config.dim, config.ffn_dim)}
+    state = {}
+    for block in range(config.num_layers):
+        for layer in LORA_LAYERS:
+            out_f, in_f = shapes.get(layer, (config.dim, config.dim))
+            base = f"lora_unet_blocks_{block}_{layer.replace('.', '_')}"
+            state[f"{base}.lora_down.weight"] = (torch.randn(rank, in_f, generator=g) / in_f ** 0.5).bfloat16()
+            state[f"{base}.lora_up.weight"] = (torch.randn(out_f, rank, generator=g) * 0.01).bfloat16()
+            state[f"{base}.alpha"] = torch.tensor(float(rank))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
 def file_name(record: dict) -> str:
     gpu = record["gpu"].replace("NVIDIA ", "").split()[0].lower()
     return f"{record['date']}_{gpu}_{record['size']}x{record['frames']}_ttv_{record['steps']}steps_{record['variant']}.json"
@@ -192,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--camera-dir")
     p.add_argument("--reference", help="folder with a saved reference (latent.pt, video.pt, name.txt)")
     p.add_argument("--save-reference", help="write the first variant's latent and video here")
+    p.add_argument("--synthetic-lora", help="write a random LoRA here first (if absent), for lora=PATH rows")
+    p.add_argument("--lora-rank", type=int, default=64)
     args = p.parse_args(argv)
+    if args.synthetic_lora and not Path(args.synthetic_lora).is_file():
+        write_synthetic_lora(Path(args.synthetic_lora), args.package, args.lora_rank)
     variants = [parse_variant(v) for v in (args.variant or ["exact"])]
     if args.device.startswith("cuda"):
         cap_vram(args.vram_cap_gb)
