@@ -32,7 +32,7 @@ for what in "$@"; do
         p480eager) LINGBOT_FUSED=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
         soak) bench soak --size 240x416 --frames 17 --steps 4 --runs 5 --camera-dir "$CAM" --out "$OUT/soak_gpu.json" ;;
-        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py tests/unit/test_step_cache.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
+        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py tests/unit/test_step_cache.py tests/unit/test_lora.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
         p720) bench pipeline --size 720x1280 --frames 81 --steps 3 --vram-cap-gb 24 --kernel-floor --decode-tile 32 \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p720_cap24.json" ;;
         swap12) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 12 --block-swap "${SWAP_BLOCKS:-20}" \

@@ -22,6 +22,9 @@ apply it to Wan2.2 A14B:
 
 The authors' default for Wan2.2 I2V-A14B is a threshold of 0.05 (0.06 for T2V) with a
 warm-up of 7 forwards counted over both branches, i.e. the first 4 steps of each expert.
+Their Wan2.2 script always computes the last two steps of the high-noise expert and the
+last step of the low-noise one; here the last step of each expert is computed (as their
+single-model Wan2.1 rule does for the last step of the run).
 
 CFG truncation drops the unconditional branch for the last ``cfg_truncate`` fraction of
 the steps (the velocity is then the conditional prediction alone, as with guidance 1).

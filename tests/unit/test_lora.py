@@ -278,3 +278,22 @@ def test_full_weight_difference_on_a_4bit_layer_is_refused(tmp_path, nf4_folder)
     with pytest.raises(CheckpointError, match="w.safetensors.*blocks.0.ffn.0.weight.*4-bit"):
         source.acquire("high")
     assert not has_lora(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["nf4", "bf16"])
+def test_lora_through_cuda_block_swap(tmp_path, nf4_folder, kind):
+    """The real swapper (pinned memory, side stream) with adapters: same output as resident."""
+    model = (load_nf4_expert(nf4_folder, "cuda") if kind == "nf4"
+             else make_synthetic_expert(SMALL, seed=1, device="cuda", dtype=torch.bfloat16))
+    layers = linear_layers(model)
+    path = write_lora(tmp_path / "l.safetensors", factors(layers), "kohya")
+    attach_lora(model, read_lora(path, model).adapters)
+    cuda_inputs = {k: v.cuda() for k, v in inputs().items()}
+    with torch.inference_mode():
+        resident = model(**cuda_inputs)
+    swapper = BlockSwapper(model, 1)
+    with torch.inference_mode():
+        swapped = model(**cuda_inputs)
+    swapper.remove()
+    assert torch.equal(resident, swapped)
