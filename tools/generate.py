@@ -12,8 +12,11 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..pipeline.lora import LoraSpec
+from ..pipeline.presets import PRESETS as SAMPLING_PRESETS, apply_preset
 from ..pipeline.run import CameraRequest, generate
 from ..pipeline.sampling import SamplingParams
+from ..wan.attention import CHOICES as ATTENTION_CHOICES
 from ..pipeline.video_file import write_mp4
 from ..wan.camera import PRESETS
 from ..wan.conditioning import target_size
@@ -45,6 +48,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16)
+    fast = p.add_argument_group("fast mode (all off by default)")
+    fast.add_argument("--cache-threshold", type=float, default=0.0,
+                      help="EasyCache threshold (0 = off; the authors use 0.05 for Wan2.2 I2V)")
+    fast.add_argument("--cfg-truncate", type=float, default=0.0,
+                      help="fraction of the last steps without the negative-prompt pass (0 = off)")
+    fast.add_argument("--attention", choices=ATTENTION_CHOICES, help="attention kernel (default: the process default)")
+    fast.add_argument("--sampling-preset", choices=SAMPLING_PRESETS, default="none",
+                      help="lightning_4step: the Wan2.2-Lightning 4-step settings (use with its LoRAs)")
+    fast.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),
+                      help="a LoRA file and its strength on the high- and low-noise experts (repeatable)")
     return p.parse_args(argv)
 
 
@@ -63,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.camera_dir or args.preset:
         camera = CameraRequest(folder=args.camera_dir, preset=args.preset, speed=args.speed)
     params = SamplingParams(steps=args.steps, shift=args.shift, guide_high=args.cfg[0], guide_low=args.cfg[1],
-                            boundary=args.boundary, seed=args.seed, sampler=args.sampler)
+                            boundary=args.boundary, seed=args.seed, sampler=args.sampler,
+                            cache_threshold=args.cache_threshold, cfg_truncate=args.cfg_truncate,
+                            attention=args.attention)
+    params = apply_preset(args.sampling_preset, params)
+    loras = [LoraSpec(Path(f), float(high), float(low)) for f, high, low in args.lora]
     started = time.perf_counter()
     video = generate(args.package, image, prompt, args.negative_prompt, args.frames, height, width, camera, params,
                      device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
-                     decode_tile=args.decode_tile or None,
+                     decode_tile=args.decode_tile or None, loras=loras,
                      on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True))
     write_mp4(video, args.out, fps=args.fps)
     print(f"wrote {args.out} ({video.shape[1]} frames, {width}x{height}) in {time.perf_counter() - started:.1f} s")
