@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..loaders.errors import CheckpointError
@@ -79,7 +80,7 @@ class LoraExperts:
         self.source.release(name)
 
 
-def _compute_device(model: nn.Module):
+def _compute_device(model: nn.Module) -> torch.device:
     """Where the blocks compute: the head's weight never moves under block swap."""
     head = getattr(model, "head", None)
     params = list(head.parameters()) if head is not None else []
