@@ -56,9 +56,15 @@ def cap_vram(cap_gb: float | None) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total))
 
 
+def sync() -> None:
+    """Wait for queued GPU work (timings); nothing to wait for on the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def base_record(args: argparse.Namespace) -> dict:
     return {
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "vram_cap_gb": args.vram_cap_gb,
@@ -76,10 +82,10 @@ class TimedExperts(DiskExperts):
     def acquire(self, name: str):
         if name in self._resident:
             return self._resident[name]
-        torch.cuda.synchronize()
+        sync()
         started = time.perf_counter()
         model = super().acquire(name)
-        torch.cuda.synchronize()
+        sync()
         self.events.append(("acquire", name, time.perf_counter() - started))
         return model
 
@@ -139,6 +145,22 @@ def run_pipeline(args: argparse.Namespace) -> dict:
         record["video_shape"] = list(video.shape)
         record["video_finite"] = bool(torch.isfinite(video).all())
 
+    record |= sampling_record(experts, step_times, params, watch)
+    if args.kernel_floor:
+        tokens = condition.y.shape[1] * (condition.y.shape[2] // 2) * (condition.y.shape[3] // 2)
+        floor = block_floor_ms(tokens, config.dim, config.ffn_dim, config.num_heads, camera=True)
+        record["tokens"] = tokens
+        record["kernel_floor_block"] = floor
+        record["kernel_floor_s_per_step"] = floor["block_ms"] * config.num_layers * 2 / 1000.0  # CFG: 2 forwards
+        if record["s_per_step"]:
+            record["ratio_to_floor"] = record["s_per_step"] / record["kernel_floor_s_per_step"]
+    return record
+
+
+def sampling_record(experts: TimedExperts, step_times: list[float], params: SamplingParams,
+                    watch: MemoryWatch) -> dict:
+    """Per-step times, expert loads/switch, and the memory peaks of a pipeline run."""
+    record: dict = {}
     loads = [e for e in experts.events if e[0] == "acquire"]
     releases = [e for e in experts.events if e[0] == "release"]
     # A step that follows a load includes it; steady steps are the others.
@@ -158,15 +180,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     record["peak_rss_file_gb"] = watch.peak_file / GB
     record["peak_vram_allocated_gb"] = max(p.get("peak_vram_allocated_gb", 0) for p in watch.phases.values())
     record["peak_vram_reserved_gb"] = max(p.get("peak_vram_reserved_gb", 0) for p in watch.phases.values())
-    record["sampling_peak_vram_allocated_gb"] = watch.phases["sampling"]["peak_vram_allocated_gb"]
-    if args.kernel_floor:
-        tokens = condition.y.shape[1] * (condition.y.shape[2] // 2) * (condition.y.shape[3] // 2)
-        floor = block_floor_ms(tokens, config.dim, config.ffn_dim, config.num_heads, camera=True)
-        record["tokens"] = tokens
-        record["kernel_floor_block"] = floor
-        record["kernel_floor_s_per_step"] = floor["block_ms"] * config.num_layers * 2 / 1000.0  # CFG: 2 forwards
-        if record["s_per_step"]:
-            record["ratio_to_floor"] = record["s_per_step"] / record["kernel_floor_s_per_step"]
+    record["sampling_peak_vram_allocated_gb"] = watch.phases["sampling"].get("peak_vram_allocated_gb")
     return record
 
 

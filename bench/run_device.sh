@@ -33,7 +33,7 @@ for what in "$@"; do
         p480eager) LINGBOT_FUSED=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
         soak) bench soak --size 240x416 --frames 17 --steps 4 --runs 5 --camera-dir "$CAM" --out "$OUT/soak_gpu.json" ;;
-        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
+        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py tests/unit/test_step_cache.py tests/unit/test_lora.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
         p720) bench pipeline --size 720x1280 --frames 81 --steps 3 --vram-cap-gb 24 --kernel-floor --decode-tile 32 \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p720_cap24.json" ;;
         swap12) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 12 --block-swap "${SWAP_BLOCKS:-20}" \
@@ -48,6 +48,22 @@ for what in "$@"; do
                   --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" 2>&1 | tail -4 ;;
         longkeep) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 321 --steps "${LONG_STEPS:-3}" \
                   --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
+        attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
+                  | grep -v "^Failed to load" ;;
+        ttv_exact|ttv_fast|ttv_light)  # time to video, 40 steps; the exact row is the reference of the others
+            ensure_package
+            REF=/dev/shm/ttv_ref_${TTV_STEPS:-40}
+            TTV=(python3 bench/time_to_video.py --package "$PKG" --steps "${TTV_STEPS:-40}" --vram-cap-gb 24 --image "$CAM/image.jpg"
+                 --camera-dir "$CAM" --out-dir "$OUT/ttv")
+            case "$what" in
+                ttv_exact) "${TTV[@]}" --variant exact --save-reference "$REF" 2>&1 | tail -2 ;;
+                ttv_fast) "${TTV[@]}" --reference "$REF" \
+                              --variant ec005_trunc02_auto=cache=0.05,cfg_truncate=0.2,attention=auto \
+                              --variant ec006_trunc02_auto=cache=0.06,cfg_truncate=0.2,attention=auto 2>&1 | tail -3 ;;
+                ttv_light) "${TTV[@]}" --reference "$REF" --synthetic-lora /dev/shm/synthetic_lora_r64.safetensors \
+                              --variant light4_lora=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto \
+                              --variant light4=preset=lightning_4step,attention=auto 2>&1 | tail -3 ;;
+            esac ;;
         *) echo "unknown benchmark $what" ;;
     esac
 done

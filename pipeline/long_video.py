@@ -30,6 +30,7 @@ from . import experts as experts_mod
 from .camera import CameraCondition
 from .experts import DiskExperts
 from .image import I2VCondition, ImageLike, encode_image, vae_dtype
+from .lora import LoraExperts, LoraSpec
 from .memory import release_module, resolve_device
 from .sampling import ExpertSource, SamplingParams, sample
 from .text import TextEmbeddings, encode_text
@@ -243,11 +244,14 @@ def generate_long(
     fps: int = 16,
     keep_experts: bool = False,
     block_swap: int | None = None,
+    loras: list[LoraSpec] | None = None,
     on_step: Callable[[int, int], None] | None = None,
     on_window: Callable[[int, int], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
 ) -> LongVideoResult:
-    """The whole run outside ComfyUI, written to ``out`` (.mp4) window by window."""
+    """The whole run outside ComfyUI, written to ``out`` (.mp4) window by window.
+
+    ``loras``: adapters applied to the experts while they sample (unmerged)."""
     files = find_package(package)
     device = resolve_device(device)
     plan_windows(frames, windows.window, windows.overlap)  # fail early on bad sizes
@@ -255,9 +259,10 @@ def generate_long(
     text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
     source = ResidentExperts if keep_experts else DiskExperts
     experts = source(files.high, files.low, device, quantize, block_swap=block_swap)
+    adapted = LoraExperts(experts, loras) if loras else experts
     try:
         with VideoWriter(out, fps=fps) as writer:
-            return sample_windows(experts, text, files.vae, image, frames, height, width, windowed, params, windows,
+            return sample_windows(adapted, text, files.vae, image, frames, height, width, windowed, params, windows,
                                   writer.write, device=device, decode_tile=decode_tile, on_step=on_step,
                                   on_window=on_window, check_interrupt=check_interrupt)
     finally:

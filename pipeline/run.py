@@ -12,6 +12,7 @@ from .camera import CameraCondition, camera_from_files, camera_from_preset
 from .decode import decode
 from .experts import DiskExperts
 from .image import ImageLike, encode_image
+from .lora import LoraExperts, LoraSpec
 from .memory import resolve_device
 from .sampling import SamplingParams, sample
 from .text import encode_text
@@ -48,16 +49,20 @@ def generate(
     quantize: str | None = None,
     decode_tile: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    loras: list[LoraSpec] | None = None,
 ) -> torch.Tensor:
-    """Return the video [3, frames, height, width] in [-1, 1] (float32, CPU)."""
+    """Return the video [3, frames, height, width] in [-1, 1] (float32, CPU).
+
+    ``loras``: adapters applied to the experts while they sample (unmerged)."""
     files = find_package(package)
     device = resolve_device(device)
     camera_condition = camera.build(frames, height, width) if camera else None  # cheap; fail early
     text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
     condition = encode_image(files.vae, image, frames, height, width, device)
     experts = DiskExperts(files.high, files.low, device, quantize)
+    source = LoraExperts(experts, loras) if loras else experts
     try:
-        latent = sample(experts, text, condition, camera_condition, params, on_step=on_step)
+        latent = sample(source, text, condition, camera_condition, params, on_step=on_step)
     finally:
         experts.close()
     return decode(files.vae, latent, device, tile=decode_tile)

@@ -11,7 +11,9 @@ from ..wan.scheduler import make_sampler
 from .camera import CameraCondition
 from .image import I2VCondition
 from .memory import empty_device_cache
+from .step_cache import EASYCACHE_WARMUP_STEPS, StepPolicy, StepStats
 from .text import TextEmbeddings
+from ..wan.attention import CHOICES as ATTENTION_CHOICES, attention_backend
 
 LATENT_CHANNELS = 16
 
@@ -35,8 +37,19 @@ class SamplingParams:
     # layers then run once per block for both, and the matmuls are larger. Costs about
     # 1.8 GB more activation memory at 480x832x81 than two separate passes.
     batch_cfg: bool = True
+    # Fast mode (pipeline/step_cache.py); every default is off, i.e. the exact sampler.
+    cache_threshold: float = 0.0  # EasyCache threshold; 0: every step computed
+    cache_warmup: int = EASYCACHE_WARMUP_STEPS  # steps of each expert always computed
+    cfg_truncate: float = 0.0  # fraction of the last steps without the unconditional branch
+    attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
 
     def __post_init__(self) -> None:
+        if self.cache_threshold < 0:
+            raise ValueError(f"cache_threshold must be 0 (off) or positive, got {self.cache_threshold}")
+        if not 0.0 <= self.cfg_truncate <= 1.0:
+            raise ValueError(f"cfg_truncate must be within 0..1, got {self.cfg_truncate}")
+        if self.attention is not None and self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if not 0.0 <= self.boundary <= 1.0:
@@ -84,6 +97,21 @@ class _ActiveExpert:
             with torch.inference_mode():
                 self.camera_tokens = model.prepare_camera(camera.plucker.to(self.device))
 
+    def branches(self, latent: torch.Tensor, timestep: float, uncond: bool,
+                 batch_cfg: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The raw conditional (and unconditional, when asked) predictions of one step."""
+        x = latent[None].to(self.device)
+        t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
+        with torch.inference_mode():
+            if not uncond:
+                return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0], None
+            if batch_cfg:
+                both = self.model(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
+                                  y=self.y.expand(2, -1, -1, -1, -1), camera_tokens=self.camera_tokens)
+                return both[0], both[1]
+            cond = self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0]
+            return cond, self.model(x, t, [self.negative], y=self.y, camera_tokens=self.camera_tokens)[0]
+
     def velocity(self, latent: torch.Tensor, timestep: float, guide: float, batch_cfg: bool) -> torch.Tensor:
         x = latent[None].to(self.device)
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
@@ -121,8 +149,11 @@ def sample(
     params: SamplingParams,
     on_step: Callable[[int, int], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
+    stats: StepStats | None = None,
 ) -> torch.Tensor:
     """Return the denoised latent [16, F_lat, H/8, W/8] (float32, CPU).
+
+    ``stats``, when given, is filled with the forwards computed, skipped and truncated.
 
     A CUDA out-of-memory error releases the expert and is raised again as a
     ``torch.cuda.OutOfMemoryError`` (so hosts still see an OOM) that names the size and
@@ -131,7 +162,8 @@ def sample(
     check_camera_matches(camera, condition)
     detail = None
     try:
-        return _denoise(experts, text, condition, camera, params, on_step, check_interrupt)
+        with attention_backend(params.attention):
+            return _denoise(experts, text, condition, camera, params, on_step, check_interrupt, stats)
     except torch.cuda.OutOfMemoryError as exc:
         # Keep only the text: the exception's traceback holds the step's activations
         # (on the GPU) until it is gone, which it is once this block ends.
@@ -148,12 +180,18 @@ def _denoise(
     params: SamplingParams,
     on_step: Callable[[int, int], None] | None,
     check_interrupt: Callable[[], None] | None,
+    stats: StepStats | None = None,
 ) -> torch.Tensor:
     sampler = make_sampler(params.sampler, params.steps, params.shift)
     latent = initial_noise(condition, params.seed)
     active: _ActiveExpert | None = None
+    timesteps = sampler.timesteps.tolist()
+    names = [expert_for(t, params.boundary) for t in timesteps]
+    policy = StepPolicy(params.steps, params.cache_threshold, params.cache_warmup, params.cfg_truncate,
+                        params.batch_cfg, stats)
+    in_expert = 0
     try:
-        for index, timestep in enumerate(sampler.timesteps.tolist()):
+        for index, timestep in enumerate(timesteps):
             if check_interrupt:
                 check_interrupt()
             name = expert_for(timestep, params.boundary)
@@ -163,8 +201,12 @@ def _denoise(
                     active = None
                 active = _ActiveExpert(name, experts.acquire(name), text, condition, camera)
                 latent = latent.to(active.device)
+                policy.expert_changed()
+                in_expert = 0
             guide = params.guide_high if name == "high" else params.guide_low
-            velocity = active.velocity(latent, timestep, guide, params.batch_cfg)
+            last_in_expert = index + 1 == len(names) or names[index + 1] != name
+            velocity = policy.velocity(active, latent, timestep, guide, index, in_expert, last_in_expert)
+            in_expert += 1
             latent = sampler.step(velocity, index, latent)
             if on_step:
                 on_step(index + 1, params.steps)

@@ -25,7 +25,10 @@ from PIL import Image
 
 from ..loaders.package import find_package
 from ..pipeline import long_video as lv
+from ..pipeline.lora import LoraSpec
+from ..pipeline.presets import PRESETS as SAMPLING_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams
+from ..wan.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera import PRESETS, draw_trajectory
 from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import check_frame_count, check_size, target_size
@@ -86,6 +89,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16, help="frame rate of the .mp4")
+    fast = p.add_argument_group("fast mode (all off by default: the exact sampler)")
+    fast.add_argument("--cache-threshold", type=float, default=0.0,
+                      help="EasyCache step caching threshold (0 = off; the authors use 0.05 for Wan2.2 I2V)")
+    fast.add_argument("--cfg-truncate", type=float, default=0.0,
+                      help="fraction of the last steps without the negative-prompt pass (0 = off)")
+    fast.add_argument("--attention", choices=ATTENTION_CHOICES,
+                      help="attention kernel (default: auto, SDPA on H100-class GPUs)")
+    fast.add_argument("--sampling-preset", choices=SAMPLING_PRESETS, default="none",
+                      help="lightning_4step: the Wan2.2-Lightning 4-step settings (use with its LoRAs); "
+                      "overrides --steps, --shift, --cfg, --boundary and --sampler")
+    fast.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),
+                      help="a LoRA file and its strength on the high- and low-noise experts (repeatable)")
     return p.parse_args(argv)
 
 
@@ -125,6 +140,13 @@ def _flag_error(flag: str, check, *values) -> None:
         check(*values)
     except ValueError as exc:
         raise cli.UsageError(flag, str(exc)) from None
+
+
+def _strength(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise cli.UsageError("--lora", f"strength {text!r} is not a number (e.g. --lora file.safetensors 1.0 1.0)") from None
 
 
 def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> lv.CameraPath | None:
@@ -180,9 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     camera = camera_path(args, frames, height, width)  # cheap: a bad pose file fails now
     try:
         params = SamplingParams(steps=args.steps, shift=args.shift, guide_high=args.cfg[0], guide_low=args.cfg[1],
-                                boundary=args.boundary, seed=args.seed, sampler=args.sampler)
+                                boundary=args.boundary, seed=args.seed, sampler=args.sampler,
+                                cache_threshold=args.cache_threshold, cfg_truncate=args.cfg_truncate,
+                                attention=args.attention)
     except ValueError as exc:  # its messages start with the field: "steps must be ..."
-        raise cli.UsageError("--" + str(exc).split(" ", 1)[0], str(exc)) from None
+        raise cli.UsageError("--" + str(exc).split(" ", 1)[0].replace("_", "-"), str(exc)) from None
+    params = apply_preset(args.sampling_preset, params)
+    loras = [LoraSpec(cli.existing_file(Path(f), "--lora", "LoRA file"), _strength(high), _strength(low))
+             for f, high, low in args.lora]
     if args.preview and camera is not None:
         Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(args.preview)
     started = time.perf_counter()
@@ -192,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
             windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_experts=args.keep_experts,
-            block_swap=args.block_swap or None,
+            block_swap=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
             on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
     except KeyboardInterrupt:

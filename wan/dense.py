@@ -7,6 +7,9 @@ block and sub-layer, and ``Dense.__call__`` writes the product straight into a s
 a preallocated buffer (``torch.addmm(..., out=)``), which saves the copy a chunked
 ``layer(x)`` followed by ``buffer[s:e] = ...`` costs.
 
+A LoRA attached to the layer (``wan.lora.attach_lora``) is added to the dense copy here
+(``W + scale * B A``), never to the layer's own weight.
+
 Only ``dense`` knows about 4-bit weights; it imports bitsandbytes lazily, and only for a
 weight that carries a bitsandbytes quant state (so bitsandbytes is installed).
 """
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .lora import add_lora_delta
 
 
 @dataclass
@@ -78,5 +83,6 @@ def dense(layer: nn.Module) -> Dense:
     else:
         matrix = weight.detach()  # inference only; out= products refuse autograd inputs
         dtype = weight.dtype
+    matrix = add_lora_delta(layer, matrix)  # a new tensor when adapters hang on the layer
     bias = layer.bias
     return Dense(matrix, None if bias is None else bias.detach().to(dtype))

@@ -1,0 +1,265 @@
+"""Time to video: the whole image-to-video run with each acceleration off or on.
+
+T5 -> VAE encode -> sampling across the expert switch -> VAE decode, through the stage
+functions the nodes call, one or more variants per process (each loads its experts again):
+
+    python bench/time_to_video.py --package DIR --steps 40 --out-dir $OUT/ttv \\
+        --variant exact --variant cache05=cache=0.05,cfg_truncate=0.2 \\
+        --variant lightning=preset=lightning_4step,lora=FILE
+
+A variant is NAME or NAME=key=value,...; keys: cache (EasyCache threshold), warmup,
+cfg_truncate, attention (auto|sdpa|sage|flash), preset (lightning_4step), steps, lora
+(a LoRA file; strength by lora_high / lora_low, default 1), batch_cfg (0/1). The variant
+named "exact" must have no keys. The first variant's final latent and video are the
+reference for the deviation columns unless --reference DIR names a saved one
+(--save-reference DIR writes the reference there: latent.pt and a float16 video.pt).
+
+Each record (one JSON file per variant) holds the keys of bench_pipeline.py's pipeline
+records plus time_to_video_s, steps, forwards (model evaluations computed),
+skipped_forwards, truncated_forwards, accelerations, latent_rel_err_vs_exact and
+video_psnr_vs_exact (peak-to-peak 2 for videos in [-1, 1]; null for the reference itself
+and where the reference has another size; a few-step variant is compared with the exact
+reference of the same seed, whatever its step count).
+
+--synthetic-lora PATH writes a random rank-64 LoRA of the package's shapes (kohya keys) for
+timing a LoRA row when no real adapter is at hand.
+
+CPU smoke test (a tiny package from `python . make_checkpoint --preset tiny --out DIR`):
+    python bench/time_to_video.py --package DIR --device cpu --size 32x48 --frames 5 --steps 4 \\
+        --variant exact --variant fast=cache=0.05,warmup=1,cfg_truncate=0.25 --out-dir /tmp/ttv
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pipeline import PROMPT, TimedExperts, base_record, cap_vram, sampling_record, sync  # noqa: E402
+from memwatch import MemoryWatch  # noqa: E402
+
+from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
+from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
+from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
+from comfyui_lingbot_world.pipeline.presets import apply_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample  # noqa: E402
+from comfyui_lingbot_world.pipeline.step_cache import StepStats  # noqa: E402
+from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
+
+VARIANT_KEYS = ("cache", "warmup", "cfg_truncate", "attention", "preset", "steps", "lora", "lora_high", "lora_low",
+                "batch_cfg")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, spec = text.partition("=")
+    options: dict[str, str] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in VARIANT_KEYS:
+            raise SystemExit(f"--variant {text!r}: {item!r} is not key=value with a key among {', '.join(VARIANT_KEYS)}")
+        options[key] = value
+    if name == "exact" and options:
+        raise SystemExit("--variant exact takes no options (it is the reference)")
+    return name, options
+
+
+def variant_params(base: SamplingParams, options: dict[str, str]) -> SamplingParams:
+    params = apply_preset(options.get("preset", "none"), base)
+    changes: dict = {}
+    if "steps" in options:
+        changes["steps"] = int(options["steps"])
+    if "cache" in options:
+        changes["cache_threshold"] = float(options["cache"])
+    if "warmup" in options:
+        changes["cache_warmup"] = int(options["warmup"])
+    if "cfg_truncate" in options:
+        changes["cfg_truncate"] = float(options["cfg_truncate"])
+    if "attention" in options:
+        changes["attention"] = options["attention"]
+    if "batch_cfg" in options:
+        changes["batch_cfg"] = options["batch_cfg"] not in ("0", "false")
+    return replace(params, **changes)
+
+
+def accelerations(params: SamplingParams, options: dict[str, str]) -> dict:
+    return {"cache_threshold": params.cache_threshold, "cache_warmup": params.cache_warmup,
+            "cfg_truncate": params.cfg_truncate, "attention": params.attention, "preset": options.get("preset"),
+            "lora": options.get("lora"), "sampler": params.sampler, "shift": params.shift,
+            "guide": [params.guide_high, params.guide_low], "boundary": params.boundary}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def psnr(video: torch.Tensor, reference: torch.Tensor) -> float:
+    """PSNR of videos in [-1, 1] (peak-to-peak 2)."""
+    mse = float(((video.float() - reference.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10.0 * math.log10(4.0 / mse)
+
+
+def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], image, reference: dict | None
+                ) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    height, width = (int(v) for v in args.size.split("x"))
+    files = find_package(args.package)
+    device = torch.device(args.device)
+    base = SamplingParams(steps=args.steps, shift=args.shift, seed=args.seed)
+    params = variant_params(base, options)
+    record = base_record(args) | {"variant": name, "size": args.size, "frames": args.frames, "steps": params.steps,
+                                  "block_swap": args.block_swap, "batch_cfg": params.batch_cfg,
+                                  "accelerations": accelerations(params, options)}
+    cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-ttv-cache-"))  # T5 runs in every variant
+    step_times: list[float] = []
+    last = [0.0]
+
+    def on_step(i: int, n: int) -> None:
+        sync()
+        now = time.perf_counter()
+        step_times.append(now - last[0])
+        last[0] = now
+
+    stats = StepStats()
+    with MemoryWatch() as watch:
+        sync()
+        started = time.perf_counter()
+        with watch.phase("text_encode"):
+            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=cache_dir)
+        with watch.phase("vae_encode"):
+            condition = encode_image(files.vae, image, args.frames, height, width, device)
+        with watch.phase("camera"):
+            if args.camera_dir:
+                camera = camera_from_files(Path(args.camera_dir) / "poses.npy",
+                                           Path(args.camera_dir) / "intrinsics.npy", args.frames, height, width)
+            else:
+                camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
+        experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
+        source = experts
+        if "lora" in options:
+            spec = LoraSpec(Path(options["lora"]), float(options.get("lora_high", 1.0)),
+                            float(options.get("lora_low", 1.0)))
+            source = LoraExperts(experts, [spec])
+        try:
+            with watch.phase("sampling"):
+                last[0] = time.perf_counter()
+                latent = sample(source, text, condition, camera, params, on_step=on_step, stats=stats)
+        finally:
+            experts.close()
+        with watch.phase("vae_decode"):
+            video = decode(files.vae, latent, device, tile=args.decode_tile or None)
+        sync()
+        record["time_to_video_s"] = time.perf_counter() - started
+    record |= sampling_record(experts, step_times, params, watch)
+    record["video_shape"] = list(video.shape)
+    record["video_finite"] = bool(torch.isfinite(video).all())
+    record["forwards"] = stats.forwards
+    record["skipped_forwards"] = stats.skipped_forwards
+    record["truncated_forwards"] = stats.truncated_forwards
+    record["cached_steps"] = stats.cached_steps
+    comparable = reference is not None and reference["latent"].shape == latent.shape
+    record["reference"] = None if reference is None else reference["name"]
+    record["latent_rel_err_vs_exact"] = rel_err(latent, reference["latent"]) if comparable else None
+    record["video_psnr_vs_exact"] = psnr(video, reference["video"]) if comparable else None
+    return record, latent, video
+
+
+LORA_LAYERS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+               "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+
+
+def write_synthetic_lora(path: Path, package: str, rank: int, seed: int = 0) -> Path:
+    """A random LoRA (kohya keys, alpha = rank) on every attention and FFN linear of the
+    package's experts: the shapes and size of a rank-``rank`` Wan2.2 adapter, for timing."""
+    from safetensors.torch import save_file
+
+    from comfyui_lingbot_world.loaders.layout import read_config
+
+    config = read_config(find_package(package).high)
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"ffn.0": (config.ffn_dim, config.dim), "ffn.2": (config.dim, config.ffn_dim)}
+    state = {}
+    for block in range(config.num_layers):
+        for layer in LORA_LAYERS:
+            out_f, in_f = shapes.get(layer, (config.dim, config.dim))
+            base = f"lora_unet_blocks_{block}_{layer.replace('.', '_')}"
+            state[f"{base}.lora_down.weight"] = (torch.randn(rank, in_f, generator=g) / in_f ** 0.5).bfloat16()
+            state[f"{base}.lora_up.weight"] = (torch.randn(out_f, rank, generator=g) * 0.01).bfloat16()
+            state[f"{base}.alpha"] = torch.tensor(float(rank))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
+def file_name(record: dict) -> str:
+    gpu = record["gpu"].replace("NVIDIA ", "").split()[0].lower()
+    return f"{record['date']}_{gpu}_{record['size']}x{record['frames']}_ttv_{record['steps']}steps_{record['variant']}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--package", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--variant", action="append", help="NAME or NAME=key=value,... (repeat); default: exact")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--size", default="480x832")
+    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--steps", type=int, default=40, help="steps of every variant (fewer for long geometries)")
+    p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vram-cap-gb", type=float, default=None)
+    p.add_argument("--block-swap", type=int, default=0)
+    p.add_argument("--decode-tile", type=int, default=0)
+    p.add_argument("--image")
+    p.add_argument("--camera-dir")
+    p.add_argument("--reference", help="folder with a saved reference (latent.pt, video.pt, name.txt)")
+    p.add_argument("--save-reference", help="write the first variant's latent and video here")
+    p.add_argument("--synthetic-lora", help="write a random LoRA here first (if absent), for lora=PATH rows")
+    p.add_argument("--lora-rank", type=int, default=64)
+    args = p.parse_args(argv)
+    if args.synthetic_lora and not Path(args.synthetic_lora).is_file():
+        write_synthetic_lora(Path(args.synthetic_lora), args.package, args.lora_rank)
+    variants = [parse_variant(v) for v in (args.variant or ["exact"])]
+    if args.device.startswith("cuda"):
+        cap_vram(args.vram_cap_gb)
+    from PIL import Image
+
+    image = Image.open(args.image) if args.image else Image.fromarray(
+        np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
+    reference = None
+    if args.reference:
+        folder = Path(args.reference)
+        reference = {"name": (folder / "name.txt").read_text().strip(), "latent": torch.load(folder / "latent.pt"),
+                     "video": torch.load(folder / "video.pt")}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for index, (name, options) in enumerate(variants):
+        try:
+            record, latent, video = run_variant(args, name, options, image, reference)
+        except torch.cuda.OutOfMemoryError as exc:
+            record = base_record(args) | {"variant": name, "size": args.size, "frames": args.frames,
+                                          "oom": str(exc)[:500]}
+            latent = video = None
+        (out / file_name(record)).write_text(json.dumps(record, indent=2, default=str))
+        print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (dict, list))}, default=str))
+        if index == 0 and reference is None and latent is not None:
+            reference = {"name": name, "latent": latent, "video": video}
+            if args.save_reference:
+                folder = Path(args.save_reference)
+                folder.mkdir(parents=True, exist_ok=True)
+                torch.save(latent, folder / "latent.pt")
+                torch.save(video.half(), folder / "video.pt")
+                (folder / "name.txt").write_text(f"{name} ({record['steps']} steps, seed {args.seed})\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

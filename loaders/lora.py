@@ -1,0 +1,136 @@
+"""Read a Wan LoRA file (.safetensors) into per-layer factors for ``wan.lora``.
+
+Key formats accepted (the ones ComfyUI users have for Wan; ComfyUI's own
+``comfy.lora.model_lora_keys_unet`` maps the same names):
+
+* kohya / ComfyUI: ``lora_unet_blocks_0_self_attn_q.lora_down.weight``, ``.lora_up.weight``
+  and optionally ``.alpha`` (the layer name with ``.`` written as ``_``);
+* diffusers / PEFT: ``diffusion_model.blocks.0.self_attn.q.lora_A.weight`` and
+  ``.lora_B.weight``, with or without the ``diffusion_model.`` prefix;
+* dotted names with ``lora_down``/``lora_up`` (+ ``.alpha``), with or without the prefix;
+* whole-tensor differences as ComfyUI applies them: ``X.diff`` (X's weight), ``X.diff_b``
+  (X's bias), ``X.diff_m`` (X's modulation), e.g. in the lightx2v distillation LoRAs.
+
+The scale of one adapter is ``alpha / rank`` when the file stores an alpha, else 1 (as
+ComfyUI does), times the user's strength. Anything else is refused with the file and key
+named: keys of another kind (``.dora_scale``, ...), keys that match no layer or parameter,
+shapes that do not fit the layer, a down without its up, and non-finite values.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from ..wan.lora import LoraFactors, linear_layers, parameter_shapes
+from .errors import CheckpointError, preview
+
+PREFIXES = ("model.diffusion_model.", "diffusion_model.")
+KOHYA_PREFIX = "lora_unet_"
+# suffix -> role
+_SUFFIXES = {
+    ".lora_down.weight": "down", ".lora_up.weight": "up",
+    ".lora_A.weight": "down", ".lora_B.weight": "up",
+    ".alpha": "alpha",
+    ".diff_b": "diff_b", ".diff_m": "diff_m", ".diff": "diff",
+}
+# difference kind -> the parameter of the named module it changes
+_DIFF_PARAM = {"diff": "weight", "diff_b": "bias", "diff_m": "modulation"}
+
+
+@dataclass
+class LoraFile:
+    """What one file does to one expert: low-rank adapters per linear layer, and
+    whole-tensor differences per parameter (already scaled by the strength)."""
+
+    adapters: dict[str, list[LoraFactors]] = field(default_factory=dict)
+    param_deltas: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _split(key: str) -> tuple[str, str] | None:
+    for suffix, role in _SUFFIXES.items():
+        if key.endswith(suffix):
+            return key[: -len(suffix)], role
+    return None
+
+
+def _layer_name(base: str, kohya: Mapping[str, str]) -> str | None:
+    if base.startswith(KOHYA_PREFIX):
+        return kohya.get(base[len(KOHYA_PREFIX):])
+    for prefix in PREFIXES:
+        if base.startswith(prefix):
+            return base[len(prefix):]
+    return base
+
+
+def read_lora(path: str | Path, model: nn.Module, strength: float = 1.0) -> LoraFile:
+    """The file's adapters and differences for ``model``'s layers, scaled by ``strength``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(path, "LoRA file not found; put it in ComfyUI/models/loras")
+    layers = linear_layers(model)
+    shapes = parameter_shapes(model)
+    modules = {name for name, _ in model.named_modules() if name}
+    kohya = {name.replace(".", "_"): name for name in modules}
+    parts: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    result = LoraFile()
+    names: dict[str, str] = {}
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
+        raise CheckpointError(path, f"not a readable .safetensors file ({exc})") from exc
+    with handle as f:
+        keys = list(f.keys())
+        if not keys:
+            raise CheckpointError(path, "the file holds no tensors")
+        unknown = [k for k in keys if _split(k) is None]
+        if unknown:
+            raise CheckpointError(path, f"keys of a kind this loader does not apply: {preview(unknown)} "
+                                        "(supported: lora_down/lora_up/alpha and lora_A/lora_B)")
+        for key in keys:
+            base, role = _split(key)  # type: ignore[misc]
+            name = _layer_name(base, kohya)
+            tensor = f.get_tensor(key)
+            if role in _DIFF_PARAM:
+                param = f"{name}.{_DIFF_PARAM[role]}" if name else None
+                if param not in shapes:
+                    raise CheckpointError(path, f"key {key!r} matches no parameter of the expert "
+                                                "(is this a LoRA for Wan2.2 A14B?)")
+                if tensor.numel() != math.prod(shapes[param]):
+                    raise CheckpointError(path, f"key {key!r} has shape {tuple(tensor.shape)}, but {param} "
+                                                f"has shape {shapes[param]}")
+            elif name is None or name not in layers:
+                raise CheckpointError(path, f"key {key!r} matches no linear layer of the expert "
+                                            "(is this a LoRA for Wan2.2 A14B?)")
+            if not torch.isfinite(tensor.float()).all():
+                raise CheckpointError(path, f"key {key!r} holds non-finite values (NaN or inf)")
+            if role in _DIFF_PARAM:
+                result.param_deltas[param] = tensor.float() * strength
+                continue
+            parts[name][role] = tensor
+            names.setdefault(name, base)
+    for name, got in parts.items():
+        base = names[name]
+        if "down" not in got or "up" not in got:
+            missing = "down (lora_down / lora_A)" if "down" not in got else "up (lora_up / lora_B)"
+            raise CheckpointError(path, f"layer key {base!r} has no {missing} weight")
+        down, up = got["down"], got["up"]
+        out_f, in_f = layers[name]
+        if down.dim() != 2 or up.dim() != 2 or down.shape[1] != in_f or up.shape[0] != out_f \
+                or up.shape[1] != down.shape[0]:
+            raise CheckpointError(path, f"key {base!r}: down {tuple(down.shape)} and up {tuple(up.shape)} do not fit "
+                                        f"layer {name} ({in_f} -> {out_f}; expected down [r, {in_f}], up [{out_f}, r])")
+        rank = down.shape[0]
+        alpha = got.get("alpha")
+        if alpha is not None and alpha.numel() != 1:
+            raise CheckpointError(path, f"key {base + '.alpha'!r} should be one number, has shape {tuple(alpha.shape)}")
+        scale = (float(alpha) / rank if alpha is not None else 1.0) * strength
+        result.adapters[name] = [LoraFactors(down, up, scale)]
+    return result
+

@@ -1,0 +1,42 @@
+"""bench/time_to_video.py end to end on a tiny package (CPU): records and deviation columns."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import tiny_package
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import time_to_video  # noqa: E402
+
+KEYS = {"gpu", "date", "command", "size", "frames", "steps", "block_swap", "s_per_step", "expert_switch_s",
+        "peak_rss_anon_gb", "peak_vram_allocated_gb", "phases", "time_to_video_s", "forwards", "accelerations",
+        "latent_rel_err_vs_exact", "video_psnr_vs_exact", "skipped_forwards"}
+
+
+def test_exact_and_fast_rows(tmp_path):
+    package = tiny_package.build(tmp_path, "nf4")
+    lora = tmp_path / "lora.safetensors"  # the tiny expert: dim 64
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.randn(4, 64) * 0.1,
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.randn(64, 4) * 0.1,
+               "diffusion_model.blocks.0.self_attn.q.alpha": torch.tensor(4.0)}, str(lora))
+    out = tmp_path / "out"
+    code = time_to_video.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "5",
+                               "--steps", "4", "--out-dir", str(out), "--save-reference", str(tmp_path / "ref"),
+                               "--variant", "exact", "--variant", "fast=cache=0.05,warmup=1,cfg_truncate=0.5",
+                               "--variant", f"light=preset=lightning_4step,lora={lora},lora_low=0.5"])
+    assert code == 0
+    records = {r["variant"]: r for r in (json.loads(f.read_text()) for f in out.glob("*.json"))}
+    exact, fast = records["exact"], records["fast"]
+    assert KEYS <= set(exact) and KEYS <= set(fast)
+    assert exact["forwards"] == 8 and exact["latent_rel_err_vs_exact"] is None
+    assert fast["forwards"] + fast["skipped_forwards"] + fast["truncated_forwards"] == 8
+    assert fast["truncated_forwards"] == 2 and fast["accelerations"]["cfg_truncate"] == 0.5
+    assert fast["latent_rel_err_vs_exact"] > 0 and fast["video_psnr_vs_exact"] > 0
+    assert (tmp_path / "ref" / "latent.pt").is_file()
+    light = records["light"]
+    assert light["forwards"] == 4 and light["accelerations"]["lora"] == str(lora)
+    assert light["accelerations"]["guide"] == [1.0, 1.0] and light["expert_names"] == ["high"] * 2 + ["low"] * 2
