@@ -121,8 +121,12 @@ def sample(
     params: SamplingParams,
     on_step: Callable[[int, int], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Return the denoised latent [16, F_lat, H/8, W/8] (float32, CPU).
+
+    ``on_preview(done, total, x0)`` gets each step's prediction of the clean (normalized)
+    latent [16, F_lat, H/8, W/8] on the expert's device, for live previews.
 
     A CUDA out-of-memory error releases the expert and is raised again as a
     ``torch.cuda.OutOfMemoryError`` (so hosts still see an OOM) that names the size and
@@ -131,7 +135,7 @@ def sample(
     check_camera_matches(camera, condition)
     detail = None
     try:
-        return _denoise(experts, text, condition, camera, params, on_step, check_interrupt)
+        return _denoise(experts, text, condition, camera, params, on_step, check_interrupt, on_preview)
     except torch.cuda.OutOfMemoryError as exc:
         # Keep only the text: the exception's traceback holds the step's activations
         # (on the GPU) until it is gone, which it is once this block ends.
@@ -148,6 +152,7 @@ def _denoise(
     params: SamplingParams,
     on_step: Callable[[int, int], None] | None,
     check_interrupt: Callable[[], None] | None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     sampler = make_sampler(params.sampler, params.steps, params.shift)
     latent = initial_noise(condition, params.seed)
@@ -165,6 +170,8 @@ def _denoise(
                 latent = latent.to(active.device)
             guide = params.guide_high if name == "high" else params.guide_low
             velocity = active.velocity(latent, timestep, guide, params.batch_cfg)
+            if on_preview:  # flow matching: x_t = x0 + sigma * velocity
+                on_preview(index + 1, params.steps, latent - float(sampler.sigmas[index]) * velocity)
             latent = sampler.step(velocity, index, latent)
             if on_step:
                 on_step(index + 1, params.steps)
