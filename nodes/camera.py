@@ -89,6 +89,10 @@ class LingBotWorldCamera(io.ComfyNode):
         return "|".join(stamps)
 
     @classmethod
+    def validate_inputs(cls, poses_file, intrinsics_file) -> bool | str:
+        return types.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file)
+
+    @classmethod
     def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
                 width: int, height: int, frames: int) -> io.NodeOutput:
         if source == "files":

@@ -55,6 +55,10 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, high_noise, low_noise) -> bool | str:
+        return types.offered(cls, high_noise=high_noise, low_noise=low_noise)
+
+    @classmethod
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0) -> io.NodeOutput:
         if bf16_quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")

@@ -60,6 +60,10 @@ class LingBotWorldTextEncode(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, t5_file, tokenizer) -> bool | str:
+        return types.offered(cls, t5_file=t5_file, tokenizer=tokenizer)
+
+    @classmethod
     def execute(cls, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str) -> io.NodeOutput:
         t5_path = resolve_model_path(t5_file, T5_KINDS, "t5_file", want_dir=False)
         tokenizer_dir = resolve_model_path(tokenizer, TOKENIZER_KINDS, "tokenizer", want_dir=True)

@@ -12,3 +12,20 @@ Camera = io.Custom(CAMERA)
 I2VCond = io.Custom(I2V)
 
 CATEGORY = "LingBot-World"
+
+
+def offered(node: type[io.ComfyNode], **values) -> bool | str:
+    """True when every given combo value is one the node offers now, else what is wrong.
+
+    For the nodes' ``validate_inputs`` of the file and folder combos: the 0.3.x hosts do not
+    check V3 combo values at all, and a host skips its own check of an input that
+    ``validate_inputs`` takes, so the pack checks them the same way on every host.
+    """
+    options = {i.id: i.options for i in node.GET_SCHEMA().inputs if isinstance(i, io.Combo.Input)}
+    wrong = [
+        f"{name}: {value!r} is not offered; the list has {len(options[name])} entries (refresh, or check the "
+        "model folders)"
+        for name, value in values.items()
+        if isinstance(value, str) and value not in options.get(name, [value])
+    ]
+    return "; ".join(wrong) or True

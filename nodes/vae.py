@@ -89,6 +89,10 @@ class LingBotWorldVAEEncode(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, vae) -> bool | str:
+        return types.offered(cls, vae=vae)
+
+    @classmethod
     def execute(cls, image: torch.Tensor, vae: str, width: int, height: int, frames: int, device: str,
                 vae_model=None) -> io.NodeOutput:
         source, size = vae_source(vae, vae_model)
@@ -128,6 +132,10 @@ class LingBotWorldVAEDecode(io.ComfyNode):
             outputs=[io.Image.Output("frames", display_name="frames",
                                      tooltip="The video frames, [frames, height, width, 3] in 0..1.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, vae) -> bool | str:
+        return types.offered(cls, vae=vae)
 
     @classmethod
     def execute(cls, samples: dict, vae: str, tile: int, device: str, vae_model=None) -> io.NodeOutput:

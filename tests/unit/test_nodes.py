@@ -11,6 +11,7 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -274,6 +275,20 @@ def test_default_expert_pair():
     assert pair(["a/high_noise_model", "c/low_noise_q"]) == ("a/high_noise_model", "c/low_noise_q")
     assert pair(["lingbot/High_Noise_Model", "lingbot/low_noise_model"]) == (
         "lingbot/High_Noise_Model", "lingbot/low_noise_model")
+
+
+def test_file_combos_are_validated_by_the_pack(installed):
+    assert LingBotWorldVAEEncode.validate_inputs(vae=f"{PKG}/Wan2.1_VAE.pth") is True
+    assert LingBotWorldVAEDecode.validate_inputs(vae=model_files.NO_FILE) is True
+    problem = LingBotWorldVAEDecode.validate_inputs(vae="vae/missing.pth")
+    assert isinstance(problem, str) and problem.startswith("vae: 'vae/missing.pth' is not offered")
+    assert LingBotWorldDiTLoader.validate_inputs(high_noise=f"{PKG}/high_noise_model_bnb_nf4",
+                                                 low_noise=f"{PKG}/low_noise_model_bnb_nf4") is True
+    assert "low_noise" in LingBotWorldDiTLoader.validate_inputs(high_noise=f"{PKG}/high_noise_model_bnb_nf4",
+                                                                low_noise=f"{PKG}/tokenizer")
+    assert LingBotWorldTextEncode.validate_inputs(t5_file=f"{PKG}/Wan2.1_VAE.pth", tokenizer=f"{PKG}/tokenizer") \
+        .startswith("t5_file:")  # the VAE is not offered as a T5 file
+    assert LingBotWorldCamera.validate_inputs(poses_file="traj/poses.npy", intrinsics_file=model_files.NO_FILE) is True
 
 
 def test_resolve_model_path(comfy_dirs):
@@ -598,6 +613,13 @@ def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
 # --------------------------------------------------------------------------- workflows
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_no_camera")
+# The UI templates are named for people: the Templates dialog shows a custom node's
+# template file name as the card's title (and, with - and _ as spaces, its description).
+TEMPLATES = {
+    "lingbot_camera_files": "LingBot-World camera path from files",
+    "lingbot_camera_preset": "LingBot-World camera preset",
+    "lingbot_no_camera": "LingBot-World image to video without camera",
+}
 # Widget values the frontend stores right after an input's own value.
 EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LoadImage", "image"): 1}
 
@@ -645,9 +667,11 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
 @pytest.mark.parametrize("name", WORKFLOWS)
 def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
     """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
-    ui = json.loads((REPO / "example_workflows" / f"{name}.json").read_text(encoding="utf-8"))
+    ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
     api = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
-    assert (REPO / "example_workflows" / f"{name}.jpg").is_file()
+    assert (REPO / "example_workflows" / f"{TEMPLATES[name]}.jpg").is_file()
+    # Opens at a zoom where the frontend draws node bodies (it simplifies them below ~0.6).
+    assert 0.6 <= ui["extra"]["ds"]["scale"] <= 1.5
     assert ui["version"] == 0.4
     links = {link[0]: link for link in ui["links"]}
     nodes = {str(n["id"]): n for n in ui["nodes"] if n["type"] != "MarkdownNote"}
@@ -674,3 +698,14 @@ def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
         assert values == []
     seed_widgets = next(n for n in nodes.values() if n["type"] == "LingBotWorldSampler")["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
+
+
+def test_templates_are_the_workflows_with_distinct_thumbnails():
+    folder = REPO / "example_workflows"
+    assert sorted(p.stem for p in folder.glob("*.json")) == sorted(TEMPLATES.values())
+    assert sorted(p.stem for p in (REPO / "workflows" / "api").glob("*.json")) == sorted(TEMPLATES)
+    thumbs = {name: np.asarray(Image.open(folder / f"{title}.jpg").convert("L"), dtype=np.float32)
+              for name, title in TEMPLATES.items()}
+    for first, second in [(a, b) for a in thumbs for b in thumbs if a < b]:
+        assert thumbs[first].shape != thumbs[second].shape or \
+            np.abs(thumbs[first] - thumbs[second]).mean() > 1.0, f"{first} and {second} have the same thumbnail"
