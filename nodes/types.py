@@ -21,7 +21,9 @@ def offered(node: type[io.ComfyNode], **values) -> bool | str:
     check V3 combo values at all, and a host skips its own check of an input that
     ``validate_inputs`` takes, so the pack checks them the same way on every host.
     """
-    options = {i.id: i.options for i in node.GET_SCHEMA().inputs if isinstance(i, io.Combo.Input)}
+    # define_schema, not GET_SCHEMA: during validation the class is a locked clone that
+    # cannot cache a schema.
+    options = {i.id: i.options for i in node.define_schema().inputs if isinstance(i, io.Combo.Input)}
     wrong = [
         f"{name}: {value!r} is not offered; the list has {len(options[name])} entries (refresh, or check the "
         "model folders)"
