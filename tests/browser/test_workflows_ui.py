@@ -262,26 +262,25 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
 
 
 def shoot_thumbnail(frontend: ComfyFrontend, name: str) -> Path:
-    """The template's card picture: the whole graph framed, cut to the card's shape.
+    """The template's card picture: the whole graph framed in the card's shape.
 
     Written to test-artifacts/browser/; LINGBOT_UPDATE_THUMBNAILS=1 also writes it next to
     the template.
     """
-    shot = artifacts_dir("browser") / f"thumb-{name}.png"
-    fit_and_shoot(frontend, shot)
-    left, top, right, bottom = PANEL_MARGINS
+    left, top, right, _ = PANEL_MARGINS
+    width, height = frontend.page.viewport_size["width"], frontend.page.viewport_size["height"]
+    top += 20  # below the Run bar's "job completed" note
+    box = (left, top, width - right, top + round((width - left - right) * THUMB_SIZE[1] / THUMB_SIZE[0]))
+    pad = 20  # a little floor around the graph
+    margins = [box[0] + pad, box[1] + pad, width - box[2] + pad, height - box[3] + pad]
+    frontend.page.evaluate("() => document.querySelectorAll('.p-toast-message').forEach(e => e.remove())")
+    frontend.page.evaluate(_JS_FRAME_GRAPH, margins)
+    frontend.page.wait_for_timeout(300)  # let the canvas draw the new view
+    shot = frontend.screenshot(artifacts_dir("browser") / f"thumb-{name}.png")
     with Image.open(shot) as full:
-        thumb = full.convert("RGB").crop((left, top, full.width - right, full.height - bottom))
-    ratio = THUMB_SIZE[0] / THUMB_SIZE[1]
-    width, height = thumb.size  # cut to the card's aspect ratio around the centre
-    if width / height > ratio:
-        cut = int(round(height * ratio))
-        thumb = thumb.crop(((width - cut) // 2, 0, (width - cut) // 2 + cut, height))
-    else:
-        cut = int(round(width / ratio))
-        thumb = thumb.crop((0, (height - cut) // 2, width, (height - cut) // 2 + cut))
+        thumb = full.convert("RGB").crop(box).resize(THUMB_SIZE, Image.Resampling.LANCZOS)
     out = artifacts_dir("browser") / f"{TEMPLATES[name]}.jpg"
-    thumb.resize(THUMB_SIZE, Image.Resampling.LANCZOS).save(out, quality=88)
+    thumb.save(out, quality=88)
     if os.environ.get("LINGBOT_UPDATE_THUMBNAILS") == "1":
         shutil.copyfile(out, UI_DIR / f"{TEMPLATES[name]}.jpg")
     return out

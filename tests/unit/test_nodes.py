@@ -707,5 +707,8 @@ def test_templates_are_the_workflows_with_distinct_thumbnails():
     thumbs = {name: np.asarray(Image.open(folder / f"{title}.jpg").convert("L"), dtype=np.float32)
               for name, title in TEMPLATES.items()}
     for first, second in [(a, b) for a in thumbs for b in thumbs if a < b]:
-        assert thumbs[first].shape != thumbs[second].shape or \
-            np.abs(thumbs[first] - thumbs[second]).mean() > 1.0, f"{first} and {second} have the same thumbnail"
+        # The camera graphs differ only in a few widgets, the note's heading and the path
+        # drawing: at least 0.2% of the pixels must differ clearly (the first thumbnails,
+        # which differed in one widget, had 0.12%).
+        changed = (np.abs(thumbs[first] - thumbs[second]) > 30).mean()
+        assert changed > 0.002, f"{first} and {second} have the same thumbnail ({changed:.4%} differs)"
