@@ -501,7 +501,8 @@ def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypat
     latent = out["samples"]
     assert tuple(latent.shape) == (1, 16, 2, H // 8, W // 8) and latent.dtype == torch.float32
     assert torch.isfinite(latent).all()
-    assert ticks == [(1, 3), (2, 3), (3, 3)]
+    # Every step on 0.3.x; newer hosts throttle plain progress but keep the first and last.
+    assert ticks[0] == (1, 3) and ticks[-1] == (3, 3) and ticks == sorted(set(ticks))
     assert loads == [["high"], ["low"]]  # boundary 0.9 with shift 4: step 1 high, steps 2-3 low
     assert dit.high.expert is None and dit.low.expert is None
     assert not any(m is dit.high or m is dit.low for m in mm.loaded_models())
