@@ -149,11 +149,13 @@ def follow(ws: websocket.WebSocket, prompt_id: str, graph: dict, timeout: float)
             raise RunFailed(f"cancelled in node {data.get('node_id')} ({data.get('node_type')})")
 
 
-def saved_videos(http: requests.Session, base: str, prompt_id: str) -> list[dict]:
-    """File entries ({filename, subfolder, type}) of the videos the prompt saved."""
-    reply = http.get(f"{base}/history/{prompt_id}", timeout=60)
-    reply.raise_for_status()
-    outputs = reply.json().get(prompt_id, {}).get("outputs", {})
+# ComfyUI sends execution_success before the prompt's entry lands in /history (newer hosts
+# write it from another thread): ask again for a little while before giving up.
+HISTORY_WAIT = 10.0
+HISTORY_POLL = 0.25
+
+
+def _videos_in(outputs: dict) -> list[dict]:
     found = []
     for node_output in outputs.values():
         for items in node_output.values():
@@ -161,6 +163,18 @@ def saved_videos(http: requests.Session, base: str, prompt_id: str) -> list[dict
                 if isinstance(item, dict) and str(item.get("filename", "")).lower().endswith(VIDEO_SUFFIXES):
                     found.append(item)
     return found
+
+
+def saved_videos(http: requests.Session, base: str, prompt_id: str, wait: float = HISTORY_WAIT) -> list[dict]:
+    """File entries ({filename, subfolder, type}) of the videos the prompt saved."""
+    deadline = time.monotonic() + wait
+    while True:
+        reply = http.get(f"{base}/history/{prompt_id}", timeout=60)
+        reply.raise_for_status()
+        found = _videos_in(reply.json().get(prompt_id, {}).get("outputs", {}))
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(HISTORY_POLL)
 
 
 def download(http: requests.Session, base: str, item: dict, out: Path) -> Path:

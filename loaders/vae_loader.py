@@ -66,3 +66,19 @@ def load_vae(path: str | Path, device: torch.device | str, dtype: torch.dtype = 
             return _build(path, shapes, handle.get_tensor, device, dtype)
     tensors = read_torch_state_dict(path)
     return _build(path, tensors, tensors.__getitem__, device, dtype)
+
+
+def load_vae_from_state_dict(
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    source: str = "VAE state dict",
+) -> WanVAE:
+    """A :class:`WanVAE` built from an in-memory state dict, e.g. a core ComfyUI VAE's ``get_sd()``.
+
+    ComfyUI's Wan 2.1 VAE uses the key names of ``wan_2.1_vae.safetensors``, which
+    :func:`load_vae` already reads; ``source`` names the origin in error messages.
+    """
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise CheckpointError(source, f"holds no tensors (expected the Wan2.1 VAE: {EXPECTED_FILES})")
+    return _build(Path(source), tensors, tensors.__getitem__, device, dtype)

@@ -1,8 +1,16 @@
-"""ComfyUI nodes of the pack (classic V1 node classes, which old and new hosts both load).
+"""ComfyUI nodes of the pack, in ComfyUI's V3 schema (``comfy_api.latest.io``).
 
 This is the only package that imports ComfyUI (``comfy``, ``folder_paths``); the work is
 done by ``pipeline/``, ``loaders/`` and ``wan/``.
+
+Registration: both hosts we support (0.3.75 and 0.27) read ``comfy_entrypoint`` only when
+a pack has no ``NODE_CLASS_MAPPINGS``, and the pack's root ``__init__`` always defines that
+name (empty outside ComfyUI). Both hosts accept V3 classes in NODE_CLASS_MAPPINGS, so the
+V3 nodes are registered there; ``comfy_entrypoint`` is offered too, for loaders that look
+for it.
 """
+from comfy_api.latest import ComfyExtension, io
+
 from .model_files import register_model_folder
 
 register_model_folder()
@@ -16,15 +24,17 @@ from .routes import register_status_route  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 
-NODE_CLASS_MAPPINGS = {
-    "LingBotWorldTextEncode": LingBotWorldTextEncode,
-    "LingBotWorldDiTLoader": LingBotWorldDiTLoader,
-    "LingBotWorldCamera": LingBotWorldCamera,
-    "LingBotWorldVAEEncode": LingBotWorldVAEEncode,
-    "LingBotWorldSampler": LingBotWorldSampler,
-    "LingBotWorldVAEDecode": LingBotWorldVAEDecode,
-}
+NODES: list[type[io.ComfyNode]] = [
+    LingBotWorldTextEncode,
+    LingBotWorldDiTLoader,
+    LingBotWorldCamera,
+    LingBotWorldVAEEncode,
+    LingBotWorldSampler,
+    LingBotWorldVAEDecode,
+]
 
+# Written out rather than read off the schemas, which would scan the model folders at import.
+NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == node_id
 NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldTextEncode": "LingBot-World T5 Encode + Unload",
     "LingBotWorldDiTLoader": "LingBot-World NF4 DiT Loader",
@@ -34,4 +44,14 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",
 }
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+
+class LingBotWorldExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)
+
+
+async def comfy_entrypoint() -> LingBotWorldExtension:
+    return LingBotWorldExtension()
+
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "comfy_entrypoint"]

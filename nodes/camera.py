@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from comfy_api.latest import io
 
 from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
 from ..wan.camera import PRESETS, draw_trajectory
@@ -12,13 +13,22 @@ from .model_files import NO_FILE, file_stamp, list_input_files, resolve_input_fi
 SOURCES = ("preset", "files")
 DEFAULT_PRESET = "dolly_in"
 PREVIEW_SIZE = (512, 512)
+
+
 # Size and length inputs shared with the VAE Encode node; both must agree.
-WIDTH = ("INT", {"default": 832, "min": 16, "max": 4096, "step": 16,
-                 "tooltip": "Video width in pixels (a multiple of 16). Must match the VAE Encode node."})
-HEIGHT = ("INT", {"default": 480, "min": 16, "max": 4096, "step": 16,
-                  "tooltip": "Video height in pixels (a multiple of 16). Must match the VAE Encode node."})
-FRAMES = ("INT", {"default": 81, "min": 1, "max": 1601, "step": 4,
-                  "tooltip": "Frames to generate: 4n+1 (81 = 5 s at 16 fps). Must match the VAE Encode node."})
+def width_input() -> io.Int.Input:
+    return io.Int.Input("width", default=832, min=16, max=4096, step=16,
+                        tooltip="Video width in pixels (a multiple of 16). Must match the VAE Encode node.")
+
+
+def height_input() -> io.Int.Input:
+    return io.Int.Input("height", default=480, min=16, max=4096, step=16,
+                        tooltip="Video height in pixels (a multiple of 16). Must match the VAE Encode node.")
+
+
+def frames_input() -> io.Int.Input:
+    return io.Int.Input("frames", default=81, min=1, max=1601, step=4,
+                        tooltip="Frames to generate: 4n+1 (81 = 5 s at 16 fps). Must match the VAE Encode node.")
 
 
 def preview_image(poses: np.ndarray) -> torch.Tensor:
@@ -27,50 +37,46 @@ def preview_image(poses: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(255.0)[None]
 
 
-class LingBotWorldCamera:
-    DESCRIPTION = (
-        "Turns a camera path into the Plücker-ray conditioning LingBot-World follows. Use a preset "
-        "move, or poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "
-        "cx, cy for 832x480) from ComfyUI's input folder. Also outputs a top-down drawing of the path."
-    )
-    CATEGORY = types.CATEGORY
-    RETURN_TYPES = (types.CAMERA, "IMAGE")
-    RETURN_NAMES = ("camera", "path_preview")
-    OUTPUT_TOOLTIPS = (
-        "Camera conditioning for the LingBot sampler.",
-        "Top-down view of the camera path used: green dot = start, red square = end, ticks = view direction.",
-    )
-    FUNCTION = "build"
-
+class LingBotWorldCamera(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
+    def define_schema(cls) -> io.Schema:
         npy_files = [NO_FILE] + list_input_files(".npy")
-        return {
-            "required": {
-                "source": (list(SOURCES), {
-                    "default": "preset",
-                    "tooltip": "preset: a built-in camera move; files: poses_file and intrinsics_file.",
-                }),
-                "preset": (list(PRESETS), {"default": DEFAULT_PRESET, "tooltip": "Camera move when source is preset."}),
-                "speed": ("FLOAT", {
-                    "default": 1.0, "min": 0.0, "max": 8.0, "step": 0.05,
-                    "tooltip": "How far a preset pans, tilts or orbits (1 = 40 degrees over 81 frames). "
-                    "A dolly's distance is normalized by the model, so speed does not change it.",
-                }),
-                "poses_file": (npy_files, {
-                    "tooltip": "poses.npy in ComfyUI's input folder (or a subfolder): [N,4,4] camera-to-world.",
-                }),
-                "intrinsics_file": (npy_files, {
-                    "tooltip": "intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of 832x480.",
-                }),
-                "width": WIDTH,
-                "height": HEIGHT,
-                "frames": FRAMES,
-            }
-        }
+        return io.Schema(
+            node_id="LingBotWorldCamera",
+            display_name="LingBot-World Camera Plücker Conditioning",
+            category=types.CATEGORY,
+            description=(
+                "Turns a camera path into the Plücker-ray conditioning LingBot-World follows. Use a preset "
+                "move, or poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "
+                "cx, cy for 832x480) from ComfyUI's input folder. Also outputs a top-down drawing of the path."
+            ),
+            inputs=[
+                io.Combo.Input("source", options=list(SOURCES), default="preset",
+                               tooltip="preset: a built-in camera move; files: poses_file and intrinsics_file."),
+                io.Combo.Input("preset", options=list(PRESETS), default=DEFAULT_PRESET,
+                               tooltip="Camera move when source is preset."),
+                io.Float.Input("speed", default=1.0, min=0.0, max=8.0, step=0.05,
+                               tooltip="How far a preset pans, tilts or orbits (1 = 40 degrees over 81 frames). "
+                               "A dolly's distance is normalized by the model, so speed does not change it."),
+                io.Combo.Input("poses_file", options=npy_files,
+                               tooltip="poses.npy in ComfyUI's input folder (or a subfolder): [N,4,4] camera-to-world."),
+                io.Combo.Input("intrinsics_file", options=npy_files,
+                               tooltip="intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of 832x480."),
+                width_input(),
+                height_input(),
+                frames_input(),
+            ],
+            outputs=[
+                types.Camera.Output("camera", display_name="camera",
+                                     tooltip="Camera conditioning for the LingBot sampler."),
+                io.Image.Output("path_preview", display_name="path_preview",
+                                tooltip="Top-down view of the camera path used: green dot = start, red square = end, "
+                                "ticks = view direction."),
+            ],
+        )
 
     @classmethod
-    def IS_CHANGED(cls, source, poses_file, intrinsics_file, **_):
+    def fingerprint_inputs(cls, source, poses_file, intrinsics_file, **_):
         # Same names, new contents: the files' stamps make ComfyUI run the node again.
         if source != "files":
             return source
@@ -82,8 +88,13 @@ class LingBotWorldCamera:
                 stamps.append(str(name))  # the run itself reports the problem
         return "|".join(stamps)
 
-    def build(self, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
-              width: int, height: int, frames: int):
+    @classmethod
+    def validate_inputs(cls, poses_file, intrinsics_file) -> bool | str:
+        return types.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file)
+
+    @classmethod
+    def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
+                width: int, height: int, frames: int) -> io.NodeOutput:
         if source == "files":
             poses_path = resolve_input_file(poses_file, "poses_file", ".npy")
             intrinsics_path = resolve_input_file(intrinsics_file, "intrinsics_file", ".npy")
@@ -93,4 +104,4 @@ class LingBotWorldCamera:
         else:
             raise ValueError(f"source: {source!r} is not one of {', '.join(SOURCES)}")
         # The drawing shows the part of the path the video uses.
-        return (camera, preview_image(camera.poses))
+        return io.NodeOutput(camera, preview_image(camera.poses))

@@ -37,9 +37,10 @@ def pick_device(choice: str, field: str = "device") -> torch.device:
     raise ValueError(f"{field}: {choice!r} is not one of {', '.join(DEVICE_CHOICES)}")
 
 
-def make_room(device: torch.device, weights_file: str | Path, workspace: int) -> None:
-    """Have ComfyUI unload models from ``device`` until the file plus ``workspace`` fits."""
-    needed = Path(weights_file).stat().st_size + workspace
+def make_room(device: torch.device, weights: str | Path | int, workspace: int) -> None:
+    """Have ComfyUI unload models from ``device`` until the weights (a file, or a byte count) plus ``workspace`` fit."""
+    size = weights if isinstance(weights, int) else Path(weights).stat().st_size
+    needed = size + workspace
     mm.free_memory(needed, device)
 
 

@@ -3,62 +3,63 @@ from __future__ import annotations
 
 import logging
 
+from comfy_api.latest import io
+
 from ..loaders.errors import CheckpointError
 from ..loaders.layout import detect_expert_layout, read_config
 from . import types
 from .expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher
-from .model_files import EXPERT_KINDS, list_expert_folders, resolve_model_path
+from .model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
 MAX_BLOCK_SWAP = 40  # the A14B experts have 40 blocks; a larger count means "all on the GPU"
 
 
-class LingBotWorldDiTLoader:
-    DESCRIPTION = (
-        "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
-        "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
-        "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
-        "or when ComfyUI needs the memory. block_swap lets a smaller GPU run them: only the first "
-        "N blocks stay on the GPU, the rest stream in from pinned RAM as they are needed."
-    )
-    CATEGORY = types.CATEGORY
-    RETURN_TYPES = (types.DIT,)
-    RETURN_NAMES = ("dit",)
-    OUTPUT_TOOLTIPS = ("Both experts, for the LingBot-World Dual-Expert Sampler.",)
-    FUNCTION = "load"
+class LingBotWorldDiTLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        experts = list_expert_folders()
+        high, low = default_expert_pair(experts)
+        return io.Schema(
+            node_id="LingBotWorldDiTLoader",
+            display_name="LingBot-World NF4 DiT Loader",
+            category=types.CATEGORY,
+            description=(
+                "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
+                "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
+                "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
+                "or when ComfyUI needs the memory. block_swap lets a smaller GPU run them: only the first "
+                "N blocks stay on the GPU, the rest stream in from pinned RAM as they are needed."
+            ),
+            inputs=[
+                io.Combo.Input("high_noise", options=experts, default=high,
+                               tooltip="Folder of the high-noise expert (e.g. high_noise_model_bnb_nf4), used for "
+                               "the early, noisy steps. Folders under models/lingbot and models/diffusion_models "
+                               "that hold config.json and the weights are listed."),
+                io.Combo.Input("low_noise", options=experts, default=low,
+                               tooltip="Folder of the low-noise expert (e.g. low_noise_model_bnb_nf4), used for "
+                               "the late steps that settle the detail."),
+                io.Combo.Input("bf16_quantize", options=list(QUANTIZE_CHOICES), default="none",
+                               tooltip="For official bf16 experts only: nf4 quantizes each expert while it loads "
+                               "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are."),
+                io.Int.Input("block_swap", default=0, min=0, max=MAX_BLOCK_SWAP, step=1,
+                             tooltip="0 = off: every transformer block stays on the GPU. N > 0 keeps only the "
+                             "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
+                             "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
+                             "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
+                             "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed."),
+            ],
+            outputs=[types.DiT.Output("dit", display_name="dit",
+                                      tooltip="Both experts, for the LingBot-World Dual-Expert Sampler.")],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        experts = list_expert_folders()
-        return {
-            "required": {
-                "high_noise": (experts, {
-                    "tooltip": "Folder of the high-noise expert (e.g. high_noise_model_bnb_nf4), used for "
-                    "the early, noisy steps. Folders under models/lingbot and models/diffusion_models "
-                    "that hold config.json and the weights are listed.",
-                }),
-                "low_noise": (experts, {
-                    "tooltip": "Folder of the low-noise expert (e.g. low_noise_model_bnb_nf4), used for "
-                    "the late steps that settle the detail.",
-                }),
-                "bf16_quantize": (list(QUANTIZE_CHOICES), {
-                    "default": "none",
-                    "tooltip": "For official bf16 experts only: nf4 quantizes each expert while it loads "
-                    "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are.",
-                }),
-                "block_swap": ("INT", {
-                    "default": 0, "min": 0, "max": MAX_BLOCK_SWAP, "step": 1,
-                    "tooltip": "0 = off: every transformer block stays on the GPU. N > 0 keeps only the "
-                    "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
-                    "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
-                    "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
-                    "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed.",
-                }),
-            }
-        }
+    def validate_inputs(cls, high_noise, low_noise) -> bool | str:
+        return types.offered(cls, high_noise=high_noise, low_noise=low_noise)
 
-    def load(self, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0):
+    @classmethod
+    def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0) -> io.NodeOutput:
         if bf16_quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
         if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
@@ -86,4 +87,4 @@ class LingBotWorldDiTLoader:
             low=ExpertPatcher.for_folder("low", folders["low"], options),
             config=high_config,
         )
-        return (experts,)
+        return io.NodeOutput(experts)

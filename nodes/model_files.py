@@ -10,7 +10,11 @@ Camera trajectories (.npy) come from ComfyUI's input folder and may not leave it
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
+import zipfile
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
 
@@ -132,12 +136,100 @@ def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS) -> list[str]:
     return _preferred_first(_scan(kinds, visit), ())
 
 
+# --------------------------------------------------------------------------- T5 or VAE?
+# Key names that only one of the two models has: ComfyUI's .safetensors and the official
+# .pth files of each (the VAE's decoder; umT5's embedding and attention blocks).
+VAE_KEY_MARKS = ("decoder.conv1.", "decoder.head.", "decoder.upsamples.")
+T5_KEY_MARKS = ("shared.weight", "token_embedding.weight", ".SelfAttention.", "blocks.0.attn.q.weight")
+MAX_HEADER = 100 * 1024 * 1024  # a larger safetensors header is not a model we know
+
+
+def _safetensors_keys(path: Path) -> str:
+    """The JSON header of a .safetensors file (names, dtypes, shapes); no tensor is read."""
+    with open(path, "rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        if size > MAX_HEADER:
+            return ""
+        return handle.read(size).decode("utf-8", errors="replace")
+
+
+def _pth_keys(path: Path) -> str:
+    """The pickled index of a zip-format .pth (key names as strings); no tensor is read."""
+    with zipfile.ZipFile(path) as archive:
+        index = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+        if index is None or archive.getinfo(index).file_size > MAX_HEADER:
+            return ""
+        return archive.read(index).decode("latin-1")
+
+
+@lru_cache(maxsize=256)
+def _role_of(path: str, size: int, mtime_ns: int) -> str | None:
+    file = Path(path)
+    try:
+        text = _safetensors_keys(file) if file.suffix.lower() == ".safetensors" else _pth_keys(file)
+    except (OSError, ValueError, struct.error, zipfile.BadZipFile, json.JSONDecodeError):
+        text = ""
+    if any(mark in text for mark in VAE_KEY_MARKS):
+        return "vae"
+    if any(mark in text for mark in T5_KEY_MARKS):
+        return "t5"
+    name = file.name.lower()  # an unreadable index: fall back on the name
+    if "vae" in name:
+        return "vae"
+    if "t5" in name:
+        return "t5"
+    return None
+
+
+def weight_role(path: Path) -> str | None:
+    """"vae", "t5" or None (unknown), judged by the file's tensor names (cached per file version)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _role_of(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def _of_role(names: list[str], unwanted: str) -> list[str]:
+    """Drop the files known to be the other model (a VAE in the T5 list and the reverse)."""
+    kept = []
+    for name in names:
+        kind, rel = _split(name, "file")
+        path = next((r.joinpath(*rel.parts) for r in kind_roots(kind) if r.joinpath(*rel.parts).is_file()), None)
+        if path is None or weight_role(path) != unwanted:
+            kept.append(name)
+    return kept
+
+
 def list_t5_files() -> list[str]:
-    return list_weight_files(T5_KINDS, ("t5",))
+    return _of_role(list_weight_files(T5_KINDS, ("t5",)), "vae")
 
 
 def list_vae_files() -> list[str]:
-    return list_weight_files(VAE_KINDS, ("vae",))
+    return _of_role(list_weight_files(VAE_KINDS, ("vae",)), "t5")
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit("/", 1)[-1].lower()
+
+
+def default_expert_pair(folders: list[str]) -> tuple[str | None, str | None]:
+    """The DiT Loader's defaults: a high_noise folder and the low_noise folder of the same package.
+
+    A high_noise folder whose low_noise twin (same parent, same name otherwise) is listed
+    wins; without twins, any high_noise and low_noise folders; else the first folder.
+    """
+    if not folders:
+        return None, None
+    by_name = {f.lower(): f for f in folders}
+    highs = [f for f in folders if "high_noise" in _leaf(f)]
+    for high in highs:
+        twin = by_name.get(high.lower()[: len(high) - len(_leaf(high))] + _leaf(high).replace("high_noise", "low_noise"))
+        if twin is not None:
+            return high, twin
+    lows = [f for f in folders if "low_noise" in _leaf(f)]
+    high = highs[0] if highs else folders[0]
+    return high, lows[0] if lows else high
 
 
 def _split(name: str, field: str) -> tuple[str, PurePosixPath]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import folder_paths
+from comfy_api.latest import io
 
 from ..pipeline.text import TextEmbeddings, encode_text
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
@@ -31,44 +32,43 @@ def embedding_cache_dir() -> Path:
     return base / "text_embeddings"
 
 
-class LingBotWorldTextEncode:
-    DESCRIPTION = (
-        "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
-        "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "
-        "a prompt seen before does not load the encoder at all."
-    )
-    CATEGORY = types.CATEGORY
-    RETURN_TYPES = (types.TEXT,)
-    RETURN_NAMES = ("text",)
-    OUTPUT_TOOLTIPS = ("The prompt embeddings for the LingBot sampler.",)
-    FUNCTION = "encode"
+class LingBotWorldTextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LingBotWorldTextEncode",
+            display_name="LingBot-World T5 Encode + Unload",
+            category=types.CATEGORY,
+            description=(
+                "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
+                "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "
+                "a prompt seen before does not load the encoder at all."
+            ),
+            inputs=[
+                io.Combo.Input("t5_file", options=list_t5_files(),
+                               tooltip="umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth or ComfyUI's "
+                               "umt5_xxl_fp16 / umt5_xxl_fp8_e4m3fn_scaled .safetensors, from models/lingbot or "
+                               "models/text_encoders."),
+                io.Combo.Input("tokenizer", options=list_tokenizer_folders() + [TOKENIZER_FROM_FILE],
+                               tooltip="Folder with the umT5 tokenizer (tokenizer.json or spiece.model), e.g. the "
+                               f"package's tokenizer/ folder; {TOKENIZER_FROM_FILE} for ComfyUI's "
+                               "umt5_xxl_*.safetensors, which carry their tokenizer."),
+                io.String.Input("prompt", multiline=True, default="",
+                                tooltip="What the video shows and how the scene moves."),
+                io.String.Input("negative_prompt", multiline=True, default=DEFAULT_NEGATIVE_PROMPT,
+                                tooltip="What to steer away from. The default is the one the model was tuned with."),
+                io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=DEVICE_TOOLTIP),
+            ],
+            outputs=[types.Text.Output("text", display_name="text",
+                                       tooltip="The prompt embeddings for the LingBot sampler.")],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "t5_file": (list_t5_files(), {
-                    "tooltip": "umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth or ComfyUI's "
-                    "umt5_xxl_fp16 / umt5_xxl_fp8_e4m3fn_scaled .safetensors, from models/lingbot or "
-                    "models/text_encoders.",
-                }),
-                "tokenizer": (list_tokenizer_folders() + [TOKENIZER_FROM_FILE], {
-                    "tooltip": "Folder with the umT5 tokenizer (tokenizer.json or spiece.model), e.g. the "
-                    f"package's tokenizer/ folder; {TOKENIZER_FROM_FILE} for ComfyUI's umt5_xxl_*.safetensors.",
-                }),
-                "prompt": ("STRING", {
-                    "multiline": True, "default": "",
-                    "tooltip": "What the video shows and how the scene moves.",
-                }),
-                "negative_prompt": ("STRING", {
-                    "multiline": True, "default": DEFAULT_NEGATIVE_PROMPT,
-                    "tooltip": "What to steer away from. The default is the one the model was tuned with.",
-                }),
-                "device": (list(DEVICE_CHOICES), {"default": "auto", "tooltip": DEVICE_TOOLTIP}),
-            }
-        }
+    def validate_inputs(cls, t5_file, tokenizer) -> bool | str:
+        return types.offered(cls, t5_file=t5_file, tokenizer=tokenizer)
 
-    def encode(self, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str):
+    @classmethod
+    def execute(cls, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str) -> io.NodeOutput:
         t5_path = resolve_model_path(t5_file, T5_KINDS, "t5_file", want_dir=False)
         tokenizer_dir = (None if tokenizer == TOKENIZER_FROM_FILE
                          else resolve_model_path(tokenizer, TOKENIZER_KINDS, "tokenizer", want_dir=True))
@@ -78,4 +78,4 @@ class LingBotWorldTextEncode:
             cache_dir=embedding_cache_dir(), check_interrupt=check_interrupt,
             before_load=lambda: make_room(target, t5_path, TEXT_WORKSPACE),
         )
-        return (text,)
+        return io.NodeOutput(text)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 from PIL import Image
 
-from ..loaders.vae_loader import load_vae
+from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
 from ..wan.conditioning import (
     check_frame_count,
     check_size,
@@ -17,9 +17,12 @@ from ..wan.conditioning import (
     first_frame_mask,
     image_to_tensor,
 )
+from ..wan.vae import WanVAE
 from .memory import release_module, resolve_device
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor
+# A VAE weights file, or a state dict already in memory (a core ComfyUI VAE's get_sd()).
+VAESource = str | Path | Mapping[str, torch.Tensor]
 
 
 @dataclass
@@ -33,6 +36,13 @@ class I2VCondition:
 def vae_dtype(device: torch.device) -> torch.dtype:
     # bf16 halves the VAE's activation memory on GPUs; CPUs run float32 faster and exactly.
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def open_vae(source: VAESource, device: torch.device, dtype: torch.dtype) -> WanVAE:
+    """The pack's WanVAE from a file or from a state dict (then named "the connected VAE" in errors)."""
+    if isinstance(source, Mapping):
+        return load_vae_from_state_dict(source, device, dtype, source="the connected VAE")
+    return load_vae(source, device, dtype)
 
 
 # Rows converted at a time: the float temporaries of a whole 8000x8000 frame would be
@@ -70,7 +80,7 @@ def as_pil(image: ImageLike) -> Image.Image:
 
 
 def encode_image(
-    vae_file: str | Path,
+    vae_file: VAESource,
     image: ImageLike,
     frames: int,
     height: int,
@@ -83,7 +93,7 @@ def encode_image(
     device = resolve_device(device)
     pixels = image_to_tensor(as_pil(image), height, width)
     clip = conditioning_video(pixels, frames)
-    vae = load_vae(vae_file, device, vae_dtype(device))
+    vae = open_vae(vae_file, device, vae_dtype(device))
     try:
         if check_interrupt:
             check_interrupt()

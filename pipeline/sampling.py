@@ -150,10 +150,13 @@ def sample(
     on_step: Callable[[int, int], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
     stats: StepStats | None = None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Return the denoised latent [16, F_lat, H/8, W/8] (float32, CPU).
 
     ``stats``, when given, is filled with the forwards computed, skipped and truncated.
+    ``on_preview(done, total, x0)`` gets each step's prediction of the clean (normalized)
+    latent [16, F_lat, H/8, W/8] on the expert's device, for live previews.
 
     A CUDA out-of-memory error releases the expert and is raised again as a
     ``torch.cuda.OutOfMemoryError`` (so hosts still see an OOM) that names the size and
@@ -163,7 +166,7 @@ def sample(
     detail = None
     try:
         with attention_backend(params.attention):
-            return _denoise(experts, text, condition, camera, params, on_step, check_interrupt, stats)
+            return _denoise(experts, text, condition, camera, params, on_step, check_interrupt, stats, on_preview)
     except torch.cuda.OutOfMemoryError as exc:
         # Keep only the text: the exception's traceback holds the step's activations
         # (on the GPU) until it is gone, which it is once this block ends.
@@ -181,6 +184,7 @@ def _denoise(
     on_step: Callable[[int, int], None] | None,
     check_interrupt: Callable[[], None] | None,
     stats: StepStats | None = None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     sampler = make_sampler(params.sampler, params.steps, params.shift)
     latent = initial_noise(condition, params.seed)
@@ -207,6 +211,8 @@ def _denoise(
             last_in_expert = index + 1 == len(names) or names[index + 1] != name
             velocity = policy.velocity(active, latent, timestep, guide, index, in_expert, last_in_expert)
             in_expert += 1
+            if on_preview:  # flow matching: x_t = x0 + sigma * velocity
+                on_preview(index + 1, params.steps, latent - float(sampler.sigmas[index]) * velocity)
             latent = sampler.step(velocity, index, latent)
             if on_step:
                 on_step(index + 1, params.steps)

@@ -2,9 +2,12 @@
 
 Each UI-format workflow of example_workflows/ is loaded into the frontend (headless
 Chromium), must use only node types the page knows, must convert (the frontend's own
-graphToPrompt) to exactly the matching API graph in workflows/api/, and is queued from
-the page after its size widgets were set small, the way a user would edit them, and must
-end in a saved video. A screenshot of each lands in test-artifacts/browser/.
+graphToPrompt) to exactly the matching API graph in workflows/api/ (inputs that a newer
+host adds to core nodes at their defaults aside), and is queued from the page after its
+size widgets were set small, the way a user would edit them; it must show a latent preview
+on the sampler and end in a saved video. A screenshot of each lands in
+test-artifacts/browser/, and a thumbnail for the Templates dialog (set
+LINGBOT_UPDATE_THUMBNAILS=1 to write them to example_workflows/).
 
 docs/graph.png (the README's picture) is the camera-files workflow at 1600x900; set
 LINGBOT_UPDATE_DOCS_SCREENSHOT=1 to rewrite it from this run.
@@ -27,10 +30,22 @@ from frontend import ComfyFrontend
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
-EXAMPLES = sorted(p.stem for p in UI_DIR.glob("*.json"))
+# API graph name -> UI template name: the Templates dialog shows a custom node's template
+# file name as the card's title and (with - and _ as spaces) as its description.
+TEMPLATES = {
+    "lingbot_camera_files": "LingBot-World camera path from files",
+    "lingbot_camera_preset": "LingBot-World camera preset",
+    "lingbot_no_camera": "LingBot-World image to video without camera",
+}
+EXAMPLES = sorted(TEMPLATES)
+SAMPLER = "6"
+THUMB_SIZE = (800, 414)
+# Below this zoom the frontend draws nodes without their bodies (its default
+# LiteGraph.Canvas.MinFontSizeForLOD of 8 px on a 14 px font).
+MIN_READABLE_SCALE = 0.6
 FRAMES, WIDTH, HEIGHT, STEPS = 5, 48, 32, 3
 DOCS_SHOT = ROOT / "docs" / "graph.png"
-DOCS_WORKFLOW = "lingbot_camera_files"
+DOCS_WORKFLOW = TEMPLATES["lingbot_camera_files"]
 DOCS_VIEWPORT = {"width": 1600, "height": 900}
 MAX_DOCS_BYTES = 400 * 1024
 
@@ -85,6 +100,12 @@ PANEL_MARGINS = [75, 105, 25, 70]
 
 
 @pytest.fixture(scope="module")
+def comfy_server_options() -> dict:
+    # Latent previews on (most users have them): the sampler node shows one per step.
+    return {"extra_args": ["--preview-method", "latent2rgb"]}
+
+
+@pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory: pytest.TempPathFactory):
     return tiny_package.comfy_models_builder(tmp_path_factory)
 
@@ -101,9 +122,54 @@ def api_graph(name: str) -> dict:
     return json.loads((API_DIR / f"{name}.json").read_text())
 
 
+def ui_graph(name: str) -> dict:
+    return json.loads((UI_DIR / f"{TEMPLATES[name]}.json").read_text())
+
+
 def comparable(prompt: dict) -> dict:
     """What the server executes: node type and inputs (titles in _meta are for people)."""
     return {node_id: (node["class_type"], node["inputs"]) for node_id, node in prompt.items()}
+
+
+def input_default(object_info: dict, class_type: str, name: str):
+    spec = {**object_info[class_type]["input"].get("required", {}),
+            **object_info[class_type]["input"].get("optional", {})}.get(name)
+    if spec is None:
+        return None
+    if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]:
+        return spec[1]["default"]
+    options = spec[0] if isinstance(spec[0], list) else spec[1].get("options") if spec[0] == "COMBO" else None
+    return options[0] if options else None
+
+
+def without_new_defaults(page: dict, shipped: dict, object_info: dict) -> dict:
+    """The page's export minus inputs the shipped graph lacks that sit at the host's default.
+
+    A newer host may add an input to a core node (Create Video's bit_depth in 0.27): the
+    frontend exports it at its default, and the shipped graph, which predates it, means
+    exactly that. Any other difference still fails the comparison.
+    """
+    out = {}
+    for node_id, node in page.items():
+        known = shipped.get(node_id, {}).get("inputs", {})
+        inputs = {k: v for k, v in node["inputs"].items()
+                  if k in known or v != input_default(object_info, node["class_type"], k)}
+        out[node_id] = {**node, "inputs": inputs}
+    return out
+
+
+def page_prompt_matches(frontend: ComfyFrontend, server: ComfyServer, shipped: dict) -> None:
+    page = without_new_defaults(frontend.graph_to_prompt(), shipped, server.object_info())
+    assert comparable(page) == comparable(shipped)
+
+
+# Record the latent previews the page receives over the websocket, with their node.
+_JS_WATCH_PREVIEWS = """() => {
+    const api = window.comfyAPI.api.api;
+    window.__lingbotPreviews = [];
+    api.addEventListener('b_preview_with_metadata', ({detail}) => window.__lingbotPreviews.push({
+        node: String(detail.displayNodeId ?? detail.nodeId), type: detail.blob.type, bytes: detail.blob.size}));
+}"""
 
 
 def fit_and_shoot(frontend: ComfyFrontend, path: Path) -> np.ndarray:
@@ -117,26 +183,46 @@ def fit_and_shoot(frontend: ComfyFrontend, path: Path) -> np.ndarray:
 
 def test_templates_list_exactly_the_example_workflows(comfy_server: ComfyServer) -> None:
     templates = comfy_server.get("/workflow_templates").json()
-    assert {pack: sorted(names) for pack, names in templates.items()} == {PACK_NAME: EXAMPLES}
+    assert {pack: sorted(names) for pack, names in templates.items()} == {PACK_NAME: sorted(TEMPLATES.values())}
     assert EXAMPLES == sorted(p.stem for p in API_DIR.glob("*.json"))
-    for name in EXAMPLES:  # what the Templates dialog fetches: the graph and its thumbnail
-        graph = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{name}.json")
-        assert graph.status_code == 200 and graph.json() == json.loads((UI_DIR / f"{name}.json").read_text())
-        thumb = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{name}.jpg")
-        assert thumb.status_code == 200 and thumb.headers["Content-Type"] == "image/jpeg", name
-        assert thumb.content == (UI_DIR / f"{name}.jpg").read_bytes()
+    for title in TEMPLATES.values():  # what the Templates dialog fetches: the graph and its thumbnail
+        graph = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{title}.json")
+        assert graph.status_code == 200 and graph.json() == json.loads((UI_DIR / f"{title}.json").read_text())
+        thumb = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{title}.jpg")
+        assert thumb.status_code == 200 and thumb.headers["Content-Type"] == "image/jpeg", title
+        assert thumb.content == (UI_DIR / f"{title}.jpg").read_bytes()
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_template_opens_at_a_readable_zoom(frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
+    """Opened as the Templates dialog does (by name, default view settings): the saved view
+    is restored at a zoom where node bodies are drawn, with the sampler on screen."""
+    workflow = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{TEMPLATES[name]}.json").json()
+    view = frontend.page.evaluate(
+        """async ([wf, name, id]) => {
+            await window.app.loadGraphData(wf, true, true, name,
+                {showMissingNodesDialog: false, showMissingModelsDialog: false});
+            const canvas = window.app.canvas;
+            canvas.draw(true, true);
+            const node = window.app.graph.getNodeById(Number(id));
+            const [x, y] = canvas.ds.convertOffsetToCanvas(node.pos);
+            return {scale: canvas.ds.scale, x, y, width: canvas.canvas.clientWidth,
+                    height: canvas.canvas.clientHeight};
+        }""", [workflow, TEMPLATES[name], SAMPLER])
+    assert view["scale"] >= MIN_READABLE_SCALE, view
+    assert 0 <= view["x"] < view["width"] and 0 <= view["y"] < view["height"], view
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_workflow_loads_converts_and_runs_from_the_page(
         display: ComfyFrontend, frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
-    workflow = json.loads((UI_DIR / f"{name}.json").read_text())
+    workflow = ui_graph(name)
     frontend.load_workflow(workflow)
     assert frontend.missing_node_types() == []
     assert sorted(frontend.node_types()) == sorted(node["type"] for node in workflow["nodes"])
 
     api = api_graph(name)
-    assert comparable(frontend.graph_to_prompt()) == comparable(api)
+    page_prompt_matches(frontend, comfy_server, api)
 
     size = {"width": WIDTH, "height": HEIGHT, "frames": FRAMES}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, {
@@ -144,8 +230,9 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     sized = [n for n in api.values() if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera")]
     assert len(changed) == 3 * len(sized) + 1  # width, height, frames of each; the sampler's steps
     small = tiny_package.small_workflow(api, frames=FRAMES, width=WIDTH, height=HEIGHT, steps=STEPS)
-    assert comparable(frontend.graph_to_prompt()) == comparable(small)
+    page_prompt_matches(frontend, comfy_server, small)
 
+    frontend.page.evaluate(_JS_WATCH_PREVIEWS)
     result = comfy_server.wait(frontend.queue_current(), timeout=180)
     assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
     (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
@@ -156,8 +243,47 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     frontend.page.wait_for_function(
         "() => (window.app.nodeOutputs?.['9']?.images || []).some(i => i.filename.endsWith('.mp4'))",
         timeout=20_000)
+    # The sampler node got a live preview image per step (the page shows the latest).
+    previews = frontend.page.evaluate("() => window.__lingbotPreviews")
+    on_sampler = [p for p in previews if p["node"] == SAMPLER]
+    assert len(on_sampler) >= STEPS and all(p["type"].startswith("image/") and p["bytes"] > 0
+                                             for p in on_sampler), previews
     fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
     assert not frontend.page_errors, frontend.page_errors
+
+    # The card's picture: the template's own values, with what this run showed (the camera
+    # path drawing, the video) on its nodes, so each card shows its own workflow.
+    encode = next(n for n in api.values() if n["class_type"] == "LingBotWorldVAEEncode")["inputs"]
+    shipped = {k: encode[k] for k in ("width", "height", "frames")}
+    frontend.page.evaluate(_JS_SET_WIDGETS, {
+        "LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+        "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}})
+    shoot_thumbnail(frontend, name)
+
+
+def shoot_thumbnail(frontend: ComfyFrontend, name: str) -> Path:
+    """The template's card picture: the whole graph framed in the card's shape.
+
+    Written to test-artifacts/browser/; LINGBOT_UPDATE_THUMBNAILS=1 also writes it next to
+    the template.
+    """
+    left, top, right, _ = PANEL_MARGINS
+    width, height = frontend.page.viewport_size["width"], frontend.page.viewport_size["height"]
+    top += 20  # below the Run bar's "job completed" note
+    box = (left, top, width - right, top + round((width - left - right) * THUMB_SIZE[1] / THUMB_SIZE[0]))
+    pad = 20  # a little floor around the graph
+    margins = [box[0] + pad, box[1] + pad, width - box[2] + pad, height - box[3] + pad]
+    frontend.page.evaluate("() => document.querySelectorAll('.p-toast-message').forEach(e => e.remove())")
+    frontend.page.evaluate(_JS_FRAME_GRAPH, margins)
+    frontend.page.wait_for_timeout(300)  # let the canvas draw the new view
+    shot = frontend.screenshot(artifacts_dir("browser") / f"thumb-{name}.png")
+    with Image.open(shot) as full:
+        thumb = full.convert("RGB").crop(box).resize(THUMB_SIZE, Image.Resampling.LANCZOS)
+    out = artifacts_dir("browser") / f"{TEMPLATES[name]}.jpg"
+    thumb.save(out, quality=88)
+    if os.environ.get("LINGBOT_UPDATE_THUMBNAILS") == "1":
+        shutil.copyfile(out, UI_DIR / f"{TEMPLATES[name]}.jpg")
+    return out
 
 
 def test_docs_screenshot_of_the_camera_files_workflow(display: ComfyFrontend, frontend: ComfyFrontend) -> None:

@@ -87,3 +87,38 @@ def test_example_reports_a_failing_node(comfy_server: ComfyServer, tmp_path: Pat
     assert done.returncode == 1, done.stdout + done.stderr
     assert "failed" in done.stderr and "width" in done.stderr, done.stderr
     assert not (tmp_path / "never.mp4").exists()
+
+
+class _History:
+    """GET /history answers: empty until the ``ready``-th call (as v0.27 after execution_success)."""
+
+    def __init__(self, ready: int, outputs: dict):
+        self.calls, self.ready, self.outputs = 0, ready, outputs
+
+    def get(self, url: str, timeout: float):
+        self.calls += 1
+        body = {"p1": {"outputs": self.outputs}} if self.calls >= self.ready else {}
+
+        class Reply:
+            def raise_for_status(self) -> None:
+                pass
+
+            def json(self) -> dict:
+                return body
+
+        return Reply()
+
+
+def test_example_waits_for_history_to_hold_the_outputs() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("queue_workflow", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    video = {"filename": "LingBot-World_00001_.mp4", "subfolder": "video", "type": "output"}
+    late = _History(ready=3, outputs={"9": {"images": [video], "animated": [True]}})
+    assert example.saved_videos(late, "http://x", "p1", wait=5.0) == [video]
+    assert late.calls == 3
+    never = _History(ready=10**6, outputs={})
+    assert example.saved_videos(never, "http://x", "p1", wait=0.3) == []
+    assert never.calls >= 2

@@ -115,11 +115,11 @@ def _defaults(node_class) -> dict:
 
 def camera_node(**inputs):
     values = {**_defaults(LingBotWorldCamera), "poses_file": NO_FILE, "intrinsics_file": NO_FILE, **inputs}
-    return LingBotWorldCamera().build(**values)
+    return LingBotWorldCamera.execute(**values)
 
 
 def dit_loader(high: str, low: str):
-    return LingBotWorldDiTLoader().load(**{**_defaults(LingBotWorldDiTLoader), "high_noise": high, "low_noise": low})[0]
+    return LingBotWorldDiTLoader.execute(**{**_defaults(LingBotWorldDiTLoader), "high_noise": high, "low_noise": low})[0]
 
 
 # --------------------------------------------------------------------------- node messages
@@ -206,7 +206,7 @@ def test_size_and_frames_are_named_by_camera_and_vae_nodes(comfy_dirs, width, he
     image = torch.rand(1, 40, 60, 3)
     calls = {
         "camera": lambda: camera_node(source="preset", preset="pan_left", width=width, height=height, frames=frames),
-        "vae": lambda: LingBotWorldVAEEncode().encode(image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=width,
+        "vae": lambda: LingBotWorldVAEEncode.execute(image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=width,
                                                  height=height, frames=frames, device="cpu"),
     }
     for node, call in calls.items():
@@ -310,7 +310,7 @@ def inputs(package):
 def _sample(dit, text, i2v, seed: int = 1):
     values = {**_defaults(LingBotWorldSampler), "dit": dit, "text": text, "i2v": i2v, "steps": 3, "shift": 5.0,
               "cfg_high": 5.0, "cfg_low": 4.0, "boundary": 0.9, "seed": seed, "sampler": "unipc"}
-    return LingBotWorldSampler().generate(**values)[0]["samples"]
+    return LingBotWorldSampler.execute(**values)[0]["samples"]
 
 
 def test_corrupt_expert_met_while_sampling_leaves_nothing_loaded(comfy_dirs, package, inputs) -> None:

@@ -164,7 +164,7 @@ def test_input_names_cannot_leave_the_input_folder_through_a_linked_folder(folde
     with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
         model_files.resolve_input_file("linked/poses.npy", "poses_file", ".npy")
     with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
-        LingBotWorldCamera().build(source="files", preset="static", speed=1.0, poses_file="../outside/poses.npy",
+        LingBotWorldCamera.execute(source="files", preset="static", speed=1.0, poses_file="../outside/poses.npy",
                               intrinsics_file="../outside/poses.npy", width=48, height=32, frames=5)
 
 
