@@ -1,6 +1,7 @@
 """Stage 3: denoise with the two experts, high-noise first, one resident at a time."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -9,6 +10,7 @@ from torch import nn
 
 from ..wan.scheduler import make_sampler
 from .camera import CameraCondition
+from .guards import NonFiniteError, is_finite
 from .image import I2VCondition
 from .memory import empty_device_cache
 from .text import TextEmbeddings
@@ -37,6 +39,10 @@ class SamplingParams:
     batch_cfg: bool = True
 
     def __post_init__(self) -> None:
+        for field in ("shift", "guide_high", "guide_low", "boundary"):
+            value = getattr(self, field)
+            if not math.isfinite(value):  # NaN passes every < / > test below
+                raise ValueError(f"{field} must be a finite number, got {value}")
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if not 0.0 <= self.boundary <= 1.0:
@@ -84,20 +90,32 @@ class _ActiveExpert:
             with torch.inference_mode():
                 self.camera_tokens = model.prepare_camera(camera.plucker.to(self.device))
 
-    def velocity(self, latent: torch.Tensor, timestep: float, guide: float, batch_cfg: bool) -> torch.Tensor:
+    def velocity(self, latent: torch.Tensor, timestep: float, guide: float, batch_cfg: bool,
+                 cancel: Callable[[], None] | None = None) -> torch.Tensor:
         x = latent[None].to(self.device)
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
+        # cancel: checked before every transformer block (see LingBotDiT.forward)
+        extra = {"camera_tokens": self.camera_tokens, **({"cancel": cancel} if cancel else {})}
         with torch.inference_mode():
             if guide == 1.0:  # no guidance: the unconditional branch is not needed
-                return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0].float()
+                return self.model(x, t, [self.positive], y=self.y, **extra)[0].float()
             if batch_cfg:
                 both = self.model(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
-                                  y=self.y.expand(2, -1, -1, -1, -1), camera_tokens=self.camera_tokens)
+                                  y=self.y.expand(2, -1, -1, -1, -1), **extra)
                 cond, uncond = both[0], both[1]
             else:
-                cond = self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0]
-                uncond = self.model(x, t, [self.negative], y=self.y, camera_tokens=self.camera_tokens)[0]
+                cond = self.model(x, t, [self.positive], y=self.y, **extra)[0]
+                uncond = self.model(x, t, [self.negative], y=self.y, **extra)[0]
             return (uncond + guide * (cond - uncond)).float()
+
+
+def non_finite_message(step: int, steps: int, expert: str, condition: I2VCondition,
+                       camera: CameraCondition | None) -> str:
+    camera_hint = "an extreme focal length in the camera intrinsics (e.g. 1e-300), " if camera is not None else ""
+    return (f"the latent turned NaN/inf at step {step} of {steps} ({expert}-noise expert, {condition.frames} "
+            f"frames at {condition.width}x{condition.height}); likely cause: NaN or inf weights in the "
+            f"{expert}-noise expert's file, {camera_hint}or an overflow (extreme guidance or shift). "
+            "The run was stopped instead of decoding a black video.")
 
 
 OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot-World NF4 DiT Loader"
@@ -164,8 +182,10 @@ def _denoise(
                 active = _ActiveExpert(name, experts.acquire(name), text, condition, camera)
                 latent = latent.to(active.device)
             guide = params.guide_high if name == "high" else params.guide_low
-            velocity = active.velocity(latent, timestep, guide, params.batch_cfg)
+            velocity = active.velocity(latent, timestep, guide, params.batch_cfg, cancel=check_interrupt)
             latent = sampler.step(velocity, index, latent)
+            if not is_finite(latent):  # one fused reduction per step: a NaN never becomes a black video
+                raise NonFiniteError(non_finite_message(index + 1, params.steps, name, condition, camera))
             if on_step:
                 on_step(index + 1, params.steps)
     finally:
