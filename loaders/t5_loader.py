@@ -14,7 +14,7 @@ import torch
 
 from ..wan.t5 import T5Geometry, UMT5Encoder
 from .errors import CheckpointError
-from .state_dict import check_loaded, materialize
+from .state_dict import check_declared_sizes, check_loaded, materialize
 
 EXPECTED_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 # Training scripts sometimes wrap the weights one level down under one of these.
@@ -43,7 +43,9 @@ def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             path,
             f"cannot be read as a PyTorch checkpoint: the file is truncated, corrupt or not a torch.save file ({exc})",
         ) from exc
-    return _unwrap(path, loaded)
+    tensors = _unwrap(path, loaded)
+    check_declared_sizes(path, tensors)  # before anything is copied or allocated
+    return tensors
 
 
 def _unwrap(path: Path, loaded: object) -> dict[str, torch.Tensor]:

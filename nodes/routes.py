@@ -9,19 +9,27 @@ means something kept a reference to a model the pack meant to free.
       "device": "cuda:0", "free_memory_bytes": ...,
       "loaded_models": [{"class": "ExpertPatcher", "model_patcher": true, "model": "ExpertSlot",
                          "device": "cuda:0", "size_bytes": ..., "loaded_bytes": ..., "expert": "high"}],
-      "experts_resident": [{"expert": "high", "folder": "...", "device": "cuda:0"}],
+      "experts_resident": [{"expert": "high", "folder": "lingbot/<package>/high_noise_model", "device": "cuda:0"}],
       "dit_models_alive": 1, "text_encoders_alive": 0, "vaes_alive": 0
     }
 
 The route is added to ``server.PromptServer.instance.routes``, which ComfyUI turns into
 HTTP routes (also under ``/api``) after it has imported the custom nodes; old and current
 ComfyUI both work this way. Outside a running ComfyUI nothing is registered.
+
+The object scan costs tens to hundreds of milliseconds on a busy server, so it never runs
+on ComfyUI's event loop: it runs in one worker thread, and requests that arrive while a
+scan is under way share its result (eight pollers cost one scan, not eight). Folders are
+shown relative to their ComfyUI model folder (``<kind>/<path>``), never as absolute paths.
 """
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -33,6 +41,7 @@ from ..wan.model import LingBotDiT
 from ..wan.t5 import UMT5Encoder
 from ..wan.vae import WanVAE
 from .expert_patcher import ExpertPatcher, ExpertSlot
+from .model_files import EXPERT_KINDS, kind_roots
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +103,7 @@ def live_models() -> dict[str, Any]:
             except RuntimeError:  # the worker thread is building it right now: it is alive
                 counts[kind] += 1
         elif kind is ExpertSlot and obj.expert is not None:
-            experts.append({"expert": obj.name, "folder": str(obj.folder),
+            experts.append({"expert": obj.name, "folder": display_name(obj.folder),
                             "device": str(getattr(obj, "device", "unknown"))})
     return {
         "experts_resident": sorted(experts, key=lambda e: e["expert"]),
@@ -102,6 +111,18 @@ def live_models() -> dict[str, Any]:
         "text_encoders_alive": counts[UMT5Encoder],
         "vaes_alive": counts[WanVAE],
     }
+
+
+def display_name(folder: Path | str, kinds: tuple[str, ...] = EXPERT_KINDS) -> str:
+    """``<kind>/<path inside that ComfyUI model folder>`` as the node combos show it; only
+    the last part of the path for a folder outside every model folder (no absolute path)."""
+    folder = Path(folder)
+    for kind in kinds:
+        for root in kind_roots(kind):
+            for inside, base in ((folder, root), (folder.resolve(), root.resolve())):
+                if inside.is_relative_to(base):
+                    return f"{kind}/{inside.relative_to(base).as_posix()}"
+    return folder.name
 
 
 def status() -> dict[str, Any]:
@@ -114,10 +135,22 @@ def status() -> dict[str, Any]:
     }
 
 
+_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-status")
+_in_flight: asyncio.Future | None = None
+
+
+async def status_off_loop() -> dict[str, Any]:
+    """``status()`` computed in the worker thread; concurrent callers share one scan."""
+    global _in_flight
+    if _in_flight is None or _in_flight.done():
+        _in_flight = asyncio.get_running_loop().run_in_executor(_EXECUTOR, status)
+    return await asyncio.shield(_in_flight)
+
+
 async def _status_handler(request):
     from aiohttp import web
 
-    return web.json_response(status())
+    return web.json_response(await status_off_loop())
 
 
 def register_status_route() -> bool:

@@ -9,7 +9,7 @@ import torch
 from ..loaders.vae_loader import load_vae
 from .guards import check_finite
 from .image import vae_dtype
-from .memory import release_module, resolve_device
+from .memory import build_or_release, check_video_fits, release_module, resolve_device
 
 
 def decode(
@@ -32,10 +32,11 @@ def decode(
         latent = latent[0]
     if latent.dim() != 4 or latent.shape[0] != 16:
         raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [16, frames, height/8, width/8]")
+    check_video_fits(1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3])
     check_finite(latent, "the latent to decode", "a sampler run that diverged (NaN weights, extreme intrinsics)")
     device = resolve_device(device)
     dtype = vae_dtype(device, precision)
-    vae = load_vae(vae_file, device, dtype)
+    vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
         with torch.inference_mode():
             video = vae.decode(latent[None].to(device, dtype), tile=tile or None, progress=on_progress,

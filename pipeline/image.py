@@ -18,7 +18,7 @@ from ..wan.conditioning import (
     image_to_tensor,
 )
 from .guards import check_finite, vae_precision
-from .memory import release_module, resolve_device
+from .memory import build_or_release, check_video_fits, release_module, resolve_device
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor
 
@@ -85,11 +85,12 @@ def encode_image(
     within one chunk; ``precision`` is "fp32" (the reference) or "bf16"."""
     check_frame_count(frames)
     check_size(height, width)
+    check_video_fits(frames, height, width)  # before the clip is allocated
     dtype = vae_dtype(resolve_device(device), precision)
     device = resolve_device(device)
     pixels = image_to_tensor(as_pil(image), height, width)
     clip = conditioning_video(pixels, frames)
-    vae = load_vae(vae_file, device, dtype)
+    vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
         if check_interrupt:
             check_interrupt()

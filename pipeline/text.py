@@ -12,7 +12,7 @@ from ..wan.t5 import encode_prompts
 from ..wan.tokenizer import UMT5Tokenizer
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from .guards import cancel_between, check_finite, check_text
-from .memory import release_module, resolve_device
+from .memory import build_or_release, release_module, resolve_device
 from .text_cache import EmbeddingCache
 
 MAX_TOKENS = 512
@@ -48,14 +48,14 @@ def encode_text(
     t5_file, tokenizer_dir = Path(t5_file), Path(tokenizer_dir)
     device = resolve_device(device)
     texts = [prompt, negative_prompt]
-    cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS) if cache_dir else None
+    cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS, dtype) if cache_dir else None
     found = [cache.get(t) if cache else None for t in texts]
     missing = [t for t, f in zip(texts, found) if f is None]
     if missing:
         tokenizer = UMT5Tokenizer(tokenizer_dir)  # fails fast, before the big load
         if before_load:
             before_load()
-        encoder = load_t5(t5_file, device, dtype)
+        encoder = build_or_release(lambda: load_t5(t5_file, device, dtype))  # a failed load frees its part
         try:
             if check_interrupt:
                 check_interrupt()

@@ -66,6 +66,8 @@ def _where(source: str) -> str:
 def _as_float_array(value: object, field: str, source: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().double().numpy()
+    if np.iscomplexobj(value):  # a float cast would silently drop the imaginary part
+        raise CameraError(f"{field}{_where(source)}: holds complex numbers; give real values")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
