@@ -39,10 +39,12 @@ class SamplingParams:
     batch_cfg: bool = True
 
     def __post_init__(self) -> None:
-        for field in ("shift", "guide_high", "guide_low", "boundary"):
+        for field, on_node in (("shift", "shift"), ("guide_high", "cfg_high"), ("guide_low", "cfg_low"),
+                               ("boundary", "boundary")):
             value = getattr(self, field)
-            if not math.isfinite(value):  # NaN passes every < / > test below
-                raise ValueError(f"{field} must be a finite number, got {value}")
+            if not math.isfinite(value):  # NaN passes every < / > test below (and ComfyUI's min/max)
+                name = field if field == on_node else f"{on_node} ({field})"
+                raise ValueError(f"{name} must be a finite number, got {value}")
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if not 0.0 <= self.boundary <= 1.0:
