@@ -132,7 +132,7 @@ def _camera_folders(inputs: Path) -> None:
     save("bad_count", poses, k[:4])
     save("bad_short", poses[:3], k[:3])
     save("bad_complex", poses.astype(np.complex128) + 1e-3j, k)
-    tiny_focal = k.copy()
+    tiny_focal = k.astype(np.float64)  # float32 would store 1e-300 as 0
     tiny_focal[:, :2] = 1e-300
     save("bad_tiny_focal", poses, tiny_focal)
 
