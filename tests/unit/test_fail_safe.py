@@ -318,7 +318,7 @@ def _assert_within_one_layer(latency: float, slow: SlowLayers, what: str) -> Non
     assert one >= DELAY
     # One layer's time, with slack for a busy test machine; without the per-layer check the
     # whole stage (several layers) would have run to its end.
-    assert latency <= 1.5 * one + 0.2, f"Cancel took {latency:.2f} s; one {what} takes {one:.2f} s"
+    assert latency <= 1.5 * one + 0.4, f"Cancel took {latency:.2f} s; one {what} takes {one:.2f} s"
 
 
 def test_cancel_in_sampling_acts_within_one_block():
