@@ -14,6 +14,7 @@ import torch
 
 from ..wan.t5 import T5Geometry, UMT5Encoder
 from .errors import CheckpointError
+from .live import track
 from .state_dict import check_declared_sizes, check_loaded, materialize
 
 EXPECTED_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
@@ -70,7 +71,7 @@ def load_t5(path: str | Path, device: torch.device | str, dtype: torch.dtype = t
     except ValueError as exc:
         raise CheckpointError(path, f"{exc} (expected the umT5 encoder file {EXPECTED_FILE})") from exc
     with torch.device("meta"):
-        encoder = UMT5Encoder(geometry)
+        encoder = track(UMT5Encoder(geometry))
     materialize(encoder, path, tensors.keys(), tensors.__getitem__, device, dtype_for=lambda key, tensor: dtype)
     check_loaded(encoder, path)
     return encoder.eval().requires_grad_(False)
