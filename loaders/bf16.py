@@ -87,9 +87,9 @@ def load_bf16_expert(
     resident = resident_blocks(block_swap, config.num_layers, device)
     source, described_by = open_bf16_weights(folder, device)
     with source:
-        model = build_on_meta(config, config_path)
         keys = source.keys()
-        check_block_count(config_path, config, described_by, keys)
+        check_block_count(config_path, config, described_by, keys)  # config against the header, before building
+        model = build_on_meta(config, config_path)
         expected = expected_tensors(model)
         check_keys(described_by, expected, keys)
         check_shapes(config_path, config, model, {k: source.shape(k) for k in keys}, source.file_of)

@@ -16,6 +16,7 @@ from torch import nn
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .errors import CheckpointError
+from .live import track
 from .state_dict import expected_tensors
 
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
@@ -27,7 +28,7 @@ def build_on_meta(config: DiTConfig, config_path: Path) -> LingBotDiT:
     """The model skeleton (no memory) for ``config``; a config the model rejects is an error."""
     try:
         with torch.device("meta"):
-            return LingBotDiT(config)
+            return track(LingBotDiT(config))
     except ValueError as exc:
         raise CheckpointError(config_path, str(exc)) from exc
 

@@ -85,13 +85,28 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Upper bounds far above any Wan/LingBot model (A14B: 40 layers, dim 5120, ffn 13824),
+# checked before anything is built: a config.json saying num_layers = 10**30 would
+# otherwise have the model skeleton built block by block until memory runs out.
+_FIELD_LIMITS = {
+    "text_len": 8192, "in_dim": 4096, "dim": 65536, "ffn_dim": 262144, "freq_dim": 65536,
+    "text_dim": 65536, "out_dim": 4096, "num_heads": 1024, "num_layers": 1024,
+}
+_PATCH_LIMIT = 64
+
+
 def _check_config_values(path: Path, data: dict[str, Any]) -> None:
     def bad(field: str, why: str) -> CheckpointError:
-        return CheckpointError(path, f"field {field!r} = {data[field]!r} is invalid: {why}")
+        shown = repr(data[field])
+        shown = shown if len(shown) <= 40 else f"{shown[:20]}...({len(shown)} characters)"
+        return CheckpointError(path, f"field {field!r} = {shown} is invalid: {why}")
 
     for field in _POSITIVE_INT_FIELDS:
         if field in data and (not _is_int(data[field]) or data[field] <= 0):
             raise bad(field, "expected a positive integer")
+        if field in data and data[field] > _FIELD_LIMITS[field]:
+            raise bad(field, f"more than {_FIELD_LIMITS[field]}, far beyond any LingBot-World/Wan model "
+                      "(A14B: num_layers 40, dim 5120); the config.json is corrupt or not this model's")
     for field in _BOOL_FIELDS:
         if field in data and not isinstance(data[field], bool):
             raise bad(field, "expected true or false")
@@ -99,8 +114,8 @@ def _check_config_values(path: Path, data: dict[str, Any]) -> None:
         raise bad("model_type", f"LingBot-World experts are {', '.join(_SUPPORTED_MODEL_TYPES)} models")
     if "patch_size" in data:
         value = data["patch_size"]
-        if not isinstance(value, list) or len(value) != 3 or not all(_is_int(v) and v > 0 for v in value):
-            raise bad("patch_size", "expected three positive integers")
+        if not isinstance(value, list) or len(value) != 3 or not all(_is_int(v) and 0 < v <= _PATCH_LIMIT for v in value):
+            raise bad("patch_size", f"expected three positive integers up to {_PATCH_LIMIT}")
     if "window_size" in data:
         value = data["window_size"]
         if not isinstance(value, list) or len(value) != 2 or not all(_is_int(v) for v in value):

@@ -400,9 +400,9 @@ def load_nf4_expert(
         weights = folder / NF4_LEGACY_WEIGHTS_FILE
     resident = resident_blocks(block_swap, config.num_layers, device)
     with open_nf4_weights(folder, device) as source, _host_source(folder, resident) as host_source:
-        model = build_on_meta(config, config_path)
         keys = source.keys()
-        check_block_count(config_path, config, weights, keys)
+        check_block_count(config_path, config, weights, keys)  # config against the header, before building
+        model = build_on_meta(config, config_path)
         quantized = _quantized_layer_names(source, model, weights)
         # Quant states first: a blocksize or double-quant disagreement with quantization_meta.json
         # deserves its own message rather than a list of odd keys.

@@ -88,3 +88,24 @@ def check_loaded(module: nn.Module, path: str | Path) -> None:
     if left:
         raise CheckpointError(path, f"{len(left)} tensor(s) were never loaded: {preview(left)}")
 
+
+def check_declared_sizes(path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Refuse a ``torch.save`` file whose tensors declare more data than the file holds.
+
+    A tensor saved as a stride-0 (or otherwise overlapping) view of a tiny storage reads as
+    gigabytes: copying it to a device would allocate all of them, from a 50 KB file. Every
+    tensor must fit in its own storage, and none can be larger than the file. Shapes and
+    storage sizes only: nothing is read or allocated.
+    """
+    file_size = Path(path).stat().st_size
+    for key, tensor in tensors.items():
+        declared = tensor.numel() * tensor.element_size()
+        stored = tensor.untyped_storage().nbytes()
+        if declared > stored or declared > file_size:
+            raise CheckpointError(
+                path,
+                f"tensor {key} declares shape {tuple(tensor.shape)} ({declared:,} bytes) but the file stores "
+                f"{min(stored, file_size):,} bytes for it (file size {file_size:,}): an overlapping or stride-0 "
+                "view, not real weights; the file is corrupt or crafted. Download it again",
+            )
+

@@ -16,7 +16,8 @@ import torch
 from ..wan.t5 import T5Geometry, UMT5Encoder
 from .comfy_t5 import is_comfy_t5_file, load_comfy_t5
 from .errors import CheckpointError
-from .state_dict import check_loaded, materialize
+from .live import track
+from .state_dict import check_declared_sizes, check_loaded, materialize
 
 EXPECTED_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 # Training scripts sometimes wrap the weights one level down under one of these.
@@ -45,7 +46,9 @@ def read_torch_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             path,
             f"cannot be read as a PyTorch checkpoint: the file is truncated, corrupt or not a torch.save file ({exc})",
         ) from exc
-    return _unwrap(path, loaded)
+    tensors = _unwrap(path, loaded)
+    check_declared_sizes(path, tensors)  # before anything is copied or allocated
+    return tensors
 
 
 def _unwrap(path: Path, loaded: object) -> dict[str, torch.Tensor]:
@@ -75,7 +78,7 @@ def load_t5(path: str | Path, device: torch.device | str, dtype: torch.dtype = t
     except ValueError as exc:
         raise CheckpointError(path, f"{exc} (expected the umT5 encoder file {EXPECTED_FILE})") from exc
     with torch.device("meta"):
-        encoder = UMT5Encoder(geometry)
+        encoder = track(UMT5Encoder(geometry))
     materialize(encoder, path, tensors.keys(), tensors.__getitem__, device, dtype_for=lambda key, tensor: dtype)
     check_loaded(encoder, path)
     return encoder.eval().requires_grad_(False)

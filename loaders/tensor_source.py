@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import CheckpointError, preview
+from .state_dict import check_declared_sizes
 
 _SAFETENSORS_DTYPES = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
@@ -135,6 +136,7 @@ class TorchFileSource(TensorSource):
         odd = [k for k in state if not isinstance(k, str)]
         if odd:
             raise CheckpointError(path, f"has non-string keys: {preview(map(repr, odd))}")
+        check_declared_sizes(path, state)
         self._state: dict[str, torch.Tensor] = dict(state)
 
     def keys(self) -> list[str]:

@@ -21,6 +21,8 @@ def read_npy(path: str | Path, what: str) -> np.ndarray:
         raise CheckpointError(path, f"{what} cannot be read as .npy ({exc})") from exc
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.number):
         raise CheckpointError(path, f"{what} holds {getattr(array, 'dtype', type(array))}, expected numbers")
+    if np.issubdtype(array.dtype, np.complexfloating):  # casting would silently drop the imaginary part
+        raise CheckpointError(path, f"{what} holds complex numbers ({array.dtype}); save real float32/float64 values")
     return array.astype(np.float64)
 
 

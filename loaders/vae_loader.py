@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from ..wan.vae import VAEGeometry, WanVAE
 from .errors import CheckpointError
+from .live import track
 from .state_dict import check_loaded, materialize
 from .t5_loader import read_torch_state_dict
 
@@ -41,7 +42,7 @@ def _build(
     except ValueError as exc:
         raise CheckpointError(path, f"{exc} (expected the Wan2.1 VAE: {EXPECTED_FILES})") from exc
     with torch.device("meta"):
-        vae = WanVAE(geometry)
+        vae = track(WanVAE(geometry))
     materialize(vae, path, tensors.keys(), read, device, dtype_for=lambda key, tensor: dtype)
     check_loaded(vae, path)
     return vae.eval().requires_grad_(False)

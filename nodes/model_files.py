@@ -60,11 +60,25 @@ def kind_roots(kind: str) -> list[Path]:
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """os.walk (following links, skipping hidden folders) down to MAX_DEPTH levels."""
+    """os.walk (following links, skipping hidden folders) down to MAX_DEPTH levels.
+
+    Each real folder is visited once: a link back into the tree (models/a/loop -> models)
+    would otherwise make the walk exponential in the number of such links.
+    """
     if not root.is_dir():
         return
+    seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(dirpath)
+        try:
+            stat = os.stat(here)  # follows links: the identity of the real folder
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (stat.st_dev, stat.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
         depth = len(here.relative_to(root).parts)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if depth < MAX_DEPTH else []
         yield here, dirnames, filenames

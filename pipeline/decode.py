@@ -6,8 +6,9 @@ from typing import Callable, Mapping
 import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
+from .guards import check_finite
 from .image import VAESource, vae_dtype
-from .memory import release_module, resolve_device
+from .memory import build_or_release, check_video_fits, release_module, resolve_device
 
 
 def decode(
@@ -16,23 +17,36 @@ def decode(
     device: torch.device | str | None = None,
     tile: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    check_interrupt: Callable[[], None] | None = None,
+    precision: str = "fp32",
 ) -> torch.Tensor:
-    """[16, F_lat, h, w] latent -> [3, F, 8h, 8w] float32 video in [-1, 1] on the CPU."""
+    """[16, F_lat, h, w] latent -> [3, F, 8h, 8w] float32 video in [-1, 1] on the CPU.
+
+    ``check_interrupt`` runs before every decoded latent frame (of every tile);
+    ``precision`` is "fp32" (the reference) or "bf16".
+    """
     if latent.dim() == 5:
         if latent.shape[0] != 1:
             raise ValueError(f"latent batch is {latent.shape[0]}; decode one video at a time")
         latent = latent[0]
     if latent.dim() != 4 or latent.shape[0] != 16:
         raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [16, frames, height/8, width/8]")
+    check_video_fits(1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3])
+    check_finite(latent, "the latent to decode", "a sampler run that diverged (NaN weights, extreme intrinsics)")
     device = resolve_device(device)
+    dtype = vae_dtype(device, precision)
     if isinstance(vae_file, Mapping):
-        vae = load_vae_from_state_dict(vae_file, device, vae_dtype(device), source="the connected VAE")
+        vae = build_or_release(lambda: load_vae_from_state_dict(vae_file, device, dtype, source="the connected VAE"))
     else:
-        vae = load_vae(vae_file, device, vae_dtype(device))
+        vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
         with torch.inference_mode():
-            video = vae.decode(latent[None].to(device, vae_dtype(device)), tile=tile or None, progress=on_progress)
-        return video[0].float().cpu()
+            video = vae.decode(latent[None].to(device, dtype), tile=tile or None, progress=on_progress,
+                               cancel=check_interrupt)
+        video = video[0].float().cpu()
     finally:
         release_module(vae)
         del vae
+    check_finite(video, f"the decoded video ({Path(vae_file).name}, {precision})",
+                 "NaN or inf weights in the VAE file, or an overflow in bf16 (use fp32)")
+    return video

@@ -13,7 +13,7 @@ from ..loaders.dit_weights import build_on_meta
 from ..loaders.layout import CONFIG_FILE, detect_expert_layout, read_config
 from ..loaders.nf4 import load_nf4_expert, open_nf4_weights, read_quantization_meta
 from ..wan.block_swap import resident_blocks, swapped_weight_keys
-from .memory import release_module, resolve_device
+from .memory import build_or_release, release_module, resolve_device
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt")
 
@@ -27,8 +27,8 @@ def load_expert(folder: str | Path, device: torch.device | str, quantize: str | 
     """
     folder = Path(folder)
     if detect_expert_layout(folder) == "nf4":
-        return load_nf4_expert(folder, device, block_swap=block_swap)
-    return load_bf16_expert(folder, device, quantize=quantize, block_swap=block_swap)
+        return build_or_release(lambda: load_nf4_expert(folder, device, block_swap=block_swap))
+    return build_or_release(lambda: load_bf16_expert(folder, device, quantize=quantize, block_swap=block_swap))
 
 
 # NF4 keeps 4 bits per weight plus one 8-bit absmax per 64-weight block (double quant).

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import sys
+import traceback
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
+
+T = TypeVar("T")
 
 
 def empty_device_cache() -> None:
@@ -57,3 +62,54 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     if device is None or str(device) == "auto":
         return default_device()
     return torch.device(device)
+
+
+def build_or_release(build: Callable[[], T]) -> T:
+    """``build()``; if it fails, the half-built model is freed before the error goes on.
+
+    A loader that fails midway (a truncated shard, a CUDA OOM) holds the partly filled
+    model in its local variables, and the traceback keeps those frames (and so the weights)
+    alive for as long as the error is kept: by ComfyUI, until the next prompt. Clearing the
+    frames below this one drops them now.
+    """
+    try:
+        return build()
+    except BaseException as exc:
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__.tb_next)
+        empty_device_cache()
+        raise
+
+
+def total_ram_bytes() -> int | None:
+    """Physical memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        try:
+            import psutil  # ComfyUI depends on it; Windows has no sysconf
+
+            return int(psutil.virtual_memory().total)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+# float32 RGB frames held at once on the host: the conditioning clip (or the decoded video)
+# and the copy handed on to ComfyUI (an IMAGE batch).
+_HOST_BYTES_PER_PIXEL = 2 * 3 * 4
+
+
+def check_video_fits(frames: int, height: int, width: int, ram_bytes: int | None = None) -> None:
+    """Refuse, before anything is allocated, a video whose frames alone cannot fit in RAM.
+
+    4096x4096 at 1601 frames would otherwise try to allocate over 160 GB and take the
+    process down; the message gives the size, the need and what to change.
+    """
+    ram = total_ram_bytes() if ram_bytes is None else ram_bytes
+    need = _HOST_BYTES_PER_PIXEL * int(frames) * int(height) * int(width)
+    if ram is not None and need > ram:
+        raise ValueError(
+            f"width x height x frames = {width}x{height}x{frames} needs about {need / 2**30:.1f} GiB of RAM for its "
+            f"frames alone, more than this machine's {ram / 2**30:.1f} GiB; reduce width, height or frames"
+        )
+

@@ -1,6 +1,7 @@
 """Stage 3: denoise with the two experts, high-noise first, one resident at a time."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -9,6 +10,7 @@ from torch import nn
 
 from ..wan.scheduler import make_sampler
 from .camera import CameraCondition
+from .guards import NonFiniteError, is_finite
 from .image import I2VCondition
 from .memory import empty_device_cache
 from .step_cache import EASYCACHE_WARMUP_STEPS, StepPolicy, StepStats
@@ -44,6 +46,13 @@ class SamplingParams:
     attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
 
     def __post_init__(self) -> None:
+        for field, on_node in (("shift", "shift"), ("guide_high", "cfg_high"), ("guide_low", "cfg_low"),
+                               ("boundary", "boundary"), ("cache_threshold", "cache_threshold"),
+                               ("cfg_truncate", "cfg_truncate")):
+            value = getattr(self, field)
+            if not math.isfinite(value):  # NaN passes every < / > test below (and ComfyUI's min/max)
+                name = field if field == on_node else f"{on_node} ({field})"
+                raise ValueError(f"{name} must be a finite number, got {value}")
         if self.cache_threshold < 0:
             raise ValueError(f"cache_threshold must be 0 (off) or positive, got {self.cache_threshold}")
         if not 0.0 <= self.cfg_truncate <= 1.0:
@@ -86,8 +95,8 @@ class _ActiveExpert:
     """The expert in use, its device, and what stays fixed while it is resident."""
 
     def __init__(self, name: str, model: nn.Module, text: TextEmbeddings, condition: I2VCondition,
-                 camera: CameraCondition | None) -> None:
-        self.name, self.model = name, model
+                 camera: CameraCondition | None, cancel: Callable[[], None] | None = None) -> None:
+        self.name, self.model, self.cancel = name, model, cancel
         self.device = _device_of(model)
         self.y = condition.y[None].to(self.device)
         self.positive = text.positive.to(self.device)
@@ -97,6 +106,11 @@ class _ActiveExpert:
             with torch.inference_mode():
                 self.camera_tokens = model.prepare_camera(camera.plucker.to(self.device))
 
+    def _forward(self, x: torch.Tensor, t: torch.Tensor, context: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        # cancel: checked before every transformer block (see LingBotDiT.forward)
+        extra = {"cancel": self.cancel} if self.cancel else {}
+        return self.model(x, t, context, y=y, camera_tokens=self.camera_tokens, **extra)
+
     def branches(self, latent: torch.Tensor, timestep: float, uncond: bool,
                  batch_cfg: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The raw conditional (and unconditional, when asked) predictions of one step."""
@@ -104,28 +118,29 @@ class _ActiveExpert:
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
         with torch.inference_mode():
             if not uncond:
-                return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0], None
+                return self._forward(x, t, [self.positive], self.y)[0], None
             if batch_cfg:
-                both = self.model(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
-                                  y=self.y.expand(2, -1, -1, -1, -1), camera_tokens=self.camera_tokens)
+                both = self._forward(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
+                                     self.y.expand(2, -1, -1, -1, -1))
                 return both[0], both[1]
-            cond = self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0]
-            return cond, self.model(x, t, [self.negative], y=self.y, camera_tokens=self.camera_tokens)[0]
+            cond = self._forward(x, t, [self.positive], self.y)[0]
+            return cond, self._forward(x, t, [self.negative], self.y)[0]
 
     def velocity(self, latent: torch.Tensor, timestep: float, guide: float, batch_cfg: bool) -> torch.Tensor:
-        x = latent[None].to(self.device)
-        t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
+        if guide == 1.0:  # no guidance: the unconditional branch is not needed
+            return self.branches(latent, timestep, False, batch_cfg)[0].float()
+        cond, uncond = self.branches(latent, timestep, True, batch_cfg)
         with torch.inference_mode():
-            if guide == 1.0:  # no guidance: the unconditional branch is not needed
-                return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0].float()
-            if batch_cfg:
-                both = self.model(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
-                                  y=self.y.expand(2, -1, -1, -1, -1), camera_tokens=self.camera_tokens)
-                cond, uncond = both[0], both[1]
-            else:
-                cond = self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0]
-                uncond = self.model(x, t, [self.negative], y=self.y, camera_tokens=self.camera_tokens)[0]
             return (uncond + guide * (cond - uncond)).float()
+
+
+def non_finite_message(step: int, steps: int, expert: str, condition: I2VCondition,
+                       camera: CameraCondition | None) -> str:
+    camera_hint = "an extreme focal length in the camera intrinsics (e.g. 1e-300), " if camera is not None else ""
+    return (f"the latent turned NaN/inf at step {step} of {steps} ({expert}-noise expert, {condition.frames} "
+            f"frames at {condition.width}x{condition.height}); likely cause: NaN or inf weights in the "
+            f"{expert}-noise expert's file, {camera_hint}or an overflow (extreme guidance or shift). "
+            "The run was stopped instead of decoding a black video.")
 
 
 OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot-World NF4 DiT Loader"
@@ -203,7 +218,7 @@ def _denoise(
                 if active is not None:
                     experts.release(active.name)
                     active = None
-                active = _ActiveExpert(name, experts.acquire(name), text, condition, camera)
+                active = _ActiveExpert(name, experts.acquire(name), text, condition, camera, cancel=check_interrupt)
                 latent = latent.to(active.device)
                 policy.expert_changed()
                 in_expert = 0
@@ -214,6 +229,8 @@ def _denoise(
             if on_preview:  # flow matching: x_t = x0 + sigma * velocity
                 on_preview(index + 1, params.steps, latent - float(sampler.sigmas[index]) * velocity)
             latent = sampler.step(velocity, index, latent)
+            if not is_finite(latent):  # one fused reduction per step: a NaN never becomes a black video
+                raise NonFiniteError(non_finite_message(index + 1, params.steps, name, condition, camera))
             if on_step:
                 on_step(index + 1, params.steps)
     finally:

@@ -12,7 +12,9 @@ from ..loaders.errors import CheckpointError
 from ..loaders.t5_loader import load_t5
 from ..wan.t5 import encode_prompts
 from ..wan.tokenizer import UMT5Tokenizer
-from .memory import release_module, resolve_device
+from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
+from .guards import cancel_between, check_finite, check_text
+from .memory import build_or_release, release_module, resolve_device
 from .text_cache import EmbeddingCache
 
 MAX_TOKENS = 512
@@ -55,24 +57,29 @@ def encode_text(
     ``before_load`` runs just before the encoder is loaded (never on a cache hit): the
     place to make room on the device.
     """
-    if not prompt or not prompt.strip():
-        raise ValueError("prompt is empty: describe the scene to generate")
+    # As the reference: an empty prompt is encoded like any other, an empty negative prompt
+    # means the model's default one.
+    prompt, negative_prompt = check_text(prompt, "prompt"), check_text(negative_prompt, "negative_prompt")
+    negative_prompt = negative_prompt or DEFAULT_NEGATIVE_PROMPT
     t5_file = Path(t5_file)
     tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
     device = resolve_device(device)
-    texts = [prompt, negative_prompt or ""]
-    cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS) if cache_dir else None
+    texts = [prompt, negative_prompt]
+    cache = EmbeddingCache(Path(cache_dir), t5_file, tokenizer_dir, MAX_TOKENS, dtype) if cache_dir else None
     found = [cache.get(t) if cache else None for t in texts]
     missing = [t for t, f in zip(texts, found) if f is None]
     if missing:
         tokenizer = load_tokenizer(t5_file, tokenizer_dir)  # fails fast, before the big load
         if before_load:
             before_load()
-        encoder = load_t5(t5_file, device, dtype)
+        encoder = build_or_release(lambda: load_t5(t5_file, device, dtype))  # a failed load frees its part
         try:
             if check_interrupt:
                 check_interrupt()
-            encoded = encode_prompts(encoder, tokenizer, list(dict.fromkeys(missing)), device)
+            with cancel_between(encoder.blocks, check_interrupt):  # a cancel acts within one layer
+                encoded = encode_prompts(encoder, tokenizer, list(dict.fromkeys(missing)), device)
+            for emb in encoded:
+                check_finite(emb, f"the prompt embedding from {t5_file.name}", "NaN or inf weights in the text encoder")
         finally:
             release_module(encoder)
             del encoder

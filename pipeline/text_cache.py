@@ -1,17 +1,32 @@
 """On-disk cache of prompt embeddings, so a prompt seen before never loads the encoder.
 
 A key covers everything that changes the result: the encoder file (path, size, mtime), the
-tokenizer folder, the text and the token limit. Entries are small safetensors files.
+tokenizer folder, the text, the token limit and the dtype. Entries are small safetensors
+files that carry their full key inside, so an entry is used only for the key it was written
+for.
+
+The cache can never stop a run nor change one: a write that fails (disk full, read-only
+folder, the folder is a file) is logged and the run goes on uncached; an entry that does
+not belong to its key, or whose tensor has the wrong shape or dtype or holds non-finite
+values, is a miss (and the fresh result replaces it).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
+
+_TENSOR = "embedding"
+_KEY = "lingbot_key"
 
 
 def _file_identity(path: Path) -> list:
@@ -28,31 +43,74 @@ FROM_ENCODER_FILE = "from-encoder-file"
 
 
 class EmbeddingCache:
-    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path | None, max_len: int = 512) -> None:
+    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path | None, max_len: int = 512,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
         """``tokenizer_dir`` None: the tokenizer stored inside ``encoder_file``."""
         self.folder = Path(folder)
-        tokenizer = FROM_ENCODER_FILE if tokenizer_dir is None else _folder_identity(Path(tokenizer_dir))
-        self._base = json.dumps(
-            {"encoder": _file_identity(Path(encoder_file)), "tokenizer": tokenizer, "max_len": max_len},
-            sort_keys=True,
-        )
+        self.max_len = max_len
+        self.dtype = dtype
+        try:
+            tokenizer = FROM_ENCODER_FILE if tokenizer_dir is None else _folder_identity(Path(tokenizer_dir))
+            self._base: str | None = json.dumps(
+                {"encoder": _file_identity(Path(encoder_file)), "tokenizer": tokenizer,
+                 "max_len": max_len, "dtype": str(dtype)},
+                sort_keys=True,
+            )
+        except OSError as exc:  # a missing file is reported by the loader itself, clearly
+            log.warning("LingBot prompt cache off for this run: %s", exc)
+            self._base = None
 
-    def _path(self, text: str) -> Path:
-        digest = hashlib.sha256((self._base + "\0" + text).encode("utf-8")).hexdigest()
+    def _key(self, text: str) -> str:
+        return self._base + "\0" + text  # type: ignore[operator]
+
+    def _path(self, key: str) -> Path:
+        # surrogatepass: a key never fails to encode (the text stage refuses such prompts
+        # itself, naming the field).
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
         return self.folder / f"{digest}.safetensors"
 
     def get(self, text: str) -> torch.Tensor | None:
-        path = self._path(text)
-        if not path.is_file():
+        """The cached embedding of ``text``, or None (a miss) for anything not exactly right."""
+        if self._base is None:
             return None
+        key = self._key(text)
+        path = self._path(key)
         try:
-            return load_file(str(path))["embedding"]
-        except Exception:  # a cut-short entry (e.g. disk full) is only a cache miss
+            if not path.is_file():
+                return None
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                if (handle.metadata() or {}).get(_KEY) != key:
+                    return None  # another key's entry (a copied or colliding file)
+                embedding = handle.get_tensor(_TENSOR)
+        except Exception:  # noqa: BLE001 - a cut-short, foreign or unreadable entry is only a miss
             return None
+        if (embedding.dim() != 2 or not 1 <= embedding.shape[0] <= self.max_len or embedding.shape[1] < 1
+                or embedding.dtype != self.dtype or not bool(torch.isfinite(embedding).all())):
+            return None
+        return embedding
 
-    def put(self, text: str, embedding: torch.Tensor) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(text)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        save_file({"embedding": embedding.detach().to("cpu").contiguous()}, str(tmp))
-        os.replace(tmp, path)  # readers never see a half-written entry
+    def put(self, text: str, embedding: torch.Tensor) -> bool:
+        """Store an entry atomically; False (with a warning logged) when it cannot be written."""
+        if self._base is None:
+            return False
+        key = self._key(text)
+        path = self._path(key)
+        tmp: str | None = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}.", suffix=".tmp", dir=self.folder)
+            os.close(fd)
+            save_file({_TENSOR: embedding.detach().to("cpu").contiguous()}, tmp, metadata={_KEY: key})
+            os.replace(tmp, path)  # readers never see a half-written entry
+            tmp = None
+            return True
+        except Exception as exc:  # noqa: BLE001 - disk full, read-only, the folder is a file...
+            log.warning("LingBot prompt cache: could not write an entry to %s (%s); running uncached",
+                        self.folder, exc)
+            return False
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass

@@ -66,6 +66,8 @@ def _where(source: str) -> str:
 def _as_float_array(value: object, field: str, source: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().double().numpy()
+    if np.iscomplexobj(value):  # a float cast would silently drop the imaginary part
+        raise CameraError(f"{field}{_where(source)}: holds complex numbers; give real values")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -191,7 +193,9 @@ def interpolate_poses(c2ws: np.ndarray | torch.Tensor, n_out: int) -> np.ndarray
     (scipy's Slerp). Slerp interpolates each segment through the rotation vector of the
     relative rotation, which always takes the short way round, so the sign of the stored
     quaternions (q and −q are one rotation) cannot cause jumps: the reference's explicit
-    sign flipping is already implied. Returns float64 [n_out, 4, 4].
+    sign flipping is already implied. Computed in float64 and returned as float32
+    [n_out, 4, 4], as the reference does (``torch.from_numpy(poses).float()``): everything
+    downstream then runs in float32 like there (SPEC §10).
     """
     if isinstance(c2ws, torch.Tensor):
         c2ws = c2ws.detach().cpu().double().numpy()
@@ -203,14 +207,14 @@ def interpolate_poses(c2ws: np.ndarray | torch.Tensor, n_out: int) -> np.ndarray
     out[:, 3, 3] = 1.0
     if n_src == 1:
         out[:] = c2ws[0]
-        return out
+        return out.astype(np.float32)
     src = np.arange(n_src, dtype=np.float64)
     tgt = np.linspace(0.0, n_src - 1.0, n_out)
     for axis in range(3):
         out[:, axis, 3] = np.interp(tgt, src, c2ws[:, axis, 3])
     slerp = Slerp(src, Rotation.from_matrix(c2ws[:, :3, :3]))
     out[:, :3, :3] = slerp(tgt).as_matrix()
-    return out
+    return out.astype(np.float32)
 
 
 def _rigid_inverse(t: torch.Tensor) -> torch.Tensor:
@@ -226,15 +230,21 @@ def _rigid_inverse(t: torch.Tensor) -> torch.Tensor:
 def relative_poses(c2ws: np.ndarray | torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Frame-to-frame motion T_{i−1}⁻¹·T_i (first = identity), translations unit-scaled.
 
-    The reference first expresses all poses relative to the first one and then takes
-    consecutive differences; (T₀⁻¹T_{i−1})⁻¹(T₀⁻¹T_i) = T_{i−1}⁻¹T_i, so we take the
-    consecutive difference directly. With ``normalize`` the translations are divided by the
-    largest translation norm when that is > 0 (a camera that only rotates stays as it is).
+    Composed as the reference does, in the input's dtype (float32 from
+    ``interpolate_poses``): all poses relative to the first (T₀⁻¹T_i, first set to the
+    identity), then consecutive differences of those. Algebraically that is T_{i−1}⁻¹T_i, but
+    in float32 the two-step order rounds differently, and the reference's rounding is what
+    the model saw. With ``normalize`` the translations are divided by the largest
+    translation norm when that is > 0 (a camera that only rotates stays as it is).
     """
-    t = c2ws if isinstance(c2ws, torch.Tensor) else torch.from_numpy(np.asarray(c2ws, dtype=np.float64))
-    rel = torch.eye(4, dtype=t.dtype, device=t.device).repeat(t.shape[0], 1, 1)
+    t = c2ws if isinstance(c2ws, torch.Tensor) else torch.from_numpy(np.asarray(c2ws))
+    if not t.is_floating_point():
+        t = t.float()
+    first = _rigid_inverse(t[:1]) @ t
+    first[0] = torch.eye(4, dtype=t.dtype, device=t.device)
+    rel = first.clone()
     if t.shape[0] > 1:
-        rel[1:] = _rigid_inverse(t[:-1]) @ t[1:]
+        rel[1:] = _rigid_inverse(first[:-1]) @ first[1:]
     if normalize:
         largest = rel[:, :3, 3].norm(dim=-1).max()
         if largest > 0:
@@ -251,7 +261,8 @@ def scale_intrinsics(k: np.ndarray | torch.Tensor, height: int, width: int) -> t
     x quantities (fx, cx) scale with the width ratio, y quantities (fy, cy) with the height
     ratio; the frame is resized, not cropped, so there is no principal-point offset.
     """
-    k = torch.as_tensor(np.asarray(k, dtype=np.float64)).reshape(-1, 4)[0]
+    # float32 like the reference (``torch.from_numpy(np.load(...)).float()`` then scaled).
+    k = torch.as_tensor(np.asarray(k, dtype=np.float32)).reshape(-1, 4)[0]
     sx = width / INTRINSICS_WIDTH
     sy = height / INTRINSICS_HEIGHT
     return torch.stack([k[0] * sx, k[1] * sy, k[2] * sx, k[3] * sy])

@@ -183,12 +183,13 @@ def _shrink_huge(image: Image.Image, h: int, w: int) -> Image.Image:
     return image.reduce(factor)
 
 
-def image_to_tensor(image: ImageInput, h: int, w: int, clamp: bool = True) -> torch.Tensor:
-    """First frame → float32 [3, h, w] in [-1, 1].
+def image_to_tensor(image: ImageInput, h: int, w: int, clamp: bool = False) -> torch.Tensor:
+    """First frame → float32 [3, h, w], [-1, 1] before resizing.
 
     Resampling is what the reference does: bicubic ``torch.nn.functional.interpolate`` on
     the [-1, 1] tensor (align_corners=False, no antialias). Bicubic overshoots a little at
-    sharp edges; ``clamp`` pulls those values back into [-1, 1]. A PIL picture of more than
+    sharp edges and the reference hands that overshoot to the VAE as it is (SPEC §10), so
+    by default nothing is clamped; ``clamp`` pulls the values back into [-1, 1]. A PIL picture of more than
     ``MAX_FULL_RES_PIXELS`` is box-reduced first (``_shrink_huge``) to bound the memory.
     """
     check_size(h, w)

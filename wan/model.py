@@ -499,13 +499,15 @@ class LingBotDiT(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | Sequence[torch.Tensor],
                 y: torch.Tensor | None = None, camera_tokens: torch.Tensor | None = None,
-                camera: torch.Tensor | None = None) -> torch.Tensor:
+                camera: torch.Tensor | None = None, cancel: Callable[[], None] | None = None) -> torch.Tensor:
         """Predict the flow for latent x [B, 16, F, H, W] at timesteps t [B] (0..1000).
 
         context: padded [B, Lc, text_dim] (Lc <= text_len) or a list of [L_i, text_dim].
         y: I2V condition [B, 20, F, H, W] (mask + first-frame latent), concatenated to x.
         camera_tokens: output of `prepare_camera` ([B or 1, L, dim]); or pass the Plücker
         tensor as `camera` to compute them here. Neither: camera layers are skipped.
+        cancel: called before every transformer block (it raises to stop), so a cancel acts
+        within one block's time; a pre-hook, so block swapping's loop checks it too.
         Returns float32 [B, out_dim, F, H, W].
         """
         if camera is not None:
@@ -534,6 +536,11 @@ class LingBotDiT(nn.Module):
         e, e0 = self._embed_time(t, batch, device)
         text = self._embed_text(context, batch, device)
         rope = self.rope_tables(grid, device)
-        tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens)
+        hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
+        try:
+            tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens)
+        finally:
+            for hook in hooks:
+                hook.remove()
         del text
         return self.unpatchify(self.head(tokens, e), grid).float()

@@ -372,11 +372,13 @@ class WanVAE(nn.Module):
         return mean, std
 
     @torch.no_grad()
-    def encode(self, video: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
+    def encode(self, video: torch.Tensor, progress: Progress | None = None,
+               cancel: Callable[[], None] | None = None) -> torch.Tensor:
         """Video [B,3,F,H,W] in [-1,1] -> normalized latent [B,16,1+(F-1)//4,H/8,W/8], float32.
 
         Frames past the last full group of 4 are ignored, as in the original. ``video`` may live
-        on the CPU: each chunk is moved to the model's device on its own.
+        on the CPU: each chunk is moved to the model's device on its own. ``cancel`` is called
+        before every chunk (it raises to stop), so a cancel acts within one chunk.
         """
         if video.dim() != 5 or video.shape[1] != 3:
             raise ValueError(f"video has shape {tuple(video.shape)}; expected [batch, 3, frames, height, width]")
@@ -394,6 +396,8 @@ class WanVAE(nn.Module):
         )
         stream: Stream = {}
         for i in range(latent_frames):
+            if cancel is not None:
+                cancel()
             start, stop = (0, 1) if i == 0 else (1 + TEMPORAL_FACTOR * (i - 1), 1 + TEMPORAL_FACTOR * i)
             chunk = video[:, :, start:stop].to(device=device, dtype=dtype)
             moments = self.encoder(chunk, stream)
@@ -411,6 +415,7 @@ class WanVAE(nn.Module):
         tile: int | None = None,
         progress: Progress | None = None,
         tile_overlap: int | None = None,
+        cancel: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Normalized latent [B,16,T,h,w] -> video [B,3,1+4(T-1),8h,8w] in [-1,1], in the model's dtype.
 
@@ -418,7 +423,8 @@ class WanVAE(nn.Module):
         the other, each with its own full temporal pass, and blends them linearly across the
         overlap (``tile_overlap``, default tile // 4): peak memory then follows the tile, not the
         frame. The result is close to, not equal to, the untiled one.
-        ``progress(done, total)`` is called after every decoded latent frame (of every tile).
+        ``progress(done, total)`` is called after every decoded latent frame (of every tile),
+        ``cancel()`` (which raises to stop) before every one.
         """
         if latent.dim() != 5 or latent.shape[1] != self.geometry.z_dim:
             raise ValueError(
@@ -428,13 +434,13 @@ class WanVAE(nn.Module):
         if tile is not None and tile < 1:
             raise ValueError(f"tile is {tile}; give a positive size in latent pixels, or None")
         if tile is None or (tile >= h and tile >= w):
-            return self._decode_region(latent, _Counter(progress, frames)).clamp_(-1.0, 1.0)
+            return self._decode_region(latent, _Counter(progress, frames, cancel)).clamp_(-1.0, 1.0)
 
         overlap = tile // 4 if tile_overlap is None else tile_overlap
         if not 0 <= overlap < tile:
             raise ValueError(f"tile_overlap is {overlap}; it must be at least 0 and less than tile ({tile})")
         rows, cols = _tile_spans(h, tile, overlap), _tile_spans(w, tile, overlap)
-        counter = _Counter(progress, frames * len(rows) * len(cols))
+        counter = _Counter(progress, frames * len(rows) * len(cols), cancel)
         s = SPATIAL_FACTOR
         out_frames = 1 + TEMPORAL_FACTOR * (frames - 1)
         video = torch.zeros((b, 3, out_frames, h * s, w * s), dtype=self.dtype, device=self.device)
@@ -461,6 +467,7 @@ class WanVAE(nn.Module):
         stream: Stream = {}
         filled = 0
         for i in range(frames):
+            counter.before()
             z = latent[:, :, i : i + 1].to(device=device, dtype=torch.float32) * std + mean
             x = self.decoder(self.conv2(z.to(dtype), stream), stream)
             video[:, :, filled : filled + x.shape[2]] = x
@@ -472,8 +479,13 @@ class WanVAE(nn.Module):
 
 
 class _Counter:
-    def __init__(self, progress: Progress | None, total: int) -> None:
+    def __init__(self, progress: Progress | None, total: int, cancel: Callable[[], None] | None = None) -> None:
         self.progress, self.total, self.done = progress, total, 0
+        self.cancel = cancel
+
+    def before(self) -> None:
+        if self.cancel is not None:
+            self.cancel()
 
     def step(self) -> None:
         self.done += 1

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import tiny_package
@@ -74,9 +75,40 @@ def _broken_copies(models: Path, package: Path) -> None:
         fields = json.loads((config / expert / "config.json").read_text())
         fields["num_layers"] += 1  # the weights hold one block fewer
         (config / expert / "config.json").write_text(json.dumps(fields))
+    _hostile_copies(models, package)
     tokenizer = models / "lingbot" / "broken_tokenizer"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{ this is not a tokenizer")
+
+
+def _hostile_copies(models: Path, package: Path) -> None:
+    """Issue 10's hostile files: geometry that must be refused before anything is built,
+    a stride-0 .pth, a config nested 100k levels, and an expert whose weights hold NaN."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    experts = ("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4")
+    for name, edit in (("broken_layers", lambda f: {**f, "num_layers": 10**30}),
+                       ("broken_layers_100k", lambda f: {**f, "num_layers": 100000})):
+        for expert in experts:
+            shutil.copytree(package / expert, models / "lingbot" / name / expert)
+            path = models / "lingbot" / name / expert / "config.json"
+            path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    for expert in experts:
+        shutil.copytree(package / expert, models / "lingbot" / "broken_deep" / expert)
+        (models / "lingbot" / "broken_deep" / expert / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    nan = models / "lingbot" / "broken_nan"
+    shutil.copytree(package / experts[0], nan / experts[0])
+    shutil.copytree(package / experts[1], nan / experts[1])
+    weights = nan / experts[1] / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as handle:
+        metadata = handle.metadata()
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    tensors["head.head.bias"] = torch.full_like(tensors["head.head.bias"], float("nan"))
+    save_file(tensors, str(weights), metadata=metadata)
+    stride = models / "lingbot" / "broken_stride"
+    stride.mkdir()
+    torch.save({"decoder.head.2.weight": torch.zeros(1).expand(2**29)}, stride / "Wan2.1_VAE.pth")
 
 
 def _camera_folders(inputs: Path) -> None:
@@ -99,6 +131,10 @@ def _camera_folders(inputs: Path) -> None:
     save("bad_focal", poses, zero_focal)
     save("bad_count", poses, k[:4])
     save("bad_short", poses[:3], k[:3])
+    save("bad_complex", poses.astype(np.complex128) + 1e-3j, k)
+    tiny_focal = k.astype(np.float64)  # float32 would store 1e-300 as 0
+    tiny_focal[:, :2] = 1e-300
+    save("bad_tiny_focal", poses, tiny_focal)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +233,29 @@ BAD_INPUTS = {
         ["intrinsics in", "4 rows for 9 poses"]),
     "fewer_poses_than_frames": ({"5": {"poses_file": "bad_short/poses.npy", "intrinsics_file": "bad_short/intrinsics.npy"}},
                                 ["3 poses cover only", "5 were asked"]),
-    "empty_prompt": ({"2": {"prompt": "   "}}, ["prompt is empty"]),
+    "lone_surrogate_in_prompt": ({"2": {"prompt": "a castle \ud800 at dawn"}},
+                                 ["prompt: character 9 is a lone surrogate (U+D800)"]),
+    "complex_poses": ({"5": {"poses_file": "bad_complex/poses.npy", "intrinsics_file": "bad_complex/intrinsics.npy"}},
+                      ["bad_complex/poses.npy", "holds complex numbers"]),
+    "focal_length_1e-300": (
+        {"5": {"poses_file": "bad_tiny_focal/poses.npy", "intrinsics_file": "bad_tiny_focal/intrinsics.npy"}},
+        ["NaN/inf at step 1 of 3", "high-noise expert", "extreme focal length"]),
+    "nan_weights_in_an_expert": ({"4": {"low_noise": "lingbot/broken_nan/low_noise_model_bnb_nf4"}},
+                                 ["NaN/inf at step", "low-noise expert", "NaN or inf weights"]),
+    "num_layers_10_to_the_30": (
+        {"4": {"high_noise": "lingbot/broken_layers/high_noise_model_bnb_nf4",
+               "low_noise": "lingbot/broken_layers/low_noise_model_bnb_nf4"}},
+        ["broken_layers/high_noise_model_bnb_nf4/config.json", "'num_layers'", "more than 1024"]),
+    "num_layers_100000": (
+        {"4": {"high_noise": "lingbot/broken_layers_100k/high_noise_model_bnb_nf4",
+               "low_noise": "lingbot/broken_layers_100k/low_noise_model_bnb_nf4"}},
+        ["broken_layers_100k/high_noise_model_bnb_nf4/config.json", "'num_layers' = 100000"]),
+    "config_nested_100k_levels": (
+        {"4": {"high_noise": "lingbot/broken_deep/high_noise_model_bnb_nf4",
+               "low_noise": "lingbot/broken_deep/low_noise_model_bnb_nf4"}},
+        ["broken_deep/high_noise_model_bnb_nf4/config.json", "nested too deeply"]),
+    "stride_zero_vae_pth": ({"3": {"vae": "lingbot/broken_stride/Wan2.1_VAE.pth"}},
+                            ["broken_stride/Wan2.1_VAE.pth", "declares shape (536870912,)"]),
     "truncated_expert": ({"4": {"high_noise": "lingbot/broken_truncated/high_noise_model_bnb_nf4"}},
                          ["broken_truncated/high_noise_model_bnb_nf4/model.safetensors", "truncated"]),
     "corrupt_safetensors_header": ({"4": {"high_noise": "lingbot/broken_header/high_noise_model_bnb_nf4"}},
@@ -249,6 +307,29 @@ def test_server_serves_and_memory_is_back_after_bad_inputs(comfy_server: ComfySe
     assert comfy_server.run(workflow(), timeout=120).ok
     assert_nothing_alive(comfy_server, "after a normal run")
     assert_memory_back(comfy_server, idle, "after the bad inputs")
+    assert settled_rss_anon(comfy_server) <= idle + 64 * 2**20  # issue 10: within 64 MB of idle
+
+
+def test_empty_prompts_run_like_the_reference(comfy_server: ComfyServer) -> None:
+    # An empty prompt is encoded like any other; an empty negative one means the default.
+    assert comfy_server.run(workflow(**{"2": {"prompt": "", "negative_prompt": ""}}), timeout=120).ok
+
+
+@pytest.mark.parametrize("field", ["cfg_high", "shift"])
+def test_nan_guidance_or_shift_is_refused(comfy_server: ComfyServer, field: str) -> None:
+    graph = workflow(**{"6": {field: float("nan")}})
+    # requests refuses to send NaN in JSON; ComfyUI's parser (Python's json) accepts it.
+    body = json.dumps({"prompt": graph, "client_id": comfy_server._events.client_id})
+    reply = comfy_server._session.post(f"{comfy_server.url}/prompt", data=body,
+                                       headers={"Content-Type": "application/json"}, timeout=30)
+    if reply.status_code == 400:  # refused by ComfyUI's own validation: it must name the field
+        assert field in reply.text, reply.text
+    else:
+        result = comfy_server.wait(reply.json()["prompt_id"], timeout=120)
+        assert result.status == "error", result.describe()
+        assert f"{field}" in result.error["exception_message"] and "must be a finite number" in \
+            result.error["exception_message"], result.describe()
+    assert comfy_server.run(workflow(), timeout=120).ok
 
 
 def test_prompt_over_512_tokens_runs_truncated_with_a_warning(comfy_server: ComfyServer) -> None:

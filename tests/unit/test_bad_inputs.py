@@ -8,7 +8,8 @@ Cases already covered elsewhere (not repeated here):
 - poses of the wrong shape, NaN/inf, not rotations, zero/negative focal lengths, count
   mismatches: test_camera.py::test_validation_names_the_field; fewer poses than frames:
   test_nodes.py::test_camera_from_input_files;
-- empty prompt: test_pipeline.py::test_empty_prompt_is_refused; missing tokenizer:
+- empty prompts (encoded, as the reference does), lone surrogates:
+  test_pipeline.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default; missing tokenizer:
   test_t5.py::test_tokenizer_errors_name_folder_and_files; tokenizer truncation:
   test_t5.py::test_tokenizer_truncates_with_warning;
 - missing / wrong-layout expert folders, truncated safetensors, corrupt headers, config.json

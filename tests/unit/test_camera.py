@@ -171,9 +171,9 @@ def test_usable_frames() -> None:
 def test_intrinsics_rescaling() -> None:
     k = np.array([500.0, 480.0, 416.0, 240.0])
     half_w = scale_intrinsics(k, 480, 416)
-    torch.testing.assert_close(half_w, torch.tensor([250.0, 480.0, 208.0, 240.0], dtype=torch.float64))
+    torch.testing.assert_close(half_w, torch.tensor([250.0, 480.0, 208.0, 240.0], dtype=torch.float32))
     to_720p = scale_intrinsics(k, 720, 1280)
-    torch.testing.assert_close(to_720p, torch.tensor([500 * 1280 / 832, 480 * 1.5, 640.0, 360.0], dtype=torch.float64))
+    torch.testing.assert_close(to_720p, torch.tensor([500 * 1280 / 832, 480 * 1.5, 640.0, 360.0], dtype=torch.float32))
 
 
 def test_camera_tensor_of_a_static_camera_is_the_folded_pinhole_grid() -> None:

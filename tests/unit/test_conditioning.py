@@ -111,7 +111,9 @@ def test_every_mode_converts(mode: str) -> None:
     assert rgb.mode == "RGB" and rgb.size == image.size
     t = image_to_tensor(image, 32, 48)
     assert t.shape == (3, 32, 48) and t.dtype == torch.float32
-    assert torch.isfinite(t).all() and t.min() >= -1 and t.max() <= 1
+    # Unclamped like the reference: bicubic overshoots [-1, 1] at edges (a 1-bit picture's
+    # hard 2-D edges most: 1.64 here), but stays bounded.
+    assert torch.isfinite(t).all() and t.abs().max() <= 2.0
     assert t.std() > 0.05  # the picture survived, not a flat frame
 
 
@@ -149,9 +151,9 @@ def test_rgb_matches_the_reference_resize() -> None:
     arr = _rgb_pattern(40, 56)
     ref = torch.from_numpy(arr).permute(2, 0, 1).float() / 255 * 2 - 1
     ref = F.interpolate(ref[None], size=(32, 48), mode="bicubic", align_corners=False)[0]
-    ours = image_to_tensor(Image.fromarray(arr), 32, 48, clamp=False)
+    ours = image_to_tensor(Image.fromarray(arr), 32, 48)  # not clamped by default, as there
     torch.testing.assert_close(ours, ref)
-    torch.testing.assert_close(image_to_tensor(Image.fromarray(arr), 32, 48), ref.clamp(-1, 1))
+    torch.testing.assert_close(image_to_tensor(Image.fromarray(arr), 32, 48, clamp=True), ref.clamp(-1, 1))
     small = _rgb_pattern(32, 48)  # already at the target size: no resampling at all
     same_size = image_to_tensor(Image.fromarray(small), 32, 48)
     torch.testing.assert_close(same_size, torch.from_numpy(small).permute(2, 0, 1).float() / 127.5 - 1)

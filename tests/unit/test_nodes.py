@@ -386,8 +386,8 @@ def test_text_node_encodes_caches_and_validates(installed):
     again = _text(installed)
     assert again.from_cache
     torch.testing.assert_close(again.positive, text.positive)
-    with pytest.raises(ValueError, match="prompt is empty"):
-        LingBotWorldTextEncode.execute(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", "  ", "", "auto")
+    with pytest.raises(ValueError, match="prompt: character 2 is a lone surrogate"):
+        LingBotWorldTextEncode.execute(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", "ab\ud800", "", "auto")
     with pytest.raises(ValueError, match="tokenizer: folder"):
         LingBotWorldTextEncode.execute(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/nope", "x", "", "auto")
 

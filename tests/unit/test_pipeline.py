@@ -15,6 +15,7 @@ from comfyui_lingbot_world.pipeline import image as image_stage
 from comfyui_lingbot_world.pipeline import text as text_stage
 from comfyui_lingbot_world.pipeline.run import CameraRequest, generate
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for
+from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 
 H, W = 32, 48
 PARAMS = SamplingParams(steps=4, shift=5.0, seed=7)
@@ -110,10 +111,17 @@ def test_text_stage_frees_encoder_and_caches(packages, tmp_path, monkeypatch):
     assert torch.equal(again.positive, first.positive) and torch.equal(again.negative, first.negative)
 
 
-def test_empty_prompt_is_refused(packages):
+def test_empty_prompt_is_encoded_and_empty_negative_is_the_default(packages):
+    """The reference encodes an empty prompt like any other (just </s>) and replaces an
+    empty negative prompt by the config's default one (SPEC §10)."""
     files = find_package(packages["nf4"])
-    with pytest.raises(ValueError, match="prompt is empty"):
-        text_stage.encode_text(files.t5, files.tokenizer, "   ", "", "cpu")
+    empty = text_stage.encode_text(files.t5, files.tokenizer, "", "", "cpu")
+    default = text_stage.encode_text(files.t5, files.tokenizer, "", DEFAULT_NEGATIVE_PROMPT, "cpu")
+    assert empty.positive.shape[0] == 1  # the end-of-sequence token alone
+    torch.testing.assert_close(empty.negative, default.negative)
+    assert empty.negative.shape[0] > 50  # the long default prompt, not an empty one
+    with pytest.raises(ValueError, match="negative_prompt: character 1 is a lone surrogate"):
+        text_stage.encode_text(files.t5, files.tokenizer, "x", "a\udfff", "cpu")
 
 
 @pytest.mark.parametrize("mode", ["L", "LA", "P", "RGBA", "I;16", "CMYK"])
