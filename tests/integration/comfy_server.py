@@ -107,6 +107,11 @@ class RunResult:
         return text
 
 
+def combo_options(spec: list) -> list:
+    """A combo input's choices from /object_info: V1 ``[[...], {...}]`` or V3 ``["COMBO", {"options": [...]}]``."""
+    return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

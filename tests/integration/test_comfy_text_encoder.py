@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 
 import tiny_package
 from comfy_host import ROOT
-from comfy_server import ComfyServer, require_host, video_info
+from comfy_server import ComfyServer, combo_options, require_host, video_info
 
 from comfyui_lingbot_world.loaders.synthetic_t5 import COMFY_T5_FILES, train_sentencepiece, write_comfy_t5
 from comfyui_lingbot_world.loaders.t5_loader import load_t5
@@ -100,9 +100,9 @@ def encode_graph(fmt: str) -> dict:
 
 def test_text_encode_offers_the_tokenizer_in_the_file(comfy_server: ComfyServer) -> None:
     inputs = comfy_server.object_info("LingBotWorldTextEncode")["input"]["required"]
-    assert FROM_FILE in inputs["tokenizer"][0]
+    assert FROM_FILE in combo_options(inputs["tokenizer"])
     for fmt in FORMATS:
-        assert f"text_encoders/{COMFY_T5_FILES[fmt]}" in inputs["t5_file"][0]
+        assert f"text_encoders/{COMFY_T5_FILES[fmt]}" in combo_options(inputs["t5_file"])
     assert COMFY_T5_FILES["bf16"] in comfy_server.object_info("CLIPLoader")["input"]["required"]["clip_name"][0]
 
 
