@@ -33,7 +33,15 @@ for what in "$@"; do
         p480eager) LINGBOT_FUSED=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
         soak) bench soak --size 240x416 --frames 17 --steps 4 --runs 5 --camera-dir "$CAM" --out "$OUT/soak_gpu.json" ;;
-        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit/test_fused.py tests/unit/test_dense.py tests/unit/test_model.py tests/unit/test_block_swap.py tests/unit/test_step_cache.py tests/unit/test_lora.py $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -60 ;;
+        gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -40 ;;
+        preview) python3 bench/preview_cost.py --comfy .bench_host --out "$OUT/preview_cost_480p.json" 2>&1 | grep -v "^WARNING" | tail -4 ;;
+        nonfinite) python3 bench/nonfinite_cost.py --out "$OUT/nonfinite_cost.json" 2>&1 | tail -4 ;;
+        vae480) python3 bench/vae_precision.py --cases 480p --out "$OUT/vae_precision_480p.json" 2>&1 | tail -4 ;;
+        vae720) python3 bench/vae_precision.py --cases 720p --out "$OUT/vae_precision_720p.json" 2>&1 | tail -4 ;;
+        small8)  # the smallest card: 8 GB, text encoder on the CPU, block swap, sequential CFG
+            bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 8 --block-swap "${SWAP_BLOCKS:-4}" \
+                --no-batch-cfg --text-device cpu --decode-tile 32 --image "$CAM/image.jpg" --camera-dir "$CAM" \
+                --out "$OUT/p480_cap8_swap_seqcfg.json" ;;
         p720) bench pipeline --size 720x1280 --frames 81 --steps 3 --vram-cap-gb 24 --kernel-floor --decode-tile 32 \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p720_cap24.json" ;;
         swap12) bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 12 --block-swap "${SWAP_BLOCKS:-20}" \

@@ -1,6 +1,7 @@
 """Stage 4: latent -> video frames, with the VAE freed after."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
@@ -47,6 +48,7 @@ def decode(
     finally:
         release_module(vae)
         del vae
-    check_finite(video, f"the decoded video ({Path(vae_file).name}, {precision})",
+    source = "the connected VAE" if isinstance(vae_file, Mapping) else Path(vae_file).name
+    check_finite(video, f"the decoded video ({source}, {precision})",
                  "NaN or inf weights in the VAE file, or an overflow in bf16 (use fp32)")
     return video
