@@ -95,7 +95,8 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def _on_device(device: torch.device):
-    """Make ``device`` the thread's current CUDA device (kernels go to its streams)."""
+    """Make ``device`` the thread's current CUDA device: Triton kernels (wan/fused.py) launch on
+    the current device, which is ComfyUI's first GPU unless an expert lives on another one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
@@ -142,7 +143,7 @@ class _ActiveExpert:
         self.negative = text.negative.to(self.device)
         self.camera_tokens = None
         if camera is not None:  # the camera tokens do not change between steps or CFG branches
-            with torch.inference_mode():
+            with _on_device(self.device), torch.inference_mode():
                 self.camera_tokens = model.prepare_camera(camera.plucker.to(self.device))
         self.split = None if uncond_model is None else _UncondCopy(uncond_model, self.y, self.negative,
                                                                    self.camera_tokens)
@@ -165,7 +166,7 @@ class _ActiveExpert:
         """The raw conditional (and unconditional, when asked) predictions of one step."""
         x = latent[None].to(self.device)
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
-        with torch.inference_mode():
+        with _on_device(self.device), torch.inference_mode():
             if not uncond:
                 return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0], None
             if self.split is not None:
@@ -180,7 +181,7 @@ class _ActiveExpert:
     def velocity(self, latent: torch.Tensor, timestep: float, guide: float, batch_cfg: bool) -> torch.Tensor:
         x = latent[None].to(self.device)
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
-        with torch.inference_mode():
+        with _on_device(self.device), torch.inference_mode():
             if guide == 1.0:  # no guidance: the unconditional branch is not needed
                 return self.model(x, t, [self.positive], y=self.y, camera_tokens=self.camera_tokens)[0].float()
             if self.split is not None:
@@ -223,7 +224,7 @@ def sample(
 
     ``stats``, when given, is filled with the forwards computed, skipped and truncated.
     ``on_preview(done, total, x0)`` gets each step's prediction of the clean (normalized)
-    latent [16, F_lat, H/8, W/8] on the expert's device, for live previews.
+    latent [16, F_lat, H/8, W/8] on the first expert's device (with one GPU, the expert's), for live previews.
 
     A CUDA out-of-memory error releases the expert and is raised again as a
     ``torch.cuda.OutOfMemoryError`` (so hosts still see an OOM) that names the size and
@@ -285,6 +286,7 @@ def _denoise(
     policy = StepPolicy(params.steps, params.cache_threshold, params.cache_warmup, params.cfg_truncate,
                         params.batch_cfg, stats)
     in_expert = 0
+    preview_device: torch.device | None = None  # where the run started: ComfyUI's previewer runs there
     try:
         for index, timestep in enumerate(timesteps):
             if check_interrupt:
@@ -295,6 +297,8 @@ def _denoise(
                     _deactivate(experts, active)
                     active = None
                 active = _activate(experts, name, text, condition, camera)
+                if preview_device is None:
+                    preview_device = active.device
                 latent = latent.to(active.device)
                 policy.expert_changed()
                 in_expert = 0
@@ -303,7 +307,8 @@ def _denoise(
             velocity = policy.velocity(active, latent, timestep, guide, index, in_expert, last_in_expert)
             in_expert += 1
             if on_preview:  # flow matching: x_t = x0 + sigma * velocity
-                on_preview(index + 1, params.steps, latent - float(sampler.sigmas[index]) * velocity)
+                on_preview(index + 1, params.steps,
+                           (latent - float(sampler.sigmas[index]) * velocity).to(preview_device))
             latent = sampler.step(velocity, index, latent)
             if on_step:
                 on_step(index + 1, params.steps)

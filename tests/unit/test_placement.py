@@ -286,3 +286,21 @@ def test_acquire_uncond_without_a_second_copy_is_refused(files):
     source = PlacedDiskExperts(files.high, files.low, placement_on("expert_per_gpu", TWO))
     with pytest.raises(ValueError, match="only cfg_split has a second copy"):
         source.acquire_uncond("high")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("mode", ["expert_per_gpu", "cfg_split"])
+def test_two_gpus_match_one(files, mode):
+    """The real tiny DiT on two GPUs (Triton kernels on the second GPU, the worker thread) vs one."""
+    text, condition = _inputs()
+    camera = camera_from_preset("dolly_in", 1.0, 9, 32, 48)
+    params = SamplingParams(steps=4, shift=5.0, seed=3, batch_cfg=False)
+    want = sample(DiskExperts(files.high, files.low, "cuda:0"), text, condition, camera, params)
+    source = PlacedDiskExperts(files.high, files.low, cuda_placement(mode, torch.cuda.device_count()))
+    previews: set[torch.device] = set()
+    got = sample(source, text, condition, camera, params, on_preview=lambda d, n, x0: previews.add(x0.device))
+    source.close()
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)  # two GPUs of one model: expected equal
+    assert previews == {torch.device("cuda", 0)}
+    assert torch.cuda.memory_allocated(1) == 0
