@@ -43,7 +43,13 @@ from comfyui_lingbot_world.pipeline.camera import camera_from_preset  # noqa: E4
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import PlacedDiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
-from comfyui_lingbot_world.pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement, placement_on  # noqa: E402
+from comfyui_lingbot_world.pipeline.placement import (  # noqa: E402
+    GPUS_NEEDED,
+    PLACEMENTS,
+    Placement,
+    cuda_placement,
+    placement_on,
+)
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
@@ -105,7 +111,8 @@ def run_sampling(source, text, condition, camera, params: SamplingParams) -> tup
     return latent, step_times, time.perf_counter() - started
 
 
-def run_placement(args, files, mode: str, inputs, params: SamplingParams, reference: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+def run_placement(args, files, mode: str, inputs, params: SamplingParams,
+                  reference: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
     text, condition, camera = inputs
     placement = placement_for(mode, args.device)
     record = {"devices": mode, "gpus": [str(d) for d in placement.devices]}
@@ -124,7 +131,8 @@ def run_placement(args, files, mode: str, inputs, params: SamplingParams, refere
     video = decode(files.vae, latent, placement.devices[0], tile=args.decode_tile or None)
     sync()
     decode_s = time.perf_counter() - started
-    names = [expert_for(t, params.boundary) for t in make_sampler(params.sampler, params.steps, params.shift).timesteps.tolist()]
+    timesteps = make_sampler(params.sampler, params.steps, params.shift).timesteps.tolist()
+    names = [expert_for(t, params.boundary) for t in timesteps]
     first_of = {names.index(n) for n in set(names)}  # steps that include an expert load
     steady = [t for i, t in enumerate(step_times) if i not in first_of]
     record |= {
@@ -142,7 +150,8 @@ def run_placement(args, files, mode: str, inputs, params: SamplingParams, refere
         record["latent_rel_err_vs_single"] = rel_err(latent, reference)
         record["latent_max_abs_vs_single"] = float((latent - reference).abs().max())
         record["latent_equal_to_single"] = bool(torch.equal(latent, reference))
-        record["latent_close_bf16"] = bool(torch.allclose(latent, reference, rtol=BF16_TOLERANCE, atol=BF16_TOLERANCE))
+        record["latent_close_bf16"] = bool(torch.allclose(latent, reference, rtol=BF16_TOLERANCE,
+                                                          atol=BF16_TOLERANCE))
     return record, latent
 
 
