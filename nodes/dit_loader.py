@@ -3,17 +3,38 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from comfy_api.latest import io
+
+import comfy.model_management as mm
 
 from ..loaders.errors import CheckpointError
 from ..loaders.layout import detect_expert_layout, read_config
+from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import types
-from .expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher
+from .expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
 from .model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
 MAX_BLOCK_SWAP = 40  # the A14B experts have 40 blocks; a larger count means "all on the GPU"
+
+
+def placement_for(devices: str) -> Placement | None:
+    """The multi-GPU placement the ``devices`` option asks for; None for ``single``.
+
+    The first slot is the GPU ComfyUI computes on; a clear error when too few are visible.
+    """
+    if devices not in PLACEMENTS:
+        raise ValueError(f"devices: {devices!r} is not one of {', '.join(PLACEMENTS)}")
+    if devices == "single":
+        return None
+    comfy_device = mm.get_torch_device()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if comfy_device.type != "cuda":
+        raise ValueError(f"devices={devices} needs {GPUS_NEEDED[devices]} CUDA GPUs, but ComfyUI computes on "
+                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
+    return cuda_placement(devices, count, first=comfy_device.index or 0)
 
 
 class LingBotWorldDiTLoader(io.ComfyNode):
@@ -49,6 +70,13 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                              "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
                              "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
                              "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed."),
+                io.Combo.Input("devices", options=list(PLACEMENTS), default="single",
+                               tooltip="single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 "
+                               "expert plus activations). expert_per_gpu: high-noise expert on GPU 0, low-noise on "
+                               "GPU 1; no switch, and both stay loaded for the next run. cfg_split: the running "
+                               "expert on GPUs 0 and 1, the prompt branch on GPU 0 and the negative branch on GPU 1 "
+                               "at the same time (about half the time per step). Both need 2 GPUs; see "
+                               "docs/multi_gpu.md."),
             ],
             outputs=[types.DiT.Output("dit", display_name="dit",
                                       tooltip="Both experts, for the LingBot-World Dual-Expert Sampler.")],
@@ -59,11 +87,13 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         return types.offered(cls, high_noise=high_noise, low_noise=low_noise)
 
     @classmethod
-    def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0) -> io.NodeOutput:
+    def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,
+                devices: str = "single") -> io.NodeOutput:
         if bf16_quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
         if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
             raise ValueError(f"block_swap: {block_swap!r} is not a block count from 0 (off) to {MAX_BLOCK_SWAP}")
+        placement = placement_for(devices)  # before any file is read: a missing GPU fails at once
         options = ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize,
                                     block_swap=block_swap or None)
         folders = {
@@ -82,6 +112,9 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])
+        if placement is not None:
+            log.info("LingBot: devices=%s on %s", devices, ", ".join(str(d) for d in placement.devices))
+            return io.NodeOutput(experts_for_placement(folders, options, high_config, placement))
         experts = DiTExperts(
             high=ExpertPatcher.for_folder("high", folders["high"], options),
             low=ExpertPatcher.for_folder("low", folders["low"], options),

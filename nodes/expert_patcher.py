@@ -22,7 +22,7 @@ ComfyUI are overridden; ``__init__`` keeps ``ModelPatcher``'s signature so that
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from comfy.model_patcher import ModelPatcher
 
 from ..pipeline.experts import expert_memory, load_expert
 from ..pipeline.memory import release_module
+from ..pipeline.placement import Placement
 from ..wan.config import DiTConfig
 
 log = logging.getLogger(__name__)
@@ -189,11 +190,19 @@ class ExpertPatcher(ModelPatcher):
 
 @dataclass
 class DiTExperts:
-    """The LINGBOT_DIT value: both experts of one model, each under its own patcher."""
+    """The LINGBOT_DIT value: both experts of one model, each under its own patcher.
+
+    ``high`` and ``low`` are the patchers on each expert's first device. With a multi-GPU
+    ``placement`` (pipeline/placement.py), ``copies`` holds a patcher for every
+    (expert, slot) pair, each with that slot's device as its load device, so ComfyUI's
+    memory manager accounts and evicts every copy on its own GPU.
+    """
 
     high: ExpertPatcher
     low: ExpertPatcher
     config: DiTConfig  # geometry shared by both experts (from config.json)
+    placement: Placement | None = None  # None: one device, the experts take turns (today's behaviour)
+    copies: dict[tuple[str, int], ExpertPatcher] = field(default_factory=dict)
 
     def patcher(self, name: str) -> ExpertPatcher:
         if name == "high":
@@ -202,9 +211,31 @@ class DiTExperts:
             return self.low
         raise ValueError(f"unknown expert {name!r}; expected 'high' or 'low'")
 
+    def patchers(self, name: str) -> list[ExpertPatcher]:
+        """Every patcher of ``name``, in slot order (the first runs the conditional branch)."""
+        first = self.patcher(name)
+        if self.placement is None:
+            return [first]
+        return [self.copies[(name, slot)] for slot in self.placement.slots(name)]
+
+    def all_patchers(self) -> list[ExpertPatcher]:
+        return self.patchers("high") + self.patchers("low")
+
     def get_ram_usage(self) -> int:
         # Newer ComfyUI hosts weigh cached node outputs by this when RAM runs short.
-        return self.high.get_ram_usage() + self.low.get_ram_usage()
+        return sum(p.get_ram_usage() for p in self.all_patchers())
+
+
+def experts_for_placement(folders: dict[str, Path], options: ExpertLoadOptions, config: DiTConfig,
+                          placement: Placement) -> DiTExperts:
+    """One patcher per (expert, slot) of ``placement``, each loading to its slot's device."""
+    copies = {
+        (name, slot): ExpertPatcher.for_folder(name, folders[name], options, load_device=placement.devices[slot])
+        for name in ("high", "low") for slot in placement.slots(name)
+    }
+    return DiTExperts(high=copies[("high", placement.slots("high")[0])],
+                      low=copies[("low", placement.slots("low")[0])],
+                      config=config, placement=placement, copies=copies)
 
 
 def unload_patcher(patcher: ModelPatcher) -> None:
@@ -221,28 +252,67 @@ def unload_patcher(patcher: ModelPatcher) -> None:
 class ComfyExpertSource:
     """pipeline.sampling.ExpertSource on top of ComfyUI's model manager.
 
-    ``acquire`` asks ComfyUI to load the expert (evicting other models as needed);
-    ``release`` unloads it at once, so the two experts are never resident together.
+    ``acquire`` asks ComfyUI to load the expert (every copy the placement asks for, evicting
+    other models as needed); ``release`` unloads it at once when the other expert needs its
+    device, so with one device the two experts are never resident together. With
+    ``expert_per_gpu`` the experts share no GPU: ``release`` and ``close`` keep them loaded
+    under ComfyUI's memory manager (which evicts them when it needs the memory), so the
+    next run reloads nothing; ``abort`` (error, interrupt) unloads every copy.
     """
 
     def __init__(self, experts: DiTExperts, inference_memory: int = 0) -> None:
         self.experts = experts
         self.inference_memory = int(inference_memory)
 
+    @property
+    def cfg_split(self) -> bool:
+        placement = self.experts.placement
+        return placement is not None and placement.cfg_split
+
+    def _keeps_resident(self) -> bool:
+        placement = self.experts.placement
+        return placement is not None and placement.keeps_resident
+
     def acquire(self, name: str) -> nn.Module:
-        patcher = self.experts.patcher(name)
-        other = self.experts.patcher("low" if name == "high" else "high")
-        if other.is_resident():
-            unload_patcher(other)
-        mm.load_models_gpu([patcher], memory_required=self.inference_memory, force_full_load=True)
+        patchers = self.experts.patchers(name)
+        other = "low" if name == "high" else "high"
+        placement = self.experts.placement
+        if placement is None:
+            in_the_way = [self.experts.patcher(other)]
+        else:
+            in_the_way = [self.experts.copies[(other, slot)] for slot in placement.conflicts(name, other)]
+        for patcher in in_the_way:
+            if patcher.is_resident():
+                unload_patcher(patcher)
+        mm.load_models_gpu(patchers, memory_required=self.inference_memory, force_full_load=True)
+        return self._module(name, patchers[0])
+
+    def acquire_uncond(self, name: str) -> nn.Module:
+        """CFG split: the copy of ``name`` on the second GPU (loaded by ``acquire``)."""
+        patchers = self.experts.patchers(name)
+        if len(patchers) < 2:
+            raise ValueError(f"the {name}-noise expert has one copy; only devices=cfg_split has a second one")
+        return self._module(name, patchers[1])
+
+    @staticmethod
+    def _module(name: str, patcher: ExpertPatcher) -> nn.Module:
         module = patcher.expert
         if module is None:  # load_models_gpu returned without loading: a host we do not know
-            raise RuntimeError(f"ComfyUI did not load the {name}-noise expert from {patcher.model.folder}")
+            raise RuntimeError(f"ComfyUI did not load the {name}-noise expert from {patcher.model.folder} "
+                               f"to {patcher.load_device}")
         return module
 
     def release(self, name: str) -> None:
-        unload_patcher(self.experts.patcher(name))
+        if self._keeps_resident():
+            return
+        for patcher in self.experts.patchers(name):
+            unload_patcher(patcher)
+
+    def abort(self) -> None:
+        for patcher in self.experts.all_patchers():
+            unload_patcher(patcher)
 
     def close(self) -> None:
-        for name in ("high", "low"):
-            self.release(name)
+        if self._keeps_resident():
+            return
+        self.abort()

@@ -14,6 +14,7 @@ from ..loaders.layout import CONFIG_FILE, detect_expert_layout, read_config
 from ..loaders.nf4 import load_nf4_expert, open_nf4_weights, read_quantization_meta
 from ..wan.block_swap import resident_blocks, swapped_weight_keys
 from .memory import build_or_release, release_module, resolve_device
+from .placement import Placement
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt")
 
@@ -119,3 +120,63 @@ class DiskExperts:
     def close(self) -> None:
         for name in list(self._resident):
             self.release(name)
+
+
+class PlacedDiskExperts:
+    """ExpertSource for use outside ComfyUI that follows a ``Placement`` (several devices).
+
+    Copies are keyed by (expert, slot). Acquiring an expert first frees the other expert's
+    copies on the slots it needs; ``release`` frees an expert only where the placement does
+    not keep it resident; ``close`` and ``abort`` free everything.
+    """
+
+    def __init__(self, high: str | Path, low: str | Path, placement: Placement, quantize: str | None = None,
+                 block_swap: int | None = None) -> None:
+        self.folders = {"high": Path(high), "low": Path(low)}
+        self.placement = placement
+        self.quantize = quantize
+        self.block_swap = block_swap
+        self._resident: dict[tuple[str, int], nn.Module] = {}
+
+    @property
+    def cfg_split(self) -> bool:
+        return self.placement.cfg_split
+
+    def resident(self) -> dict[tuple[str, int], nn.Module]:
+        return dict(self._resident)
+
+    def _load(self, name: str, slot: int) -> nn.Module:
+        key = (name, slot)
+        if key not in self._resident:
+            self._resident[key] = load_expert(self.folders[name], self.placement.devices[slot], self.quantize,
+                                              block_swap=self.block_swap)
+        return self._resident[key]
+
+    def acquire(self, name: str) -> nn.Module:
+        other = "low" if name == "high" else "high"
+        for slot in self.placement.conflicts(name, other):
+            release_module(self._resident.pop((other, slot), None))
+        models = [self._load(name, slot) for slot in self.placement.slots(name)]
+        return models[0]
+
+    def acquire_uncond(self, name: str) -> nn.Module:
+        slots = self.placement.slots(name)
+        if len(slots) < 2:
+            raise ValueError(f"devices={self.placement.mode} keeps one copy of the {name}-noise expert; "
+                             "only cfg_split has a second copy for the unconditional branch")
+        return self._load(name, slots[1])
+
+    def release(self, name: str) -> None:
+        if self.placement.keeps_resident:
+            return  # no other expert ever needs its device: it stays for the next run
+        self._free(name)
+
+    def _free(self, name: str) -> None:
+        for key in [k for k in self._resident if k[0] == name]:
+            release_module(self._resident.pop(key))
+
+    def abort(self) -> None:
+        for name in ("high", "low"):
+            self._free(name)
+
+    close = abort

@@ -1,7 +1,10 @@
 """Stage 3: denoise with the two experts, high-noise first, one resident at a time."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -24,6 +27,15 @@ class ExpertSource(Protocol):
     def acquire(self, name: str) -> nn.Module: ...
 
     def release(self, name: str) -> None: ...
+
+
+class SplitExpertSource(ExpertSource, Protocol):
+    """A source whose ``cfg_split`` is True also holds a second copy of the acquired expert
+    on another device, for the unconditional branch (pipeline/placement.py)."""
+
+    cfg_split: bool
+
+    def acquire_uncond(self, name: str) -> nn.Module: ...
 
 
 @dataclass(frozen=True)
@@ -91,11 +103,50 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(t.device for t in model.parameters())
 
 
+def _on_device(device: torch.device):
+    """Make ``device`` the thread's current CUDA device: Triton kernels (wan/fused.py) launch on
+    the current device, which is ComfyUI's first GPU unless an expert lives on another one."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class _UncondCopy:
+    """CFG split: the second copy of the expert, run for the unconditional branch from a worker
+    thread so that both devices compute at once (the forward releases the GIL in CUDA calls)."""
+
+    def __init__(self, model: nn.Module, y: torch.Tensor, negative: torch.Tensor,
+                 camera_tokens: torch.Tensor | None, cancel: Callable[[], None] | None = None) -> None:
+        self.model = model
+        self.extra = {"cancel": cancel} if cancel else {}
+        self.device = _device_of(model)
+        self.y, self.negative = y.to(self.device), negative.to(self.device)
+        # Copied, not recomputed: the same weights give the same tokens, and a copy is exact.
+        self.camera_tokens = None if camera_tokens is None else camera_tokens.to(self.device)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-cfg-split")
+
+    def _forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with _on_device(self.device), torch.inference_mode():
+            return self.model(x.to(self.device), t.to(self.device), [self.negative], y=self.y,
+                              camera_tokens=self.camera_tokens, **self.extra)[0]
+
+    def start(self, x: torch.Tensor, t: torch.Tensor):
+        # A new thread does not inherit context variables (the run's attention choice): copy them.
+        return self._worker.submit(contextvars.copy_context().run, self._forward, x, t)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
 class _ActiveExpert:
-    """The expert in use, its device, and what stays fixed while it is resident."""
+    """The expert in use, its device, and what stays fixed while it is resident.
+
+    With ``uncond_model`` (CFG split) the unconditional branch runs on that model's device
+    at the same time as the conditional one and is combined on this expert's device; when
+    no unconditional branch is needed (guidance 1, CFG truncation) the second device idles.
+    """
 
     def __init__(self, name: str, model: nn.Module, text: TextEmbeddings, condition: I2VCondition,
-                 camera: CameraCondition | None, cancel: Callable[[], None] | None = None) -> None:
+                 camera: CameraCondition | None, uncond_model: nn.Module | None = None,
+                 cancel: Callable[[], None] | None = None) -> None:
         self.name, self.model, self.cancel = name, model, cancel
         self.device = _device_of(model)
         self.y = condition.y[None].to(self.device)
@@ -103,8 +154,23 @@ class _ActiveExpert:
         self.negative = text.negative.to(self.device)
         self.camera_tokens = None
         if camera is not None:  # the camera tokens do not change between steps or CFG branches
-            with torch.inference_mode():
+            with _on_device(self.device), torch.inference_mode():
                 self.camera_tokens = model.prepare_camera(camera.plucker.to(self.device))
+        self.split = None if uncond_model is None else _UncondCopy(uncond_model, self.y, self.negative,
+                                                                   self.camera_tokens, cancel)
+
+    def close(self) -> None:
+        if self.split is not None:
+            self.split.close()
+            self.split = None
+
+    def _split_branches(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pending = self.split.start(x, t)
+        try:
+            cond = self._forward(x, t, [self.positive], self.y)[0]
+        finally:
+            uncond = pending.result()  # always wait: the worker must not outlive a failed step
+        return cond, uncond.to(self.device)
 
     def _forward(self, x: torch.Tensor, t: torch.Tensor, context: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         # cancel: checked before every transformer block (see LingBotDiT.forward)
@@ -116,9 +182,11 @@ class _ActiveExpert:
         """The raw conditional (and unconditional, when asked) predictions of one step."""
         x = latent[None].to(self.device)
         t = torch.tensor([timestep], device=self.device, dtype=torch.float32)
-        with torch.inference_mode():
+        with _on_device(self.device), torch.inference_mode():
             if not uncond:
                 return self._forward(x, t, [self.positive], self.y)[0], None
+            if self.split is not None:
+                return self._split_branches(x, t)
             if batch_cfg:
                 both = self._forward(x.expand(2, -1, -1, -1, -1), t.expand(2), [self.positive, self.negative],
                                      self.y.expand(2, -1, -1, -1, -1))
@@ -171,7 +239,7 @@ def sample(
 
     ``stats``, when given, is filled with the forwards computed, skipped and truncated.
     ``on_preview(done, total, x0)`` gets each step's prediction of the clean (normalized)
-    latent [16, F_lat, H/8, W/8] on the expert's device, for live previews.
+    latent [16, F_lat, H/8, W/8] on the first expert's device (with one GPU, the expert's), for live previews.
 
     A CUDA out-of-memory error releases the expert and is raised again as a
     ``torch.cuda.OutOfMemoryError`` (so hosts still see an OOM) that names the size and
@@ -186,8 +254,32 @@ def sample(
         # Keep only the text: the exception's traceback holds the step's activations
         # (on the GPU) until it is gone, which it is once this block ends.
         detail = str(exc)
+    except BaseException:
+        _abort(experts)
+        raise
+    _abort(experts)
     empty_device_cache()
     raise torch.cuda.OutOfMemoryError(out_of_memory_message(condition, detail))
+
+
+def _abort(experts: ExpertSource) -> None:
+    """After an error or interrupt: a source that keeps experts resident between runs
+    (expert per GPU) frees them all now, so ComfyUI goes on with the memory released."""
+    abort = getattr(experts, "abort", None)
+    if abort is not None:
+        abort()
+
+
+def _activate(experts: ExpertSource, name: str, text: TextEmbeddings, condition: I2VCondition,
+              camera: CameraCondition | None, cancel: Callable[[], None] | None = None) -> _ActiveExpert:
+    model = experts.acquire(name)
+    uncond_model = experts.acquire_uncond(name) if getattr(experts, "cfg_split", False) else None
+    return _ActiveExpert(name, model, text, condition, camera, uncond_model, cancel)
+
+
+def _deactivate(experts: ExpertSource, active: _ActiveExpert) -> None:
+    active.close()
+    experts.release(active.name)
 
 
 def _denoise(
@@ -209,6 +301,7 @@ def _denoise(
     policy = StepPolicy(params.steps, params.cache_threshold, params.cache_warmup, params.cfg_truncate,
                         params.batch_cfg, stats)
     in_expert = 0
+    preview_device: torch.device | None = None  # where the run started: ComfyUI's previewer runs there
     try:
         for index, timestep in enumerate(timesteps):
             if check_interrupt:
@@ -216,9 +309,11 @@ def _denoise(
             name = expert_for(timestep, params.boundary)
             if active is None or active.name != name:
                 if active is not None:
-                    experts.release(active.name)
+                    _deactivate(experts, active)
                     active = None
-                active = _ActiveExpert(name, experts.acquire(name), text, condition, camera, cancel=check_interrupt)
+                active = _activate(experts, name, text, condition, camera, check_interrupt)
+                if preview_device is None:
+                    preview_device = active.device
                 latent = latent.to(active.device)
                 policy.expert_changed()
                 in_expert = 0
@@ -227,7 +322,8 @@ def _denoise(
             velocity = policy.velocity(active, latent, timestep, guide, index, in_expert, last_in_expert)
             in_expert += 1
             if on_preview:  # flow matching: x_t = x0 + sigma * velocity
-                on_preview(index + 1, params.steps, latent - float(sampler.sigmas[index]) * velocity)
+                on_preview(index + 1, params.steps,
+                           (latent - float(sampler.sigmas[index]) * velocity).to(preview_device))
             latent = sampler.step(velocity, index, latent)
             if not is_finite(latent):  # one fused reduction per step: a NaN never becomes a black video
                 raise NonFiniteError(non_finite_message(index + 1, params.steps, name, condition, camera))
@@ -235,5 +331,5 @@ def _denoise(
                 on_step(index + 1, params.steps)
     finally:
         if active is not None:
-            experts.release(active.name)
+            _deactivate(experts, active)
     return latent.float().cpu()

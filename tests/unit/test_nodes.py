@@ -52,7 +52,7 @@ PKG = "lingbot/pkg"
 # The input order of every node: the UI format stores widget values in this order.
 EXPECTED_INPUTS = {
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], []),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap", "devices"], []),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
@@ -480,6 +480,28 @@ def test_dit_loader_block_swap_input(installed):
     assert swapped.high.model_size() == plain.high.model_size()
     text, i2v = _text(installed), _i2v()
     assert torch.equal(_sample(swapped, text, i2v, steps=2)["samples"], _sample(plain, text, i2v, steps=2)["samples"])
+
+
+def test_dit_loader_devices_option(installed, monkeypatch):
+    spec = LingBotWorldDiTLoader.INPUT_TYPES()["required"]["devices"]
+    assert _options(spec) == ["single", "expert_per_gpu", "cfg_split"] and spec[1]["default"] == "single"
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    plain = LingBotWorldDiTLoader.execute(high, low, "none", 0, "single")[0]
+    assert plain.placement is None and plain.copies == {}  # today's value, unchanged
+    with pytest.raises(ValueError, match="devices=cfg_split needs 2 CUDA GPUs.*computes on cpu"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "cfg_split")
+    with pytest.raises(ValueError, match="devices: 'many' is not one of"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "many")
+    # A host with one GPU, then with two (sizes only: nothing is loaded by the loader).
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"devices=expert_per_gpu needs 2 CUDA GPUs, but torch.cuda.device_count\(\) is 1"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "expert_per_gpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    split = LingBotWorldDiTLoader.execute(high, low, "none", 0, "expert_per_gpu")[0]
+    assert split.high.load_device == torch.device("cuda", 0) and split.low.load_device == torch.device("cuda", 1)
+    assert split.placement.mode == "expert_per_gpu" and split.get_ram_usage() == 0
 
 
 def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypatch):
