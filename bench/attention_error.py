@@ -108,7 +108,9 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, iters: int, warmu
     results: dict[str, dict] = {}
     for name in attn.BACKENDS:
         try:
-            with attn.attention_backend(name):
+            # The model calls attention in inference mode, and the captured q/k/v are inference
+            # tensors: kernels that write in place (SageAttention) need the same mode.
+            with attn.attention_backend(name), torch.inference_mode():
                 chosen = attn.backend_name(q.device)
                 out = attn.attention(q, k, v)
                 seconds = time_backend(attn.attention, q, k, v, iters, warmup)
