@@ -194,6 +194,7 @@ class DiTExperts:
     high: ExpertPatcher
     low: ExpertPatcher
     config: DiTConfig  # geometry shared by both experts (from config.json)
+    loras: tuple = ()  # pipeline.lora.LoraSpec from LoRA Loader nodes, applied while the sampler runs
 
     def patcher(self, name: str) -> ExpertPatcher:
         if name == "high":
