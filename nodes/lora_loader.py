@@ -22,7 +22,7 @@ MAX_STRENGTH = 4.0
 
 
 def lora_choices() -> list[str]:
-    """"none", then the files ComfyUI lists under models/loras."""
+    """The choice "none", then the files ComfyUI lists under models/loras."""
     return [NONE, *folder_paths.get_filename_list(LORA_KIND)]
 
 

@@ -1,6 +1,7 @@
 """LingBot-World Dual-Expert Sampler: high-noise expert first, then low-noise, one resident at a time."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 
@@ -21,10 +22,10 @@ from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import text_from_conditioning
+from ..wan.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import types
 from .devices import check_interrupt
 from .expert_patcher import ComfyExpertSource, DiTExperts
-from ..wan.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,21 @@ def _check_input(value, kind: type, field: str, source: str) -> None:
         raise ValueError(f"{field}: expected the output of {source}, got {type(value).__name__}")
 
 
-def attention_choice(attention: str) -> str | None:
-    """The run's attention backend for the sampler's ``attention`` input.
+def sage_installed() -> bool:
+    return importlib.util.find_spec("sageattention") is not None
 
-    ``auto`` leaves a backend forced for the whole process (LINGBOT_ATTENTION) in charge;
-    otherwise it is the per-run ``auto``: SDPA, or SageAttention on RTX 30/40 cards where
-    it is installed. Without sageattention that is SDPA, as before this input existed.
+
+def attention_choice(attention: str) -> str | None:
+    """The run's attention backend for the sampler's ``attention`` input (None: the process default).
+
+    ``auto`` without sageattention installed, or with a backend forced for the whole process
+    (LINGBOT_ATTENTION), is the process default, exactly as before this input existed (SDPA,
+    or flash-attn where installed). With sageattention installed it is the per-run ``auto``:
+    SDPA on H100-class GPUs, where the 8-bit kernel measured slower, SageAttention on RTX 30/40.
     """
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
-    if attention == "auto" and os.environ.get(ATTENTION_ENV_VAR, "").strip():
+    if attention == "auto" and (os.environ.get(ATTENTION_ENV_VAR, "").strip() or not sage_installed()):
         return None
     return attention
 

@@ -136,10 +136,15 @@ def test_all_off_is_the_old_sampler_bit_for_bit(installed):
 
 def test_auto_attention_without_sageattention_is_sdpa(monkeypatch):
     monkeypatch.delenv(attn.ENV_VAR, raising=False)
+    monkeypatch.setattr(sampler_module, "sage_installed", lambda: False)
     monkeypatch.setitem(attn._LOADERS, "sage", lambda: None)  # sageattention not installed
     attn.reset_backend_choice()
     try:
-        assert attention_choice("auto") == "auto"
+        assert attention_choice("auto") is None  # the process default, as before the input existed
+        with attn.attention_backend(attention_choice("auto")):
+            assert attn.backend_name("cpu") == "sdpa"
+        monkeypatch.setattr(sampler_module, "sage_installed", lambda: True)
+        assert attention_choice("auto") == "auto"  # then the per-run pick by GPU
         with attn.attention_backend(attention_choice("auto")):
             assert attn.backend_name("cpu") == "sdpa"
         for capability in ((8, 6), (8, 9), (9, 0), (8, 0)):  # RTX 30, RTX 40, H100, A100
