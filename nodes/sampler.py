@@ -144,8 +144,9 @@ class LingBotWorldSampler(io.ComfyNode):
                                "(0 = off). Saves one of the two forwards of each of those steps."),
                 io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
                                tooltip="Attention kernel. auto: PyTorch SDPA on H100-class GPUs (measured faster "
-                               "there), SageAttention 8-bit on RTX 30/40 cards when it is installed. sage and "
-                               "flash need their packages (sageattention, flash-attn) and a CUDA GPU."),
+                               "there), SageAttention 8-bit on RTX 30/40 cards when it is installed; without "
+                               "sageattention, the same kernel as before this input existed. sage and flash need "
+                               "their packages (sageattention, flash-attn) and a CUDA GPU."),
                 io.Combo.Input("preset", options=list(PRESETS), default="none", optional=True,
                                tooltip="lightning_4step: the Wan2.2-Lightning 4-step settings (4 steps, cfg 1, "
                                "euler, shift 5, boundary 0.9); overrides steps, shift, cfg, boundary and sampler "
