@@ -203,6 +203,7 @@ class DiTExperts:
     config: DiTConfig  # geometry shared by both experts (from config.json)
     placement: Placement | None = None  # None: one device, the experts take turns (today's behaviour)
     copies: dict[tuple[str, int], ExpertPatcher] = field(default_factory=dict)
+    loras: tuple = ()  # pipeline.lora.LoraSpec from LoRA Loader nodes, applied while the sampler runs
 
     def patcher(self, name: str) -> ExpertPatcher:
         if name == "high":

@@ -1,6 +1,10 @@
 """LingBot-World Dual-Expert Sampler: high-noise expert first, then low-noise, one resident at a time."""
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
+
 import torch
 from comfy_api.latest import io
 
@@ -12,12 +16,18 @@ import latent_preview
 from ..pipeline.camera import CameraCondition
 from ..pipeline.image import I2VCondition
 from ..pipeline.latent import to_comfy_latent
+from ..pipeline.lora import LoraExperts, lora_device_bytes
+from ..pipeline.presets import PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
+from ..pipeline.step_cache import StepStats
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import text_from_conditioning
+from ..wan.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import types
 from .devices import check_interrupt
 from .expert_patcher import ComfyExpertSource, DiTExperts
+
+log = logging.getLogger(__name__)
 
 SAMPLERS = ("unipc", "euler")
 MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
@@ -27,6 +37,33 @@ PREVIEW_FORMAT = "JPEG"
 def _check_input(value, kind: type, field: str, source: str) -> None:
     if not isinstance(value, kind):
         raise ValueError(f"{field}: expected the output of {source}, got {type(value).__name__}")
+
+
+def sage_installed() -> bool:
+    return importlib.util.find_spec("sageattention") is not None
+
+
+def attention_choice(attention: str) -> str | None:
+    """The run's attention backend for the sampler's ``attention`` input (None: the process default).
+
+    ``auto`` without sageattention installed, or with a backend forced for the whole process
+    (LINGBOT_ATTENTION), is the process default, exactly as before this input existed (SDPA,
+    or flash-attn where installed). With sageattention installed it is the per-run ``auto``:
+    SDPA on H100-class GPUs, where the 8-bit kernel measured slower, SageAttention on RTX 30/40.
+    """
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+    if attention == "auto" and (os.environ.get(ATTENTION_ENV_VAR, "").strip() or not sage_installed()):
+        return None
+    return attention
+
+
+def stats_line(stats: StepStats) -> str:
+    """One line on what fast mode saved in a run (forwards = model evaluations, one per CFG branch)."""
+    exact = stats.forwards + stats.skipped_forwards + stats.truncated_forwards
+    return (f"{stats.forwards} of {exact} forwards computed over {stats.steps} steps "
+            f"({stats.skipped_forwards} skipped by the step cache, {stats.truncated_forwards} dropped by CFG "
+            f"truncation; cached steps: {stats.cached_steps or 'none'})")
 
 
 def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
@@ -95,6 +132,26 @@ class LingBotWorldSampler(io.ComfyNode):
                                       "loaded by CLIPLoader (type wan)."),
                 io.Conditioning.Input("negative", optional=True,
                                       tooltip="With positive: the negative prompt from CLIP Text Encode."),
+                # Fast mode. Optional with "off" defaults, after every older widget: saved
+                # workflows keep their widget order, and API graphs without them run exactly.
+                io.Float.Input("cache_threshold", default=0.0, min=0.0, max=1.0, step=0.005, optional=True,
+                               tooltip="Step caching (EasyCache, Zhou et al. 2025): reuse the model's last "
+                               "change while its predicted change stays under this threshold. 0 = off (exact). "
+                               "The authors use 0.05 for Wan2.2 I2V; higher skips more steps and drifts further "
+                               "from the exact video."),
+                io.Float.Input("cfg_truncate", default=0.0, min=0.0, max=1.0, step=0.05, optional=True,
+                               tooltip="Skip the negative-prompt pass for this last fraction of the steps "
+                               "(0 = off). Saves one of the two forwards of each of those steps."),
+                io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
+                               tooltip="Attention kernel. auto: PyTorch SDPA on H100-class GPUs (measured faster "
+                               "there), SageAttention 8-bit on RTX 30/40 cards when it is installed; without "
+                               "sageattention, the same kernel as before this input existed. sage and flash need "
+                               "their packages (sageattention, flash-attn) and a CUDA GPU."),
+                io.Combo.Input("preset", options=list(PRESETS), default="none", optional=True,
+                               tooltip="lightning_4step: the Wan2.2-Lightning 4-step settings (4 steps, cfg 1, "
+                               "euler, shift 5, boundary 0.9); overrides steps, shift, cfg, boundary and sampler "
+                               "and turns caching off. Use with the Wan2.2-Lightning LoRAs (LingBot-World LoRA "
+                               "Loader); untested on LingBot's fine-tuned experts."),
             ],
             outputs=[io.Latent.Output("samples", display_name="samples",
                                       tooltip="The denoised video latent (ComfyUI's Wan 2.1 format), for LingBot-World "
@@ -103,7 +160,8 @@ class LingBotWorldSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, dit, i2v, steps, shift, cfg_high, cfg_low, boundary, seed, sampler, text=None, camera=None,
-                positive=None, negative=None) -> io.NodeOutput:
+                positive=None, negative=None, cache_threshold: float = 0.0, cfg_truncate: float = 0.0,
+                attention: str = "auto", preset: str = "none") -> io.NodeOutput:
         _check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
         text = pick_text(text, positive, negative, dit.config.text_dim)
         _check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
@@ -111,9 +169,22 @@ class LingBotWorldSampler(io.ComfyNode):
             _check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        if preset not in PRESETS:
+            raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
+        if not 0.0 <= cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold: {cache_threshold} is outside 0..1 (0 = off, 0.05 recommended)")
+        if not 0.0 <= cfg_truncate <= 1.0:
+            raise ValueError(f"cfg_truncate: {cfg_truncate} is outside 0..1 (a fraction of the steps)")
         check_camera_matches(camera, i2v)  # before any expert is loaded
         params = SamplingParams(steps=steps, shift=shift, guide_high=cfg_high, guide_low=cfg_low,
-                                boundary=boundary, seed=seed, sampler=sampler)
+                                boundary=boundary, seed=seed, sampler=sampler, cache_threshold=cache_threshold,
+                                cfg_truncate=cfg_truncate, attention=attention_choice(attention))
+        params = apply_preset(preset, params)
+        steps = params.steps
+        loras = list(dit.loras)
+        for spec in loras:  # before any expert is loaded: the file may be gone since the loader ran
+            if not spec.path.is_file():
+                raise FileNotFoundError(f"LoRA file {spec.path} no longer exists; pick another in the LoRA Loader")
         _, f_lat, lat_h, lat_w = i2v.y.shape
         pt, ph, pw = dit.config.patch_size
         tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
@@ -126,9 +197,14 @@ class LingBotWorldSampler(io.ComfyNode):
             image = previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if previewer else None
             progress.update_absolute(done, total, image)
 
-        source = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim))
+        memory = dit.high.inference_memory(tokens, dit.config.dim) + (lora_device_bytes(loras) if loras else 0)
+        comfy_source = ComfyExpertSource(dit, inference_memory=memory)
+        source = LoraExperts(comfy_source, loras) if loras else comfy_source
+        stats = StepStats()
         try:
-            latent = sample(source, text, i2v, camera, params, check_interrupt=check_interrupt, on_preview=on_preview)
+            latent = sample(source, text, i2v, camera, params, check_interrupt=check_interrupt, on_preview=on_preview,
+                            stats=stats)
         finally:
-            source.close()  # also on interrupt: no expert stays resident after this node
+            comfy_source.close()  # also on interrupt or a bad LoRA: no expert stays resident after this node
+        log.info("LingBot sampler: %s", stats_line(stats))
         return io.NodeOutput({"samples": to_comfy_latent(latent)[None]})

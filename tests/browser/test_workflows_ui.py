@@ -36,6 +36,7 @@ TEMPLATES = {
     "lingbot_camera_files": "LingBot-World camera path from files",
     "lingbot_camera_preset": "LingBot-World camera preset",
     "lingbot_no_camera": "LingBot-World image to video without camera",
+    "lingbot_fast": "LingBot-World fast mode camera preset",
 }
 EXAMPLES = sorted(TEMPLATES)
 SAMPLER = "6"

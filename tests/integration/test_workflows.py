@@ -29,8 +29,11 @@ PACK_NODES = {
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"],
                               ["LINGBOT_I2V"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
-                            ["text", "camera", "positive", "negative"], ["LATENT"]),
+                            ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
+                             "attention", "preset"], ["LATENT"]),
     "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model"], ["IMAGE"]),
+    "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], [],
+                               ["LINGBOT_DIT"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
