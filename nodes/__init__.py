@@ -17,6 +17,7 @@ register_model_folder()
 
 from .camera import LingBotWorldCamera  # noqa: E402
 from .dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from .long_video import LingBotWorldLongVideo  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
@@ -31,6 +32,7 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldVAEEncode,
     LingBotWorldSampler,
     LingBotWorldVAEDecode,
+    LingBotWorldLongVideo,
 ]
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
@@ -42,6 +44,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldVAEEncode": "LingBot-World Wan VAE Encode",
     "LingBotWorldSampler": "LingBot-World Dual-Expert Sampler",
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",
+    "LingBotWorldLongVideo": "LingBot-World Long Video",
 }
 
 
