@@ -42,12 +42,12 @@ def frames_input(maximum: int = 1601, tooltip: str = "Must match the VAE Encode 
                         tooltip=f"Frames to generate: 4n+1 (81 = 5 s at 16 fps). {tooltip}")
 
 
-def window_inputs(default_window: int = 81) -> list[io.Int.Input]:
+def window_inputs(default_window: int = 81, optional: bool = False) -> list[io.Int.Input]:
     """The window plan of a long video (wan/long_video.py), shared with the Long Video node."""
     return [
-        io.Int.Input("window", default=default_window, min=5, max=MAX_FRAMES, step=4,
+        io.Int.Input("window", default=default_window, min=5, max=MAX_FRAMES, step=4, optional=optional,
                      tooltip="Frames per window of a long video (4n+1; 81 is what the model was trained on)."),
-        io.Int.Input("overlap", default=1, min=1, max=MAX_FRAMES - 4, step=4,
+        io.Int.Input("overlap", default=1, min=1, max=MAX_FRAMES - 4, step=4, optional=optional,
                      tooltip="Frames each window takes over from the previous one (4j+1; 1 = the model's "
                      "usual single start frame)."),
     ]
@@ -141,14 +141,15 @@ class LingBotWorldCamera(io.ComfyNode):
                 width_input(),
                 height_input(),
                 frames_input(MAX_FRAMES, "Must match the VAE Encode node (one pass) or the Long Video node."),
-                io.String.Input("actions", default=DEFAULT_ACTIONS, tooltip=ACTIONS_TOOLTIP),
-                io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(),
+                # Optional widgets, so API prompts saved before they existed still validate.
+                io.String.Input("actions", default=DEFAULT_ACTIONS, optional=True, tooltip=ACTIONS_TOOLTIP),
+                io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(), optional=True,
                                tooltip="When source is import: a ViPE output folder, an .npz or a poses.npy in "
                                "ComfyUI's input folder (camera-to-world, OpenCV axes)."),
-                io.Boolean.Input("normalize_scale", default=True,
+                io.Boolean.Input("normalize_scale", default=True, optional=True,
                                  tooltip="For import: rescale the translations so the median step per frame is the "
                                  "action step (tracker units are arbitrary)."),
-                *window_inputs(),
+                *window_inputs(optional=True),
             ],
             outputs=[
                 types.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),

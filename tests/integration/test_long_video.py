@@ -76,3 +76,12 @@ def test_cancel_in_window_two_keeps_window_one_and_the_server_serves(comfy_serve
     again = comfy_server.run(long_walk(13, 9, 1, "LingBotWorld/after"), timeout=240)
     (after,) = [f for f in comfy_server.output_files(again) if f.suffix == ".mp4"]
     assert video_info(after).frames == 13
+
+
+def test_an_api_prompt_from_before_the_new_camera_inputs_still_runs(comfy_server: ComfyServer) -> None:
+    graph = tiny_package.small_workflow(json.loads((ROOT / "workflows" / "api" / "lingbot_camera_preset.json").read_text()))
+    for name in ("actions", "pose_export", "normalize_scale", "window", "overlap"):
+        del graph[CAMERA]["inputs"][name]
+    result = comfy_server.run(graph, timeout=180)
+    (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    assert video_info(video).frames == 5

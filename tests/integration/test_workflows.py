@@ -27,7 +27,7 @@ PACK_NODES = {
                           ["LINGBOT_TEXT"]),
     "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
-                            "frames", "actions", "pose_export", "normalize_scale", "window", "overlap"], [],
+                            "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap"],
                            ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"],
                               ["LINGBOT_I2V"]),

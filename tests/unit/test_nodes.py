@@ -53,9 +53,10 @@ PKG = "lingbot/pkg"
 EXPECTED_INPUTS = {
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
     "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], []),
-    # Appended after the original eight: older workflows keep their widget values.
-    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames",
-                            "actions", "pose_export", "normalize_scale", "window", "overlap"], []),
+    # New inputs appended after the original eight, optional: older workflows keep their
+    # widget values and older API prompts (without them) still validate.
+    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative"]),
