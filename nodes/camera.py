@@ -9,8 +9,8 @@ from comfy_api.latest import io
 from pathlib import Path
 
 from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
-from ..pipeline.long_video import (CameraPath, one_pass_condition, path_from_actions, path_from_export,
-                                   path_from_files, path_from_preset)
+from ..pipeline.long_video import (CameraPath, WindowedCamera, one_pass_condition, path_from_actions,
+                                   path_from_export, path_from_files, path_from_preset)
 from ..wan.camera import PRESETS, draw_trajectory
 from ..wan.camera_actions import EXAMPLE as DEFAULT_ACTIONS
 from ..wan.long_video import MAX_FRAMES, plan_windows, window_cuts
@@ -214,8 +214,6 @@ class LingBotWorldCamera(io.ComfyNode):
                 f"set frames <= {window}"
             )
         else:
-            from ..pipeline.long_video import WindowedCamera
-
             WindowedCamera(path, frames, height, width)  # the whole path must cover the video
         # The drawing shows the part of the path the video uses, with the window cuts.
         poses = camera.poses if camera is not None else path.poses[:frames]

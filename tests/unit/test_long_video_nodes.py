@@ -193,7 +193,8 @@ def test_long_video_node_writes_the_mp4_window_by_window(dirs):
     assert out.ui.as_dict()["images"] == [{"filename": "long_00001_.mp4", "subfolder": "LingBotWorld", "type": "output"}]
     assert seen[-1] == (4, 4) and len(seen) == 4  # 2 windows x 2 steps
     assert dit.high.expert is None and dit.low.expert is None
-    _long(dirs, keep_experts=True, steps=1)  # a second run gets a new file, experts kept then closed
+    kept, _ = _long(dirs, keep_experts=True, steps=1)  # a second run gets a new file, experts kept then closed
+    assert kept.high.expert is None and kept.low.expert is None
     assert len(list((dirs["output"] / "LingBotWorld").glob("long_*.mp4"))) == 2
 
 
