@@ -18,6 +18,7 @@ register_model_folder()
 from .camera import LingBotWorldCamera  # noqa: E402
 from .dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from .lora_loader import LingBotWorldLoraLoader  # noqa: E402
+from .long_video import LingBotWorldLongVideo  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
@@ -33,6 +34,7 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldSampler,
     LingBotWorldVAEDecode,
     LingBotWorldLoraLoader,
+    LingBotWorldLongVideo,
 ]
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
@@ -45,6 +47,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldSampler": "LingBot-World Dual-Expert Sampler",
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",
     "LingBotWorldLoraLoader": "LingBot-World LoRA Loader",
+    "LingBotWorldLongVideo": "LingBot-World Long Video",
 }
 
 

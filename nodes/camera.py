@@ -1,18 +1,29 @@
-"""LingBot-World Camera Plücker Conditioning: a camera path (preset or .npy files) for the sampler."""
+"""LingBot-World Camera Plücker Conditioning: a camera path (preset, .npy files, an action
+string or a pose export) for the sampler, and the whole path for the Long Video node."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 from comfy_api.latest import io
 
-from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
-from ..wan.camera import PRESETS, draw_trajectory
-from . import types
-from .model_files import NO_FILE, file_stamp, list_input_files, resolve_input_file
+from pathlib import Path
 
-SOURCES = ("preset", "files")
+from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
+from ..pipeline.long_video import (CameraPath, WindowedCamera, one_pass_condition, path_from_actions,
+                                   path_from_export, path_from_files, path_from_preset)
+from ..wan.camera import PRESETS, draw_trajectory
+from ..wan.camera_actions import EXAMPLE as DEFAULT_ACTIONS
+from ..wan.long_video import MAX_FRAMES, plan_windows, window_cuts
+from . import types
+from .model_files import NO_FILE, _walk, file_stamp, input_root, list_input_files, resolve_input_file
+
+SOURCES = ("preset", "files", "actions", "import")
 DEFAULT_PRESET = "dolly_in"
 PREVIEW_SIZE = (512, 512)
+ACTIONS_TOOLTIP = (
+    "When source is actions: KEYS-FRAMES tokens, comma-separated. W/S forward/back, A/D left/right, I/K look "
+    "up/down, J/L turn left/right; none = hold still; keys combine, e.g. wj-10 walks forward while turning left."
+)
 
 
 # Size and length inputs shared with the VAE Encode node; both must agree.
@@ -26,15 +37,75 @@ def height_input() -> io.Int.Input:
                         tooltip="Video height in pixels (a multiple of 16). Must match the VAE Encode node.")
 
 
-def frames_input() -> io.Int.Input:
-    return io.Int.Input("frames", default=81, min=1, max=1601, step=4,
-                        tooltip="Frames to generate: 4n+1 (81 = 5 s at 16 fps). Must match the VAE Encode node.")
+def frames_input(maximum: int = 1601, tooltip: str = "Must match the VAE Encode node.") -> io.Int.Input:
+    return io.Int.Input("frames", default=81, min=1, max=maximum, step=4,
+                        tooltip=f"Frames to generate: 4n+1 (81 = 5 s at 16 fps). {tooltip}")
 
 
-def preview_image(poses: np.ndarray) -> torch.Tensor:
-    """The top-down drawing of a path as a ComfyUI IMAGE batch [1, H, W, 3] in 0..1."""
-    pixels = draw_trajectory(poses, size=PREVIEW_SIZE)
+def window_inputs(default_window: int = 81, optional: bool = False) -> list[io.Int.Input]:
+    """The window plan of a long video (wan/long_video.py), shared with the Long Video node."""
+    return [
+        io.Int.Input("window", default=default_window, min=5, max=MAX_FRAMES, step=4, optional=optional,
+                     tooltip="Frames per window of a long video (4n+1; 81 is what the model was trained on)."),
+        io.Int.Input("overlap", default=1, min=1, max=MAX_FRAMES - 4, step=4, optional=optional,
+                     tooltip="Frames each window takes over from the previous one (4j+1; 1 = the model's "
+                     "usual single start frame)."),
+    ]
+
+
+def list_pose_exports() -> list[str]:
+    """Pose exports in ComfyUI's input folder: ViPE output folders (with pose/), folders and
+    files named poses.npy, and .npz files (posix names relative to the input folder)."""
+    root = input_root()
+    found = []
+    for here, dirnames, filenames in _walk(root):
+        rel = here.relative_to(root).as_posix()
+        if rel != "." and ("pose" in dirnames or "poses.npy" in filenames):
+            found.append(rel)
+        for name in filenames:
+            if name.lower().endswith(".npz") or name == "poses.npy":
+                found.append(name if rel == "." else f"{rel}/{name}")
+    return sorted(found, key=str.lower)
+
+
+def resolve_pose_export(name: str) -> Path:
+    """The input-folder file or folder a pose_export value names (never outside it)."""
+    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
+        raise ValueError("pose_export: choose a ViPE output folder, an .npz or a poses.npy from ComfyUI's input folder")
+    root = input_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"pose_export: {name!r} is outside ComfyUI's input folder {root}")
+    if not path.exists():
+        raise ValueError(f"pose_export: {name!r} not found in ComfyUI's input folder {root}")
+    return path
+
+
+def preview_image(poses: np.ndarray, cuts: tuple[int, ...] = ()) -> torch.Tensor:
+    """The top-down drawing of a path as a ComfyUI IMAGE batch [1, H, W, 3] in 0..1;
+    ``cuts``: pose indices where a long video's windows begin."""
+    pixels = draw_trajectory(poses, size=PREVIEW_SIZE, cuts=cuts)
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(255.0)[None]
+
+
+ONE_PASS_TOOLTIP = (
+    "Camera conditioning for the LingBot sampler (one pass). Only for videos of at most one window: when "
+    "frames > window it is not built (it would take GBs) and the node stops with a message if this output is "
+    "connected; use camera_path with LingBot-World Long Video instead."
+)
+
+
+def _output_connected(hidden, slot: int) -> bool:
+    """Whether another node of the running prompt reads output ``slot`` of this node (False
+    outside a prompt, where nothing can read it)."""
+    prompt = getattr(hidden, "prompt", None) if hidden is not None else None
+    node_id = getattr(hidden, "unique_id", None) if hidden is not None else None
+    if not isinstance(prompt, dict) or node_id is None:
+        return False
+    link = [str(node_id), slot]
+    return any(isinstance(value, list) and len(value) == 2 and [str(value[0]), value[1]] == link
+               for node in prompt.values() if isinstance(node, dict)
+               for value in node.get("inputs", {}).values())
 
 
 class LingBotWorldCamera(io.ComfyNode):
@@ -47,12 +118,15 @@ class LingBotWorldCamera(io.ComfyNode):
             category=types.CATEGORY,
             description=(
                 "Turns a camera path into the Plücker-ray conditioning LingBot-World follows. Use a preset "
-                "move, or poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "
-                "cx, cy for 832x480) from ComfyUI's input folder. Also outputs a top-down drawing of the path."
+                "move, poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "
+                "cx, cy for 832x480) from ComfyUI's input folder, a keyboard action string (W/A/S/D, I/J/K/L), "
+                "or a pose export (ViPE folder, .npz, poses.npy). Also outputs the whole path for LingBot-World "
+                "Long Video and a top-down drawing of it with the window cuts."
             ),
             inputs=[
                 io.Combo.Input("source", options=list(SOURCES), default="preset",
-                               tooltip="preset: a built-in camera move; files: poses_file and intrinsics_file."),
+                               tooltip="preset: a built-in camera move; files: poses_file and intrinsics_file; "
+                               "actions: the actions string; import: pose_export (intrinsics_file optional)."),
                 io.Combo.Input("preset", options=list(PRESETS), default=DEFAULT_PRESET,
                                tooltip="Camera move when source is preset."),
                 io.Float.Input("speed", default=1.0, min=0.0, max=8.0, step=0.05,
@@ -61,24 +135,47 @@ class LingBotWorldCamera(io.ComfyNode):
                 io.Combo.Input("poses_file", options=npy_files,
                                tooltip="poses.npy in ComfyUI's input folder (or a subfolder): [N,4,4] camera-to-world."),
                 io.Combo.Input("intrinsics_file", options=npy_files,
-                               tooltip="intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of 832x480."),
+                               tooltip="intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of "
+                               "832x480. Required for files; for actions and import, (none) means default "
+                               "intrinsics for the output size (or the export's own)."),
                 width_input(),
                 height_input(),
-                frames_input(),
+                frames_input(MAX_FRAMES, "Must match the VAE Encode node (one pass) or the Long Video node."),
+                # Optional widgets, so API prompts saved before they existed still validate.
+                io.String.Input("actions", default=DEFAULT_ACTIONS, optional=True, tooltip=ACTIONS_TOOLTIP),
+                io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(), optional=True,
+                               tooltip="When source is import: a ViPE output folder, an .npz or a poses.npy in "
+                               "ComfyUI's input folder (camera-to-world, OpenCV axes)."),
+                io.Boolean.Input("normalize_scale", default=True, optional=True,
+                                 tooltip="For import: rescale the translations so the median step per frame is the "
+                                 "action step (tracker units are arbitrary)."),
+                *window_inputs(optional=True),
             ],
             outputs=[
-                types.Camera.Output("camera", display_name="camera",
-                                     tooltip="Camera conditioning for the LingBot sampler."),
+                types.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),
                 io.Image.Output("path_preview", display_name="path_preview",
                                 tooltip="Top-down view of the camera path used: green dot = start, red square = end, "
-                                "ticks = view direction."),
+                                "ticks = view direction, numbered bars = where long-video windows begin."),
+                types.CameraPathType.Output("camera_path", display_name="camera_path",
+                                            tooltip="The whole camera path, for LingBot-World Long Video."),
             ],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
 
     @classmethod
-    def fingerprint_inputs(cls, source, poses_file, intrinsics_file, **_):
+    def fingerprint_inputs(cls, source, poses_file, intrinsics_file, pose_export=NO_FILE, **_):
         # Same names, new contents: the files' stamps make ComfyUI run the node again.
-        if source != "files":
+        if source == "import":
+            try:
+                path = resolve_pose_export(pose_export)
+                files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+                stamps = [file_stamp(p) for p in files]
+            except (ValueError, OSError):
+                stamps = [str(pose_export)]
+            if intrinsics_file != NO_FILE:
+                stamps.append(str(intrinsics_file))
+            return "|".join(stamps)
+        if source != "files" and not (source == "actions" and intrinsics_file != NO_FILE):
             return source
         stamps = []
         for field, name in (("poses_file", poses_file), ("intrinsics_file", intrinsics_file)):
@@ -89,19 +186,67 @@ class LingBotWorldCamera(io.ComfyNode):
         return "|".join(stamps)
 
     @classmethod
-    def validate_inputs(cls, poses_file, intrinsics_file) -> bool | str:
-        return types.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file)
+    def validate_inputs(cls, poses_file, intrinsics_file, pose_export=NO_FILE) -> bool | str:
+        return types.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file, pose_export=pose_export)
 
     @classmethod
     def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
-                width: int, height: int, frames: int) -> io.NodeOutput:
-        if source == "files":
-            poses_path = resolve_input_file(poses_file, "poses_file", ".npy")
-            intrinsics_path = resolve_input_file(intrinsics_file, "intrinsics_file", ".npy")
-            camera: CameraCondition = camera_from_files(poses_path, intrinsics_path, frames, height, width)
-        elif source == "preset":
-            camera = camera_from_preset(preset, speed, frames, height, width)
+                width: int, height: int, frames: int, actions: str = DEFAULT_ACTIONS, pose_export: str = NO_FILE,
+                normalize_scale: bool = True, window: int = 81, overlap: int = 1) -> io.NodeOutput:
+        path = camera_path(source, preset, speed, poses_file, intrinsics_file, width, height, frames, actions,
+                           pose_export, normalize_scale)
+        plan = plan_windows(frames, window, overlap)  # checks frames, window and overlap
+        camera: CameraCondition | None = None
+        if len(plan) == 1:
+            # The one-pass camera exactly as before for preset and files.
+            if source == "files":
+                camera = camera_from_files(resolve_input_file(poses_file, "poses_file", ".npy"),
+                                           resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"),
+                                           frames, height, width)
+            elif source == "preset":
+                camera = camera_from_preset(preset, speed, frames, height, width)
+            else:
+                camera = one_pass_condition(path, frames, height, width)
+        elif _output_connected(cls.hidden, 0):
+            raise ValueError(
+                f"frames: {frames} frames are {len(plan)} windows of {window}; the camera output is the one-pass "
+                f"sampler's and holds at most one window. Connect camera_path to LingBot-World Long Video, or "
+                f"set frames <= {window}"
+            )
         else:
-            raise ValueError(f"source: {source!r} is not one of {', '.join(SOURCES)}")
-        # The drawing shows the part of the path the video uses.
-        return io.NodeOutput(camera, preview_image(camera.poses))
+            WindowedCamera(path, frames, height, width)  # the whole path must cover the video
+        # The drawing shows the part of the path the video uses, with the window cuts.
+        poses = camera.poses if camera is not None else path.poses[:frames]
+        return io.NodeOutput(camera, preview_image(poses, window_cuts(plan)), path)
+
+
+def _intrinsics_row(intrinsics_file: str) -> np.ndarray | None:
+    if intrinsics_file == NO_FILE:
+        return None
+    k = np.load(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"), allow_pickle=False)
+    k = np.asarray(k, dtype=np.float64)
+    if k.shape[-1] != 4 or k.size < 4:
+        raise ValueError(f"intrinsics_file: {intrinsics_file!r} has shape {list(k.shape)}; expected [N, 4] or [4]")
+    return k.reshape(-1, 4)[0]
+
+
+def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,
+                height: int, frames: int, actions: str, pose_export: str, normalize_scale: bool) -> CameraPath:
+    """The whole camera path the node's inputs describe."""
+    if source == "files":
+        return path_from_files(resolve_input_file(poses_file, "poses_file", ".npy"),
+                               resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"))
+    if source == "preset":
+        return path_from_preset(preset, speed, frames)
+    if source == "actions":
+        try:
+            return path_from_actions(actions, frames, height, width, _intrinsics_row(intrinsics_file))
+        except ValueError as error:
+            raise ValueError(f"actions: {error}") from error
+    if source == "import":
+        path = path_from_export(resolve_pose_export(pose_export), height, width, normalize_scale=normalize_scale)
+        k = _intrinsics_row(intrinsics_file)
+        if k is not None:
+            path.intrinsics = k
+        return path
+    raise ValueError(f"source: {source!r} is not one of {', '.join(SOURCES)}")

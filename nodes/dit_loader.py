@@ -70,7 +70,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                              "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
                              "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
                              "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed."),
-                io.Combo.Input("devices", options=list(PLACEMENTS), default="single",
+                # Optional: API prompts written before this input still validate.
+                io.Combo.Input("devices", options=list(PLACEMENTS), default="single", optional=True,
                                tooltip="single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 "
                                "expert plus activations). expert_per_gpu: high-noise expert on GPU 0, low-noise on "
                                "GPU 1; no switch, and both stay loaded for the next run. cfg_split: the running "

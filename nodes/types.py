@@ -5,11 +5,13 @@ TEXT = "LINGBOT_TEXT"  # pipeline.text.TextEmbeddings
 DIT = "LINGBOT_DIT"  # nodes.expert_patcher.DiTExperts
 CAMERA = "LINGBOT_CAMERA"  # pipeline.camera.CameraCondition
 I2V = "LINGBOT_I2V"  # pipeline.image.I2VCondition
+CAMERA_PATH = "LINGBOT_CAMERA_PATH"  # pipeline.long_video.CameraPath
 
 Text = io.Custom(TEXT)
 DiT = io.Custom(DIT)
 Camera = io.Custom(CAMERA)
 I2VCond = io.Custom(I2V)
+CameraPathType = io.Custom(CAMERA_PATH)
 
 CATEGORY = "LingBot-World"
 

@@ -21,15 +21,14 @@ import torch
 from ..loaders.package import find_package
 from ..loaders.pose_import import import_poses
 from ..loaders.trajectory import read_trajectory
-from ..loaders.vae_loader import load_vae
-from ..wan.camera import CameraError, preset_trajectory, usable_frames, validate_trajectory
+from ..wan.camera import CameraError, camera_tensor, preset_trajectory, usable_frames, validate_trajectory
 from ..wan.camera_actions import action_poses, default_intrinsics
-from ..wan.conditioning import check_size, latent_shape
+from ..wan.conditioning import check_frame_count, check_size, latent_shape
 from ..wan.long_video import Window, given_frames_mask, path_keyframes, plan_windows, translation_scale, window_camera
 from . import experts as experts_mod
 from .camera import CameraCondition
 from .experts import DiskExperts
-from .image import I2VCondition, ImageLike, encode_image, vae_dtype
+from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .lora import LoraExperts, LoraSpec
 from .memory import release_module, resolve_device
 from .sampling import ExpertSource, SamplingParams, sample
@@ -84,6 +83,20 @@ def path_from_export(source: str | Path, height: int, width: int, name: str | No
                             world_to_camera=world_to_camera)
     k = imported.intrinsics if imported.intrinsics is not None else default_intrinsics(height, width)
     return CameraPath(imported.poses, k, imported.source)
+
+
+def one_pass_condition(path: CameraPath, frames: int, height: int, width: int) -> CameraCondition:
+    """The ordinary (one-pass sampler) camera of the path's first ``frames`` frames."""
+    check_frame_count(frames)
+    check_size(height, width)
+    validate_trajectory(path.poses, path.intrinsics, source=path.source)
+    covered = usable_frames(frames, len(path.poses))
+    if covered < frames:
+        raise CameraError(f"{path.source}: {len(path.poses)} poses cover only {covered} frames but {frames} "
+                          f"were asked; use frames <= {covered} or a longer path")
+    k = np.tile(np.asarray(path.intrinsics, dtype=np.float64).reshape(1, 4), (len(path.poses), 1))
+    plucker = camera_tensor(path.poses, k, frames, height, width, dtype=torch.float32)
+    return CameraCondition(plucker=plucker, frames=frames, height=height, width=width, poses=path.poses[:frames])
 
 
 class WindowedCamera:
@@ -153,7 +166,7 @@ class LongVideoResult:
 def sample_windows(
     experts: ExpertSource,
     text: TextEmbeddings,
-    vae_file: str | Path,
+    vae_file: VAESource,
     image: ImageLike,
     frames: int,
     height: int,
@@ -168,13 +181,15 @@ def sample_windows(
     on_window: Callable[[int, int], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
     on_latent: Callable[[Window, torch.Tensor], None] | None = None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> LongVideoResult:
     """Sample, decode and ``write`` the video window by window (see the module docstring).
 
     ``write`` receives each window's new frames [3, n, H, W] in [-1, 1] in order. Window k
     samples with seed ``params.seed + k``. With one window this is the ordinary run:
     ``encode_image`` → ``sample`` → decode, the same numbers. ``on_step(done, total)`` counts
-    steps over all windows. An exception (a cancel from ``check_interrupt`` included) is
+    steps over all windows, as does ``on_preview(done, total, x0)`` (``sample``'s live preview
+    of the window's clean latent). ``vae_file``: a file or a state dict. An exception (a cancel from ``check_interrupt`` included) is
     raised after the frames of the finished windows were written.
     """
     device = resolve_device(device)
@@ -195,13 +210,17 @@ def sample_windows(
             if on_step:
                 on_step(base + i, total_steps)
 
+        def preview(i: int, n: int, x0: torch.Tensor, base: int = done_before) -> None:
+            if on_preview:
+                on_preview(base + i, total_steps, x0)
+
         latent = sample(experts, text, condition, cam, dataclasses.replace(params, seed=params.seed + window.index),
-                        on_step=step, check_interrupt=check_interrupt)
+                        on_step=step, check_interrupt=check_interrupt, on_preview=preview if on_preview else None)
         del cam, condition
         if on_latent:
             on_latent(window, latent)
         following = plan[window.index + 1] if window.index + 1 < len(plan) else None
-        vae = load_vae(vae_file, device, vae_dtype(device))
+        vae = open_vae(vae_file, device, vae_dtype(device))
         try:
             with torch.inference_mode():
                 video = vae.decode(latent[None].to(device, vae_dtype(device)), tile=decode_tile or None)[0]

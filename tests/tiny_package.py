@@ -46,16 +46,21 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
     return target
 
 
-def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 32, steps: int = 3) -> dict:
-    """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy)."""
+def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 32, steps: int = 3,
+                   window: int | None = None) -> dict:
+    """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy).
+
+    ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's."""
     import copy
 
     graph = copy.deepcopy(graph)
     for node in graph.values():
         inputs = node["inputs"]
-        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera"):
+        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo"):
             inputs.update(width=width, height=height, frames=frames)
-        if node["class_type"] == "LingBotWorldSampler":
+        if window is not None and node["class_type"] in ("LingBotWorldCamera", "LingBotWorldLongVideo"):
+            inputs["window"] = window
+        if node["class_type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"):
             inputs["steps"] = steps
     return graph
 

@@ -37,9 +37,12 @@ TEMPLATES = {
     "lingbot_camera_preset": "LingBot-World camera preset",
     "lingbot_no_camera": "LingBot-World image to video without camera",
     "lingbot_fast": "LingBot-World fast mode camera preset",
+    "lingbot_long_walk": "LingBot-World long walk",
 }
 EXAMPLES = sorted(TEMPLATES)
-SAMPLER = "6"
+SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
+LONG_WALK = "lingbot_long_walk"
+LONG_WINDOW = 5  # the long walk runs as two windows of 5 frames (9 frames)
 THUMB_SIZE = (800, 414)
 # Below this zoom the frontend draws nodes without their bodies (its default
 # LiteGraph.Canvas.MinFontSizeForLOD of 8 px on a 14 px font).
@@ -225,12 +228,19 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     api = api_graph(name)
     page_prompt_matches(frontend, comfy_server, api)
 
-    size = {"width": WIDTH, "height": HEIGHT, "frames": FRAMES}
-    changed = frontend.page.evaluate(_JS_SET_WIDGETS, {
-        "LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}})
-    sized = [n for n in api.values() if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera")]
-    assert len(changed) == 3 * len(sized) + 1  # width, height, frames of each; the sampler's steps
-    small = tiny_package.small_workflow(api, frames=FRAMES, width=WIDTH, height=HEIGHT, steps=STEPS)
+    long_walk = name == LONG_WALK
+    frames = 2 * LONG_WINDOW - 1 if long_walk else FRAMES
+    size = {"width": WIDTH, "height": HEIGHT, "frames": frames}
+    if long_walk:
+        changes = {"LingBotWorldCamera": {**size, "window": LONG_WINDOW},
+                   "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
+    else:
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}}
+    changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
+    assert len(changed) == sum(len(v) for k, v in changes.items()
+                               if any(n["class_type"] == k for n in api.values()))
+    small = tiny_package.small_workflow(api, frames=frames, width=WIDTH, height=HEIGHT, steps=STEPS,
+                                        window=LONG_WINDOW if long_walk else None)
     page_prompt_matches(frontend, comfy_server, small)
 
     frontend.page.evaluate(_JS_WATCH_PREVIEWS)
@@ -238,11 +248,12 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
     (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
     info = video_info(video)
-    assert (info.frames, info.width, info.height) == (FRAMES, WIDTH, HEIGHT), info
+    assert (info.frames, info.width, info.height) == (frames, WIDTH, HEIGHT), info
 
-    # The page got the results too: the Save Video node shows the clip.
+    # The page got the results too: the Save Video (or Long Video) node shows the clip.
+    shows_video = SAMPLER if long_walk else "9"
     frontend.page.wait_for_function(
-        "() => (window.app.nodeOutputs?.['9']?.images || []).some(i => i.filename.endsWith('.mp4'))",
+        f"() => (window.app.nodeOutputs?.['{shows_video}']?.images || []).some(i => i.filename.endsWith('.mp4'))",
         timeout=20_000)
     # The sampler node got a live preview image per step (the page shows the latest).
     previews = frontend.page.evaluate("() => window.__lingbotPreviews")
@@ -254,11 +265,16 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
 
     # The card's picture: the template's own values, with what this run showed (the camera
     # path drawing, the video) on its nodes, so each card shows its own workflow.
-    encode = next(n for n in api.values() if n["class_type"] == "LingBotWorldVAEEncode")["inputs"]
-    shipped = {k: encode[k] for k in ("width", "height", "frames")}
-    frontend.page.evaluate(_JS_SET_WIDGETS, {
-        "LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
-        "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}})
+    sized = next(n for n in api.values()
+                 if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldLongVideo"))["inputs"]
+    shipped = {k: sized[k] for k in ("width", "height", "frames")}
+    if long_walk:
+        shipped["window"] = sized["window"]
+        restore = {"LingBotWorldCamera": shipped, "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
+    else:
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+                   "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
+    frontend.page.evaluate(_JS_SET_WIDGETS, restore)
     shoot_thumbnail(frontend, name)
 
 

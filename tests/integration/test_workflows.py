@@ -19,13 +19,16 @@ from comfy_host import ROOT
 from comfy_server import ComfyServer, PromptRejected, video_info
 
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
+# The one-pass graphs (sampler, decode, Save Video); the long walk has its own test file.
+ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem != "lingbot_long_walk"]
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
                           ["LINGBOT_TEXT"]),
     "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
-                       "frames"], [], ["LINGBOT_CAMERA", "IMAGE"]),
+                            "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap"],
+                           ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"],
                               ["LINGBOT_I2V"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
@@ -34,6 +37,10 @@ PACK_NODES = {
     "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model"], ["IMAGE"]),
     "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], [],
                                ["LINGBOT_DIT"]),
+    "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
+                               "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
+                               "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
+                              ["text", "camera_path", "vae_model", "positive", "negative"], ["VIDEO"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
@@ -111,7 +118,7 @@ def test_status_route_answers_before_any_run(comfy_server: ComfyServer) -> None:
 
 
 @pytest.mark.parametrize("frames", [5, 9])
-@pytest.mark.parametrize("workflow", API_WORKFLOWS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("workflow", ONE_PASS_WORKFLOWS, ids=lambda p: p.stem)
 def test_shipped_workflow_saves_a_video(comfy_server: ComfyServer, workflow: Path, frames: int) -> None:
     graph = tiny_package.small_workflow(json.loads(workflow.read_text()), frames=frames,
                                         width=WIDTH, height=HEIGHT, steps=3)

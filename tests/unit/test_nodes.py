@@ -52,23 +52,31 @@ PKG = "lingbot/pkg"
 # The input order of every node: the UI format stores widget values in this order.
 EXPECTED_INPUTS = {
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap", "devices"], []),
-    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"], []),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"]),
+    # New inputs appended after the original eight, optional: older workflows keep their
+    # widget values and older API prompts (without them) still validate.
+    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
                              "attention", "preset"]),
     "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model"]),
     "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], []),
+    "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
+                               "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
+                               "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
+                              ["text", "camera_path", "vae_model", "positive", "negative"]),
 }
 EXPECTED_OUTPUTS = {
     "LingBotWorldTextEncode": ("LINGBOT_TEXT",),
     "LingBotWorldDiTLoader": ("LINGBOT_DIT",),
-    "LingBotWorldCamera": ("LINGBOT_CAMERA", "IMAGE"),
+    "LingBotWorldCamera": ("LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"),
     "LingBotWorldVAEEncode": ("LINGBOT_I2V",),
     "LingBotWorldSampler": ("LATENT",),
     "LingBotWorldVAEDecode": ("IMAGE",),
     "LingBotWorldLoraLoader": ("LINGBOT_DIT",),
+    "LingBotWorldLongVideo": ("VIDEO",),
 }
 
 
@@ -347,7 +355,7 @@ def test_pick_device_on_a_cpu_host():
 
 
 def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
-    camera, preview = LingBotWorldCamera.execute("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    camera, preview, _ = LingBotWorldCamera.execute("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
     assert isinstance(camera, CameraCondition)
     assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
     assert (camera.frames, camera.height, camera.width) == (9, H, W)
@@ -357,9 +365,9 @@ def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
 
 def test_camera_from_input_files(installed):
     node = LingBotWorldCamera
-    camera, preview = node.execute("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 9)
+    camera, preview, _ = node.execute("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 9)
     assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
-    reference, _ = node.execute("preset", "orbit_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    reference, _, _ = node.execute("preset", "orbit_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
     torch.testing.assert_close(camera.plucker, reference.plucker)
     with pytest.raises(ValueError, match="intrinsics_file: choose"):
         node.execute("files", "static", 1.0, "traj/poses.npy", model_files.NO_FILE, W, H, 9)
@@ -519,7 +527,7 @@ def test_sampler_runs_both_experts_and_leaves_none_resident(installed, monkeypat
         loads.append([m.model.name for m in models])
 
     monkeypatch.setattr(mm, "load_models_gpu", recording_load)
-    camera, _ = LingBotWorldCamera.execute("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, FRAMES)
+    camera, _, _ = LingBotWorldCamera.execute("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, FRAMES)
     ticks = []
     comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
     out = _sample(dit, text, i2v, camera, steps=3)
@@ -602,7 +610,7 @@ def test_sampler_sends_a_latent_preview_every_step(installed, monkeypatch):
 
 def test_sampler_rejects_a_camera_of_another_size(installed):
     text, i2v, dit = _text(installed), _i2v(), _dit()
-    camera, _ = LingBotWorldCamera.execute("preset", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, 64, H, FRAMES)
+    camera, _, _ = LingBotWorldCamera.execute("preset", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, 64, H, FRAMES)
     with pytest.raises(ValueError, match=r"camera is for 5 frames at 64x32 .* 5 frames at 48x32"):
         _sample(dit, text, i2v, camera)
     assert dit.high.expert is None
@@ -638,7 +646,7 @@ def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
 
 # --------------------------------------------------------------------------- workflows
 
-WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
 # The UI templates are named for people: the Templates dialog shows a custom node's
 # template file name as the card's title (and, with - and _ as spaces, its description).
 TEMPLATES = {
@@ -646,9 +654,10 @@ TEMPLATES = {
     "lingbot_camera_preset": "LingBot-World camera preset",
     "lingbot_no_camera": "LingBot-World image to video without camera",
     "lingbot_fast": "LingBot-World fast mode camera preset",
+    "lingbot_long_walk": "LingBot-World long walk",
 }
 # Widget values the frontend stores right after an input's own value.
-EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LoadImage", "image"): 1}
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -699,7 +708,24 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
         assert sampler["inputs"]["camera"][0] in graph
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_long_walk.json").read_text(encoding="utf-8"))
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        assert set(schema["required"]) <= set(node["inputs"]) <= set(schema["required"]) | set(schema.get("optional", {}))
+    camera = next(n for n in graph.values() if n["class_type"] == "LingBotWorldCamera")["inputs"]
+    long = next(n for n in graph.values() if n["class_type"] == "LingBotWorldLongVideo")["inputs"]
+    assert camera["source"] == "actions" and camera["frames"] == long["frames"] == 961
+    assert [camera[k] for k in ("width", "height", "window", "overlap")] == [long[k] for k in ("width", "height", "window", "overlap")]
+    assert (long["window"], long["overlap"], long["steps"]) == (81, 1, 40)
+    assert long["camera_path"] == [next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldCamera"), 2]
+    assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
     """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
     ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
@@ -734,7 +760,8 @@ def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
             for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
                 values.pop(0)
         assert values == []
-    seed_widgets = next(n for n in nodes.values() if n["type"] == "LingBotWorldSampler")["widgets_values"]
+    seed_widgets = next(n for n in nodes.values()
+                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"))["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
 
 

@@ -1,0 +1,189 @@
+"""LingBot-World Long Video: up to 961 frames as chained windows, streamed into an .mp4.
+
+The work is ``pipeline.long_video.sample_windows``; this node gives it ComfyUI-managed
+experts (``ComfyExpertSource``), ComfyUI's progress bar and latent previews, and a file in
+ComfyUI's output folder that grows window by window. It returns a VIDEO (the file) and
+shows it in the UI like core Save Video; the frames never come back as an IMAGE batch (961
+frames in float32 would be gigabytes). A Cancel stops between steps or windows; the file
+keeps every finished window.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from comfy_api.latest import InputImpl, io, ui
+
+import comfy.latent_formats
+import comfy.model_management as mm
+import comfy.utils
+import folder_paths
+import latent_preview
+
+from ..pipeline.long_video import CameraPath, WindowedCamera, WindowParams, sample_windows
+from ..pipeline.sampling import SamplingParams
+from ..pipeline.video_file import VideoWriter
+from ..wan.conditioning import latent_shape
+from ..wan.long_video import MAX_FRAMES, plan_windows
+from . import types
+from .camera import height_input, width_input, window_inputs
+from .devices import VAE_WORKSPACE, check_interrupt, make_room
+from .expert_patcher import ComfyExpertSource, DiTExperts
+from .sampler import MAX_SEED, PREVIEW_FORMAT, SAMPLERS, _check_input, pick_text
+from .vae import _vae_inputs, _vae_model_input, vae_source
+
+DEFAULT_PREFIX = "LingBotWorld/long"
+
+
+class KeptExperts:
+    """``ComfyExpertSource`` that leaves an expert loaded after use, so the windows do not
+    reload it (both experts resident: for cards with room for two). Loads still go through
+    ComfyUI, which may evict one under memory pressure; ``close`` unloads both."""
+
+    def __init__(self, source: ComfyExpertSource) -> None:
+        self.source = source
+
+    def acquire(self, name: str) -> torch.nn.Module:
+        patcher = self.source.experts.patcher(name)
+        mm.load_models_gpu([patcher], memory_required=self.source.inference_memory, force_full_load=True)
+        if patcher.expert is None:
+            raise RuntimeError(f"ComfyUI did not load the {name}-noise expert from {patcher.model.folder}")
+        return patcher.expert
+
+    def release(self, name: str) -> None:  # kept until close()
+        pass
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def output_file(filename_prefix: str, width: int, height: int) -> tuple[Path, str, str]:
+    """A new .mp4 path in ComfyUI's output folder, its file name and subfolder (as Save Video names them)."""
+    folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
+        filename_prefix, folder_paths.get_output_directory(), width, height)
+    os.makedirs(folder, exist_ok=True)
+    name = f"{filename}_{counter:05}_.mp4"
+    return Path(folder) / name, name, subfolder
+
+
+class LingBotWorldLongVideo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LingBotWorldLongVideo",
+            display_name="LingBot-World Long Video",
+            category=types.CATEGORY,
+            description=(
+                "Makes a long video (up to 961 frames, one minute at 16 fps) as chained windows: each window "
+                "starts on the last frame(s) of the previous one and follows its piece of the camera path. "
+                "Each finished window is decoded and appended to an .mp4 in ComfyUI's output folder, so memory "
+                "stays that of one window and a Cancel keeps the finished windows. Outputs the saved VIDEO."
+            ),
+            inputs=[
+                types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
+                types.Text.Input("text", optional=True,
+                                 tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
+                                 "positive and negative are connected."),
+                io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
+                *_vae_inputs(),
+                types.CameraPathType.Input("camera_path", optional=True,
+                                           tooltip="The whole camera path from LingBot-World Camera Plücker "
+                                           "Conditioning (camera_path output). Without it the camera layers are "
+                                           "skipped."),
+                width_input(),
+                height_input(),
+                io.Int.Input("frames", default=321, min=5, max=MAX_FRAMES, step=4,
+                             tooltip="Frames of the whole video: 4n+1 (321 = 20 s, 961 = 60 s at 16 fps)."),
+                *window_inputs(),
+                io.Float.Input("scale_quantile", default=1.0, min=0.5, max=1.0, step=0.01,
+                               tooltip="Translation unit of the whole path: 1 = its largest step (as one pass). "
+                               "Below 1, that quantile of the steps, for tracked paths with rare jumps."),
+                io.Int.Input("steps", default=40, min=1, max=200, tooltip="Denoising steps per window."),
+                io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
+                               tooltip="Flow-matching sigma shift; higher spends more steps at high noise."),
+                io.Float.Input("cfg_high", default=5.0, min=1.0, max=30.0, step=0.1,
+                               tooltip="Guidance scale while the high-noise expert runs (1 = no negative pass)."),
+                io.Float.Input("cfg_low", default=5.0, min=1.0, max=30.0, step=0.1,
+                               tooltip="Guidance scale while the low-noise expert runs (1 = no negative pass)."),
+                io.Float.Input("boundary", default=0.947, min=0.0, max=1.0, step=0.001,
+                               tooltip="Switch from the high- to the low-noise expert when the timestep "
+                               "falls below boundary x 1000."),
+                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
+                             tooltip="Seed of the first window's noise; window k uses seed + k."),
+                io.Combo.Input("sampler", options=list(SAMPLERS), default="unipc",
+                               tooltip="unipc: the reference solver; euler: plain flow-matching steps."),
+                io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,
+                             tooltip="0 decodes whole frames. Otherwise the latent tile size (e.g. 32): lower "
+                             "VRAM for large videos, a little slower."),
+                io.Boolean.Input("keep_experts", default=False,
+                                 tooltip="Keep both experts loaded across windows (no reload per window); needs "
+                                 "room for both (about 2 x 9.6 GB NF4 plus activations)."),
+                io.Int.Input("fps", default=16, min=1, max=120, tooltip="Frame rate of the .mp4 (the model's is 16)."),
+                io.String.Input("filename_prefix", default=DEFAULT_PREFIX,
+                                tooltip="Where the .mp4 goes in ComfyUI's output folder (as Save Video's prefix)."),
+                _vae_model_input(),
+                io.Conditioning.Input("positive", optional=True,
+                                      tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl "
+                                      "loaded by CLIPLoader (type wan)."),
+                io.Conditioning.Input("negative", optional=True,
+                                      tooltip="With positive: the negative prompt from CLIP Text Encode."),
+            ],
+            outputs=[io.Video.Output("video", display_name="video",
+                                     tooltip="The saved .mp4 (for Save Video, Get Video Components, ...).")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def validate_inputs(cls, vae) -> bool | str:
+        return types.offered(cls, vae=vae)
+
+    @classmethod
+    def execute(cls, dit, image, vae, width, height, frames, window, overlap, scale_quantile, steps, shift,
+                cfg_high, cfg_low, boundary, seed, sampler, decode_tile, keep_experts, fps, filename_prefix,
+                text=None, camera_path=None, vae_model=None, positive=None, negative=None) -> io.NodeOutput:
+        _check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
+        text = pick_text(text, positive, negative, dit.config.text_dim)
+        if not isinstance(image, torch.Tensor) or image.dim() != 4 or image.shape[0] < 1 or image.shape[-1] not in (1, 3, 4):
+            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+            raise ValueError(f"image: expected a ComfyUI IMAGE batch [B, H, W, 3], got {shape}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        plan = plan_windows(frames, window, overlap)  # bad frames/window/overlap fail before any load
+        camera = None
+        if camera_path is not None:
+            _check_input(camera_path, CameraPath, "camera_path",
+                         "LingBot-World Camera Plücker Conditioning (its camera_path output)")
+            camera = WindowedCamera(camera_path, frames, height, width, scale_quantile)
+        source_vae, vae_size = vae_source(vae, vae_model)
+        device = mm.get_torch_device()
+        make_room(device, vae_size, VAE_WORKSPACE)
+        params = SamplingParams(steps=steps, shift=shift, guide_high=cfg_high, guide_low=cfg_low,
+                                boundary=boundary, seed=seed, sampler=sampler)
+        pt, ph, pw = dit.config.patch_size
+        f_lat, lat_h, lat_w = latent_shape(plan[0].frames, height, width)
+        tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
+        previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
+        progress = comfy.utils.ProgressBar(steps * len(plan))
+
+        def on_step(done: int, total: int) -> None:
+            if previewer is None:
+                progress.update_absolute(done, total)
+
+        def on_preview(done: int, total: int, x0: torch.Tensor) -> None:
+            progress.update_absolute(done, total, previewer.decode_latent_to_preview_image(PREVIEW_FORMAT,
+                                                                                            x0[None].float()))
+
+        path, name, subfolder = output_file(filename_prefix, width, height)
+        comfy_source = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim))
+        experts = KeptExperts(comfy_source) if keep_experts else comfy_source
+        try:
+            with VideoWriter(path, fps=fps) as writer:
+                sample_windows(experts, text, source_vae, image[0], frames, height, width, camera, params,
+                               WindowParams(window, overlap, scale_quantile), writer.write, device=device,
+                               decode_tile=decode_tile or None, on_step=on_step, check_interrupt=check_interrupt,
+                               on_preview=on_preview if previewer is not None else None)
+        finally:
+            experts.close()  # also on a cancel: no expert stays resident after this node
+        saved = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)])
+        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=saved)
