@@ -25,7 +25,7 @@ PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
                           ["LINGBOT_TEXT"]),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], [], ["LINGBOT_DIT"]),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"], ["LINGBOT_DIT"]),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
                             "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap"],
                            ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
