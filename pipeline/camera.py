@@ -10,6 +10,7 @@ import torch
 from ..loaders.trajectory import read_trajectory
 from ..wan.camera import CameraError, camera_tensor, preset_trajectory, usable_frames, validate_trajectory
 from ..wan.conditioning import check_frame_count, check_size
+from .memory import check_video_fits
 
 
 @dataclass
@@ -24,6 +25,7 @@ class CameraCondition:
 def _build(poses: np.ndarray, intrinsics: np.ndarray, frames: int, height: int, width: int, source: str) -> CameraCondition:
     check_frame_count(frames)
     check_size(height, width)
+    check_video_fits(frames, height, width)  # the Plücker tensor grows with the video, like its frames
     validate_trajectory(poses, intrinsics, source=source)
     covered = usable_frames(frames, len(poses))
     if covered < frames:

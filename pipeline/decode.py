@@ -1,14 +1,13 @@
 """Stage 4: latent -> video frames, with the VAE freed after."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
 from .guards import check_finite
-from .image import VAESource, vae_dtype
+from .image import CONNECTED_VAE, VAESource, vae_dtype, vae_name
 from .memory import build_or_release, check_video_fits, release_module, resolve_device
 
 
@@ -37,7 +36,7 @@ def decode(
     device = resolve_device(device)
     dtype = vae_dtype(device, precision)
     if isinstance(vae_file, Mapping):
-        vae = build_or_release(lambda: load_vae_from_state_dict(vae_file, device, dtype, source="the connected VAE"))
+        vae = build_or_release(lambda: load_vae_from_state_dict(vae_file, device, dtype, source=CONNECTED_VAE))
     else:
         vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
@@ -48,7 +47,6 @@ def decode(
     finally:
         release_module(vae)
         del vae
-    source = "the connected VAE" if isinstance(vae_file, Mapping) else Path(vae_file).name
-    check_finite(video, f"the decoded video ({source}, {precision})",
+    check_finite(video, f"the decoded video ({vae_name(vae_file)}, {precision})",
                  "NaN or inf weights in the VAE file, or an overflow in bf16 (use fp32)")
     return video

@@ -40,10 +40,18 @@ def vae_dtype(device: torch.device, precision: str = "fp32") -> torch.dtype:
     return vae_precision(precision)
 
 
+CONNECTED_VAE = "the connected VAE"  # how messages name a VAE given as a state dict
+
+
+def vae_name(source: VAESource) -> str:
+    """What messages call a VAE source: its file name, or the connected (core) VAE."""
+    return CONNECTED_VAE if isinstance(source, Mapping) else Path(source).name
+
+
 def open_vae(source: VAESource, device: torch.device, dtype: torch.dtype) -> WanVAE:
     """The pack's WanVAE from a file or from a state dict (then named "the connected VAE" in errors)."""
     if isinstance(source, Mapping):
-        return load_vae_from_state_dict(source, device, dtype, source="the connected VAE")
+        return load_vae_from_state_dict(source, device, dtype, source=CONNECTED_VAE)
     return load_vae(source, device, dtype)
 
 
@@ -109,7 +117,7 @@ def encode_image(
     finally:
         release_module(vae)
         del vae
-    check_finite(latent, f"the VAE latent of the first frame ({Path(vae_file).name}, {precision})",
+    check_finite(latent, f"the VAE latent of the first frame ({vae_name(vae_file)}, {precision})",
                  "NaN or inf weights in the VAE file, or an overflow in bf16 (use fp32)")
     mask = first_frame_mask(frames, latent.shape[-2], latent.shape[-1])
     return I2VCondition(y=torch.cat([mask, latent]), frames=frames, height=height, width=width)

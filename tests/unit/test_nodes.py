@@ -57,11 +57,11 @@ EXPECTED_INPUTS = {
     # widget values and older API prompts (without them) still validate.
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
                            ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
-    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model"]),
+    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
                              "attention", "preset"]),
-    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model"]),
+    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model", "precision"]),
     "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], []),
     "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
@@ -494,7 +494,7 @@ def test_dit_loader_block_swap_input(installed):
 
 
 def test_dit_loader_devices_option(installed, monkeypatch):
-    spec = LingBotWorldDiTLoader.INPUT_TYPES()["required"]["devices"]
+    spec = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"]
     assert _options(spec) == ["single", "expert_per_gpu", "cfg_split"] and spec[1]["default"] == "single"
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
     plain = LingBotWorldDiTLoader.execute(high, low, "none", 0, "single")[0]
@@ -777,3 +777,16 @@ def test_templates_are_the_workflows_with_distinct_thumbnails():
         # which differed in one widget, had 0.12%).
         changed = (np.abs(thumbs[first] - thumbs[second]) > 30).mean()
         assert changed > 0.002, f"{first} and {second} have the same thumbnail ({changed:.4%} differs)"
+
+
+def test_vae_precision_input(installed):
+    """fp32 (the reference's precision) by default; bf16 on request; anything else named."""
+    image = torch.rand(1, 40, 56, 3)
+    exact = LingBotWorldVAEEncode.execute(image, f"{PKG}/Wan2.1_VAE.pth", 48, 32, 5, "cpu")[0]
+    same = LingBotWorldVAEEncode.execute(image, f"{PKG}/Wan2.1_VAE.pth", 48, 32, 5, "cpu", precision="fp32")[0]
+    assert torch.equal(exact.y, same.y)
+    low = LingBotWorldVAEEncode.execute(image, f"{PKG}/Wan2.1_VAE.pth", 48, 32, 5, "cpu", precision="bf16")[0]
+    assert not torch.equal(exact.y, low.y)
+    torch.testing.assert_close(low.y, exact.y, rtol=0.1, atol=0.1)
+    with pytest.raises(ValueError, match="precision: 'fp16' is not one of fp32, bf16"):
+        LingBotWorldVAEEncode.execute(image, f"{PKG}/Wan2.1_VAE.pth", 48, 32, 5, "cpu", precision="fp16")

@@ -94,7 +94,7 @@ class TinyDiT(nn.Module):
         self.threads: set[str] = set()
         self.attention: set[str | None] = set()
 
-    def forward(self, x, t, contexts, y=None, camera_tokens=None):
+    def forward(self, x, t, contexts, y=None, camera_tokens=None, cancel=None):
         self.calls += x.shape[0]
         self.threads.add(threading.current_thread().name)
         self.attention.add(attention_mod._RUN_CHOICE.get())
@@ -270,14 +270,13 @@ def test_real_dit_interrupt_frees_every_copy(files, monkeypatch):
         source = PlacedDiskExperts(files.high, files.low, placement_on(mode, TWO))
         steps = []
 
-        def interrupt():
+        def interrupt():  # also called before every transformer block, so count finished steps
             if len(steps) == 3:  # past the boundary of 4 steps at shift 5: both experts were used
                 raise RuntimeError("interrupted")
-            steps.append(1)
 
         with pytest.raises(RuntimeError, match="interrupted"):
             sample(source, text, condition, None, SamplingParams(steps=4, shift=5.0, seed=3),
-                   check_interrupt=interrupt)
+                   on_step=lambda done, total: steps.append(done), check_interrupt=interrupt)
         assert {name.split("_")[0] for name in loads} == {"high", "low"}, loads  # interrupted after the boundary
         assert source.resident() == {}, mode
 
