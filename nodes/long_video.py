@@ -15,11 +15,8 @@ from pathlib import Path
 import torch
 from comfy_api.latest import InputImpl, io, ui
 
-import comfy.latent_formats
 import comfy.model_management as mm
-import comfy.utils
 import folder_paths
-import latent_preview
 
 from ..pipeline.long_video import CameraPath, WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
@@ -30,8 +27,8 @@ from . import types
 from .camera import height_input, width_input, window_inputs
 from .devices import VAE_WORKSPACE, check_interrupt, make_room
 from .expert_patcher import ComfyExpertSource, DiTExperts
-from .sampler import MAX_SEED, PREVIEW_FORMAT, SAMPLERS, _check_input, pick_text
-from .vae import _vae_inputs, _vae_model_input, vae_source
+from .sampler import SAMPLERS, LivePreview, check_input, conditioning_inputs, guidance_inputs, pick_text
+from .vae import vae_file_inputs, vae_model_input, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
 
@@ -86,7 +83,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
                                  tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
                                  "positive and negative are connected."),
                 io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
-                *_vae_inputs(),
+                *vae_file_inputs(),
                 types.CameraPathType.Input("camera_path", optional=True,
                                            tooltip="The whole camera path from LingBot-World Camera Plücker "
                                            "Conditioning (camera_path output). Without it the camera layers are "
@@ -100,19 +97,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
                                tooltip="Translation unit of the whole path: 1 = its largest step (as one pass). "
                                "Below 1, that quantile of the steps, for tracked paths with rare jumps."),
                 io.Int.Input("steps", default=40, min=1, max=200, tooltip="Denoising steps per window."),
-                io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
-                               tooltip="Flow-matching sigma shift; higher spends more steps at high noise."),
-                io.Float.Input("cfg_high", default=5.0, min=1.0, max=30.0, step=0.1,
-                               tooltip="Guidance scale while the high-noise expert runs (1 = no negative pass)."),
-                io.Float.Input("cfg_low", default=5.0, min=1.0, max=30.0, step=0.1,
-                               tooltip="Guidance scale while the low-noise expert runs (1 = no negative pass)."),
-                io.Float.Input("boundary", default=0.947, min=0.0, max=1.0, step=0.001,
-                               tooltip="Switch from the high- to the low-noise expert when the timestep "
-                               "falls below boundary x 1000."),
-                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
-                             tooltip="Seed of the first window's noise; window k uses seed + k."),
-                io.Combo.Input("sampler", options=list(SAMPLERS), default="unipc",
-                               tooltip="unipc: the reference solver; euler: plain flow-matching steps."),
+                *guidance_inputs("Seed of the first window's noise; window k uses seed + k."),
                 io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,
                              tooltip="0 decodes whole frames. Otherwise the latent tile size (e.g. 32): lower "
                              "VRAM for large videos, a little slower."),
@@ -122,12 +107,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 io.Int.Input("fps", default=16, min=1, max=120, tooltip="Frame rate of the .mp4 (the model's is 16)."),
                 io.String.Input("filename_prefix", default=DEFAULT_PREFIX,
                                 tooltip="Where the .mp4 goes in ComfyUI's output folder (as Save Video's prefix)."),
-                _vae_model_input(),
-                io.Conditioning.Input("positive", optional=True,
-                                      tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl "
-                                      "loaded by CLIPLoader (type wan)."),
-                io.Conditioning.Input("negative", optional=True,
-                                      tooltip="With positive: the negative prompt from CLIP Text Encode."),
+                vae_model_input(),
+                *conditioning_inputs(),
             ],
             outputs=[io.Video.Output("video", display_name="video",
                                      tooltip="The saved .mp4 (for Save Video, Get Video Components, ...).")],
@@ -142,7 +123,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
     def execute(cls, dit, image, vae, width, height, frames, window, overlap, scale_quantile, steps, shift,
                 cfg_high, cfg_low, boundary, seed, sampler, decode_tile, keep_experts, fps, filename_prefix,
                 text=None, camera_path=None, vae_model=None, positive=None, negative=None) -> io.NodeOutput:
-        _check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
+        check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
         text = pick_text(text, positive, negative, dit.config.text_dim)
         if not isinstance(image, torch.Tensor) or image.dim() != 4 or image.shape[0] < 1 or image.shape[-1] not in (1, 3, 4):
             shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
@@ -152,7 +133,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         plan = plan_windows(frames, window, overlap)  # bad frames/window/overlap fail before any load
         camera = None
         if camera_path is not None:
-            _check_input(camera_path, CameraPath, "camera_path",
+            check_input(camera_path, CameraPath, "camera_path",
                          "LingBot-World Camera Plücker Conditioning (its camera_path output)")
             camera = WindowedCamera(camera_path, frames, height, width, scale_quantile)
         source_vae, vae_size = vae_source(vae, vae_model)
@@ -163,16 +144,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         pt, ph, pw = dit.config.patch_size
         f_lat, lat_h, lat_w = latent_shape(plan[0].frames, height, width)
         tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
-        previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())
-        progress = comfy.utils.ProgressBar(steps * len(plan))
-
-        def on_step(done: int, total: int) -> None:
-            if previewer is None:
-                progress.update_absolute(done, total)
-
-        def on_preview(done: int, total: int, x0: torch.Tensor) -> None:
-            progress.update_absolute(done, total, previewer.decode_latent_to_preview_image(PREVIEW_FORMAT,
-                                                                                            x0[None].float()))
+        live = LivePreview(steps * len(plan))
 
         path, name, subfolder = output_file(filename_prefix, width, height)
         comfy_source = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim))
@@ -181,8 +153,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
             with VideoWriter(path, fps=fps) as writer:
                 sample_windows(experts, text, source_vae, image[0], frames, height, width, camera, params,
                                WindowParams(window, overlap, scale_quantile), writer.write, device=device,
-                               decode_tile=decode_tile or None, on_step=on_step, check_interrupt=check_interrupt,
-                               on_preview=on_preview if previewer is not None else None)
+                               decode_tile=decode_tile or None, on_step=live.on_step, check_interrupt=check_interrupt,
+                               on_preview=live.on_preview if live.previewer is not None else None)
         finally:
             experts.close()  # also on a cancel: no expert stays resident after this node
         saved = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)])

@@ -34,7 +34,7 @@ MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 PREVIEW_FORMAT = "JPEG"
 
 
-def _check_input(value, kind: type, field: str, source: str) -> None:
+def check_input(value, kind: type, field: str, source: str) -> None:
     if not isinstance(value, kind):
         raise ValueError(f"{field}: expected the output of {source}, got {type(value).__name__}")
 
@@ -76,7 +76,7 @@ def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
         raise ValueError("no prompt: connect LingBot-World T5 Encode + Unload to text, or CLIP Text Encode "
                          "(CLIPLoader type wan) to positive and negative")
     if text is not None:
-        _check_input(text, TextEmbeddings, "text", "LingBot-World T5 Encode + Unload")
+        check_input(text, TextEmbeddings, "text", "LingBot-World T5 Encode + Unload")
         return text
     if positive is None:
         raise ValueError("positive: connect a CLIP Text Encode with the prompt next to negative")
@@ -88,6 +88,54 @@ def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
         )
     return embeddings
 
+
+
+def guidance_inputs(seed_tooltip: str) -> list:
+    """shift, CFG per expert, boundary, seed, sampler: the settings the sampler and the Long
+    Video node share (same names, defaults and ranges, so graphs move between them)."""
+    return [
+        io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
+                       tooltip="Flow-matching sigma shift; higher spends more steps at high noise."),
+        io.Float.Input("cfg_high", default=5.0, min=1.0, max=30.0, step=0.1,
+                       tooltip="Guidance scale while the high-noise expert runs (1 = no negative pass)."),
+        io.Float.Input("cfg_low", default=5.0, min=1.0, max=30.0, step=0.1,
+                       tooltip="Guidance scale while the low-noise expert runs (1 = no negative pass)."),
+        io.Float.Input("boundary", default=0.947, min=0.0, max=1.0, step=0.001,
+                       tooltip="Switch from the high- to the low-noise expert when the timestep "
+                       "falls below boundary x 1000."),
+        io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True, tooltip=seed_tooltip),
+        io.Combo.Input("sampler", options=list(SAMPLERS), default="unipc",
+                       tooltip="unipc: the reference solver; euler: plain flow-matching steps."),
+    ]
+
+
+def conditioning_inputs() -> list:
+    """The optional core CONDITIONING inputs, an alternative to the pack's text input."""
+    return [
+        io.Conditioning.Input("positive", optional=True,
+                              tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl "
+                              "loaded by CLIPLoader (type wan)."),
+        io.Conditioning.Input("negative", optional=True,
+                              tooltip="With positive: the negative prompt from CLIP Text Encode."),
+    ]
+
+
+class LivePreview:
+    """ComfyUI's progress bar with a latent preview each step, through ComfyUI's own
+    previewer: it follows the user's preview setting (none, latent2rgb, or the TAE video
+    decoder lighttaew2_1 from models/vae_approx)."""
+
+    def __init__(self, total_steps: int) -> None:
+        self.previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
+        self.progress = comfy.utils.ProgressBar(total_steps)
+
+    def on_step(self, done: int, total: int) -> None:
+        if self.previewer is None:  # with previews, on_preview moves the bar
+            self.progress.update_absolute(done, total)
+
+    def on_preview(self, done: int, total: int, x0: torch.Tensor) -> None:
+        image = self.previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if self.previewer else None
+        self.progress.update_absolute(done, total, image)
 
 class LingBotWorldSampler(io.ComfyNode):
     @classmethod
@@ -111,27 +159,11 @@ class LingBotWorldSampler(io.ComfyNode):
                 types.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode."),
                 io.Int.Input("steps", default=40, min=1, max=200,
                              tooltip="Denoising steps (the reference uses 70; 40 is common)."),
-                io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
-                               tooltip="Flow-matching sigma shift; higher spends more steps at high noise."),
-                io.Float.Input("cfg_high", default=5.0, min=1.0, max=30.0, step=0.1,
-                               tooltip="Guidance scale while the high-noise expert runs (1 = no negative pass)."),
-                io.Float.Input("cfg_low", default=5.0, min=1.0, max=30.0, step=0.1,
-                               tooltip="Guidance scale while the low-noise expert runs (1 = no negative pass)."),
-                io.Float.Input("boundary", default=0.947, min=0.0, max=1.0, step=0.001,
-                               tooltip="Switch from the high- to the low-noise expert when the timestep "
-                               "falls below boundary x 1000."),
-                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
-                             tooltip="Seed of the starting noise."),
-                io.Combo.Input("sampler", options=list(SAMPLERS), default="unipc",
-                               tooltip="unipc: the reference solver; euler: plain flow-matching steps."),
+                *guidance_inputs("Seed of the starting noise."),
                 types.Camera.Input("camera", optional=True,
                                    tooltip="Camera path from LingBot-World Camera Plücker Conditioning. "
                                    "Its width, height and frames must match the VAE Encode node."),
-                io.Conditioning.Input("positive", optional=True,
-                                      tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl "
-                                      "loaded by CLIPLoader (type wan)."),
-                io.Conditioning.Input("negative", optional=True,
-                                      tooltip="With positive: the negative prompt from CLIP Text Encode."),
+                *conditioning_inputs(),
                 # Fast mode. Optional with "off" defaults, after every older widget: saved
                 # workflows keep their widget order, and API graphs without them run exactly.
                 io.Float.Input("cache_threshold", default=0.0, min=0.0, max=1.0, step=0.005, optional=True,
@@ -162,11 +194,11 @@ class LingBotWorldSampler(io.ComfyNode):
     def execute(cls, dit, i2v, steps, shift, cfg_high, cfg_low, boundary, seed, sampler, text=None, camera=None,
                 positive=None, negative=None, cache_threshold: float = 0.0, cfg_truncate: float = 0.0,
                 attention: str = "auto", preset: str = "none") -> io.NodeOutput:
-        _check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
+        check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
         text = pick_text(text, positive, negative, dit.config.text_dim)
-        _check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
+        check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         if camera is not None:
-            _check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
+            check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
         if preset not in PRESETS:
@@ -188,21 +220,14 @@ class LingBotWorldSampler(io.ComfyNode):
         _, f_lat, lat_h, lat_w = i2v.y.shape
         pt, ph, pw = dit.config.patch_size
         tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
-        # ComfyUI's own previewer: it follows the user's preview setting (none, latent2rgb,
-        # or the TAE video decoder lighttaew2_1 from models/vae_approx).
-        previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
-        progress = comfy.utils.ProgressBar(steps)
-
-        def on_preview(done: int, total: int, x0: torch.Tensor) -> None:
-            image = previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if previewer else None
-            progress.update_absolute(done, total, image)
+        live = LivePreview(steps)
 
         memory = dit.high.inference_memory(tokens, dit.config.dim) + (lora_device_bytes(loras) if loras else 0)
         comfy_source = ComfyExpertSource(dit, inference_memory=memory)
         source = LoraExperts(comfy_source, loras) if loras else comfy_source
         stats = StepStats()
         try:
-            latent = sample(source, text, i2v, camera, params, check_interrupt=check_interrupt, on_preview=on_preview,
+            latent = sample(source, text, i2v, camera, params, check_interrupt=check_interrupt, on_preview=live.on_preview,
                             stats=stats)
         finally:
             comfy_source.close()  # also on interrupt or a bad LoRA: no expert stays resident after this node

@@ -31,7 +31,7 @@ VAE_MODEL_TOOLTIP = (
 )
 
 
-def _vae_inputs() -> list[io.Input]:
+def vae_file_inputs() -> list[io.Input]:
     files = list_vae_files()
     return [
         # "(none)" lets a workflow that only uses vae_model carry no file name; a fresh node
@@ -40,7 +40,7 @@ def _vae_inputs() -> list[io.Input]:
     ]
 
 
-def _vae_model_input() -> io.Vae.Input:
+def vae_model_input() -> io.Vae.Input:
     return io.Vae.Input("vae_model", optional=True, tooltip=VAE_MODEL_TOOLTIP)
 
 
@@ -95,12 +95,12 @@ class LingBotWorldVAEEncode(io.ComfyNode):
             ),
             inputs=[
                 io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
-                *_vae_inputs(),
+                *vae_file_inputs(),
                 width_input(),
                 height_input(),
                 frames_input(),
                 io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=DEVICE_TOOLTIP),
-                _vae_model_input(),
+                vae_model_input(),
                 _precision_input(),
             ],
             outputs=[types.I2VCond.Output("i2v", display_name="i2v",
@@ -142,12 +142,12 @@ class LingBotWorldVAEDecode(io.ComfyNode):
             inputs=[
                 io.Latent.Input("samples", tooltip="Latent from the LingBot-World Dual-Expert Sampler "
                                 "(or any Wan 2.1 video latent)."),
-                *_vae_inputs(),
+                *vae_file_inputs(),
                 io.Int.Input("tile", default=0, min=0, max=512, step=8,
                              tooltip="0 decodes whole frames. Otherwise the latent tile size (e.g. 32): lower "
                              "VRAM for large videos, a little slower."),
                 io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=DEVICE_TOOLTIP),
-                _vae_model_input(),
+                vae_model_input(),
                 _precision_input(),
             ],
             outputs=[io.Image.Output("frames", display_name="frames",
