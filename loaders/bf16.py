@@ -16,7 +16,7 @@ from bitsandbytes.nn import Linear4bit
 from safetensors.torch import save_file
 from torch import nn
 
-from ..wan.block_swap import BlockSwapper, host_weights_for, resident_blocks
+from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
@@ -74,7 +74,7 @@ def load_bf16_expert(
 
     ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA); the linear weights
     of the others live in pinned RAM and stream in during each forward (see
-    ``wan.block_swap``). Unquantized, they are read from the memory map straight into pinned
+    ``wan.runtime.block_swap``). Unquantized, they are read from the memory map straight into pinned
     RAM; with ``quantize="nf4"`` each is quantized on the GPU and its packed bytes moved out.
     None (or K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """

@@ -1,4 +1,4 @@
-"""Read a Wan LoRA file (.safetensors) into per-layer factors for ``wan.lora``.
+"""Read a Wan LoRA file (.safetensors) into per-layer factors for ``wan.runtime.lora``.
 
 Key formats accepted (the ones ComfyUI users have for Wan; ComfyUI's own
 ``comfy.lora.model_lora_keys_unet`` maps the same names):
@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..wan.lora import LoraFactors, linear_layers, parameter_shapes
+from ..wan.runtime.lora import LoraFactors, linear_layers, parameter_shapes
 from .errors import CheckpointError, preview
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")

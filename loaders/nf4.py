@@ -24,7 +24,7 @@ from bitsandbytes.utils import unpack_tensor_to_dict
 from safetensors.torch import save_file
 from torch import nn
 
-from ..wan.block_swap import BlockSwapper, host_weights_for, resident_blocks
+from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
@@ -386,7 +386,7 @@ def load_nf4_expert(
 
     ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA): the linear weights
     of the other blocks go from the memory map straight into pinned RAM, never through the
-    GPU, and a ``wan.block_swap.BlockSwapper`` streams them in during each forward. None (or
+    GPU, and a ``wan.runtime.block_swap.BlockSwapper`` streams them in during each forward. None (or
     K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """
     folder = require_layout(folder, "nf4")

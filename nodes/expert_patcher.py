@@ -50,7 +50,7 @@ class ExpertLoadOptions:
 
     quantize: str | None = None  # "nf4": quantize a bf16 (layout B) expert while loading
     # Blocks kept wholly on the GPU; the others' linear weights stream from pinned RAM
-    # during each forward (wan/block_swap.py). None: every block on the GPU.
+    # during each forward (wan/runtime/block_swap.py). None: every block on the GPU.
     block_swap: int | None = None
 
 

@@ -22,7 +22,7 @@ from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import text_from_conditioning
-from ..wan.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
+from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import types
 from .devices import check_interrupt
 from .expert_patcher import ComfyExpertSource, DiTExperts

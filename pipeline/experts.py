@@ -12,7 +12,7 @@ from ..loaders.bf16 import load_bf16_expert, open_bf16_weights
 from ..loaders.dit_weights import build_on_meta
 from ..loaders.layout import CONFIG_FILE, detect_expert_layout, read_config
 from ..loaders.nf4 import load_nf4_expert, open_nf4_weights, read_quantization_meta
-from ..wan.block_swap import resident_blocks, swapped_weight_keys
+from ..wan.runtime.block_swap import resident_blocks, swapped_weight_keys
 from .memory import build_or_release, release_module, resolve_device
 from .placement import Placement
 
@@ -24,7 +24,7 @@ def load_expert(folder: str | Path, device: torch.device | str, quantize: str | 
     """NF4 folders (layout A) load as they are; bf16 folders (layout B) optionally quantize.
 
     ``block_swap``: blocks kept wholly on a CUDA device, the rest streamed from pinned RAM
-    (None: all on the device; see ``wan.block_swap``).
+    (None: all on the device; see ``wan.runtime.block_swap``).
     """
     folder = Path(folder)
     if detect_expert_layout(folder) == "nf4":

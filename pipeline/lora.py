@@ -9,7 +9,7 @@ from torch import nn
 
 from ..loaders.errors import CheckpointError
 from ..loaders.lora import read_lora
-from ..wan.lora import apply_param_deltas, attach_lora, detach_lora, merge_lora
+from ..wan.runtime.lora import apply_param_deltas, attach_lora, detach_lora, merge_lora
 from .sampling import ExpertSource
 
 

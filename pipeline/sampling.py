@@ -18,7 +18,7 @@ from .image import I2VCondition
 from .memory import empty_device_cache
 from .step_cache import EASYCACHE_WARMUP_STEPS, StepPolicy, StepStats
 from .text import TextEmbeddings
-from ..wan.attention import CHOICES as ATTENTION_CHOICES, attention_backend
+from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
 
 LATENT_CHANNELS = 16
 
@@ -104,7 +104,7 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def _on_device(device: torch.device):
-    """Make ``device`` the thread's current CUDA device: Triton kernels (wan/fused.py) launch on
+    """Make ``device`` the thread's current CUDA device: Triton kernels (wan/runtime/fused.py) launch on
     the current device, which is ComfyUI's first GPU unless an expert lives on another one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 

@@ -28,7 +28,7 @@ from ..pipeline import long_video as lv
 from ..pipeline.lora import LoraSpec
 from ..pipeline.presets import PRESETS as SAMPLING_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams
-from ..wan.attention import CHOICES as ATTENTION_CHOICES
+from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera import PRESETS, draw_trajectory
 from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import check_frame_count, check_size, target_size

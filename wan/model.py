@@ -27,9 +27,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import fused
-from .attention import attention
-from .dense import Dense, dense
+from .runtime import fused
+from .runtime.attention import attention
+from .runtime.dense import Dense, dense
 from .config import DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32

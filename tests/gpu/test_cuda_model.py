@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan import fused
+from comfyui_lingbot_world.wan.runtime import fused
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import LingBotDiT
 

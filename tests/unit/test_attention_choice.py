@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan import attention as attn
+from comfyui_lingbot_world.wan.runtime import attention as attn
 
 
 @pytest.mark.parametrize("capability,installed,expected", [

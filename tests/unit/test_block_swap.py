@@ -1,4 +1,4 @@
-"""Block swap (wan/block_swap.py and the loaders' block_swap argument).
+"""Block swap (wan/runtime/block_swap.py and the loaders' block_swap argument).
 
 CPU tests drive the swapper with ``SyncTransfer`` (same bookkeeping, no streams) and run
 the loaders' host-memory path with the CUDA-only parts swapped for CPU stand-ins. Tests
@@ -34,8 +34,8 @@ from comfyui_lingbot_world.loaders.synthetic_dit import (
 )
 from comfyui_lingbot_world.pipeline.experts import expert_host_bytes, expert_size_bytes, load_expert
 from comfyui_lingbot_world.pipeline.memory import release_module
-from comfyui_lingbot_world.wan import block_swap as bs
-from comfyui_lingbot_world.wan.block_swap import (
+from comfyui_lingbot_world.wan.runtime import block_swap as bs
+from comfyui_lingbot_world.wan.runtime.block_swap import (
     HOST_ALIGNMENT,
     BlockSwapper,
     SyncTransfer,

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from comfyui_lingbot_world.wan.dense import dense
+from comfyui_lingbot_world.wan.runtime.dense import dense
 
 
 def _layer(dtype=torch.float32, bias=True):

@@ -31,7 +31,7 @@ from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEEncode  # noqa: E402
 from comfyui_lingbot_world.pipeline.latent import to_comfy_latent  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraSpec  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample  # noqa: E402
-from comfyui_lingbot_world.wan import attention as attn  # noqa: E402
+from comfyui_lingbot_world.wan.runtime import attention as attn  # noqa: E402
 
 H, W, FRAMES = 32, 48, 5
 PKG = "lingbot/pkg"

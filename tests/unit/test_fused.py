@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan import fused
+from comfyui_lingbot_world.wan.runtime import fused
 from comfyui_lingbot_world.wan.model import RMSNorm, apply_rope, build_rope
 
 
@@ -92,7 +92,7 @@ def test_fused_residual_chains_match_definitions():
 @pytest.mark.parametrize("dim, heads, rows", [(64, 4, 37), (5120, 40, 4100)])
 @pytest.mark.parametrize("norm, rope", [(True, True), (True, False), (False, True)])
 def test_triton_rms_rope_equals_eager(dim, heads, rows, norm, rope):
-    from comfyui_lingbot_world.wan import triton_kernels
+    from comfyui_lingbot_world.wan.runtime import triton_kernels
 
     g = torch.Generator(device="cpu").manual_seed(1)
     x = torch.randn(rows + 9, dim, generator=g).bfloat16().cuda()

@@ -14,10 +14,10 @@ from comfyui_lingbot_world.loaders.lora import read_lora
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
 from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert, write_synthetic_nf4_expert
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec
-from comfyui_lingbot_world.wan.block_swap import BlockSwapper, SyncTransfer
+from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper, SyncTransfer
 from comfyui_lingbot_world.wan.config import DiTConfig
-from comfyui_lingbot_world.wan.dense import dense
-from comfyui_lingbot_world.wan.lora import attach_lora, detach_lora, has_lora, linear_layers, merge_lora
+from comfyui_lingbot_world.wan.runtime.dense import dense
+from comfyui_lingbot_world.wan.runtime.lora import attach_lora, detach_lora, has_lora, linear_layers, merge_lora
 
 SMALL = DiTConfig(dim=64, ffn_dim=128, freq_dim=32, text_dim=32, num_heads=2, num_layers=3)
 RANK, ALPHA = 4, 2.0

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from comfy_host import comfy_root
-from comfyui_lingbot_world.wan import attention as attention_mod
+from comfyui_lingbot_world.wan.runtime import attention as attention_mod
 from comfyui_lingbot_world.wan.config import A14B, TINY, DiTConfig
 from comfyui_lingbot_world.wan.model import LingBotDiT
 

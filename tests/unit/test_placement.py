@@ -29,7 +29,7 @@ from comfyui_lingbot_world.pipeline.placement import (
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample
 from comfyui_lingbot_world.pipeline.step_cache import StepStats
 from comfyui_lingbot_world.pipeline.text import TextEmbeddings
-from comfyui_lingbot_world.wan import attention as attention_mod
+from comfyui_lingbot_world.wan.runtime import attention as attention_mod
 
 CPU = torch.device("cpu")
 TWO = (CPU, CPU)

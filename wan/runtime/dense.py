@@ -7,7 +7,7 @@ block and sub-layer, and ``Dense.__call__`` writes the product straight into a s
 a preallocated buffer (``torch.addmm(..., out=)``), which saves the copy a chunked
 ``layer(x)`` followed by ``buffer[s:e] = ...`` costs.
 
-A LoRA attached to the layer (``wan.lora.attach_lora``) is added to the dense copy here
+A LoRA attached to the layer (``wan.runtime.lora.attach_lora``) is added to the dense copy here
 (``W + scale * B A``), never to the layer's own weight.
 
 Only ``dense`` knows about 4-bit weights; it imports bitsandbytes lazily, and only for a
