@@ -34,8 +34,10 @@ from comfy_server import ComfyServer, combo_options, require_host, video_info
 
 from comfyui_lingbot_world.loaders.synthetic_t5 import COMFY_T5_FILES, train_sentencepiece, write_comfy_t5
 from comfyui_lingbot_world.loaders.t5_loader import load_t5
+from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint
 from comfyui_lingbot_world.pipeline.text import load_tokenizer
 from comfyui_lingbot_world.wan.t5 import T5_TINY, encode_prompts
+from comfyui_lingbot_world.wan.vae import WAN21
 
 PLUGIN = ROOT / "tests" / "integration" / "umt5_plugin"
 FORMATS = ("bf16", "fp8_scaled")
@@ -46,6 +48,9 @@ SEED = 11
 FP32_ATOL = 1e-5
 BF16_REL_TOL = 0.02
 FRAMES, WIDTH, HEIGHT = 5, 48, 32
+CORE_VAE = "wan_2.1_vae.safetensors"
+# Core VAE Decode and the pack's decoder on the same weights, both float32 on the CPU.
+DECODE_ATOL = 1e-4  # seen: 9.5e-7 (float32 round-off)
 
 
 def tiny_config(host: Path) -> dict:
@@ -77,6 +82,9 @@ def comfy_models(tmp_path_factory: pytest.TempPathFactory):
         for fmt in FORMATS:
             write_comfy_t5(models / "text_encoders" / COMFY_T5_FILES[fmt], T5_TINY, seed=SEED, fmt=fmt,
                            tokenizer=spiece)
+        # ComfyUI's wan_2.1_vae.safetensors layout at the real geometry (core's VAELoader builds
+        # its Wan VAE at that size only): 0.25 GB in bf16, as Comfy-Org ships it.
+        write_vae_checkpoint(models / "vae" / CORE_VAE, WAN21, seed=SEED, dtype=torch.bfloat16)
 
     return tiny_package.comfy_models_builder(tmp_path_factory, extra)
 
@@ -158,3 +166,38 @@ def test_core_conditioning_drives_the_lingbot_sampler(comfy_server: ComfyServer)
     assert len(videos) == 1, comfy_server.output_files(result)
     video = video_info(videos[0])
     assert (video.frames, video.width, video.height) == (FRAMES, WIDTH, HEIGHT), video
+
+
+def core_vae_graph() -> dict:
+    """Load VAE (core) feeds the pack's VAE Encode; the sampler's LATENT goes to core VAE
+    Decode and to the pack's VAE Decode (that same core VAE on vae_model)."""
+    graph = tiny_package.small_workflow(
+        json.loads((ROOT / "workflows" / "api" / "lingbot_no_camera.json").read_text()),
+        frames=FRAMES, width=WIDTH, height=HEIGHT, steps=2)
+    graph = copy.deepcopy(graph)
+    by_type = {node["class_type"]: node_id for node_id, node in graph.items()}
+    graph["30"] = {"class_type": "VAELoader", "inputs": {"vae_name": CORE_VAE}}
+    graph[by_type["LingBotWorldVAEEncode"]]["inputs"].update(vae="(none)", vae_model=["30", 0])
+    decode = graph[by_type["LingBotWorldVAEDecode"]]["inputs"]
+    decode.update(vae="(none)", vae_model=["30", 0])
+    sampler = by_type["LingBotWorldSampler"]
+    graph["31"] = {"class_type": "VAEDecode", "inputs": {"samples": [sampler, 0], "vae": ["30", 0]}}
+    graph["32"] = {"class_type": "LingBotTestSaveTensors", "inputs": {"value": ["31", 0], "name": "core_decode"}}
+    graph["33"] = {"class_type": "LingBotTestSaveTensors",
+                   "inputs": {"value": [by_type["LingBotWorldVAEDecode"], 0], "name": "pack_decode"}}
+    return graph
+
+
+def test_core_vae_loader_feeds_the_pack_and_core_decode_equals_the_packs(comfy_server: ComfyServer) -> None:
+    """VAELoader -> LingBot-World VAE Encode / Decode works, and core VAE Decode of the
+    sampler's LATENT (ComfyUI's Wan 2.1 convention) gives the pack decoder's frames."""
+    result = comfy_server.run(core_vae_graph(), timeout=600)
+    videos = [f for f in comfy_server.output_files(result) if f.suffix in (".mp4", ".webm", ".mov")]
+    assert len(videos) == 1 and video_info(videos[0]).frames == FRAMES
+    core, pack = saved(comfy_server, "core_decode")["image"], saved(comfy_server, "pack_decode")["image"]
+    assert pack.shape == (FRAMES, HEIGHT, WIDTH, 3), pack.shape
+    assert core.reshape(pack.shape).shape == pack.shape, core.shape
+    core = core.reshape(pack.shape)
+    diff = (core - pack).abs()
+    print(f"core VAE Decode vs the pack's decoder: max {float(diff.max()):.2e}, mean {float(diff.mean()):.2e}")
+    assert float(diff.max()) < DECODE_ATOL, f"max |core - pack| = {float(diff.max()):.2e}"

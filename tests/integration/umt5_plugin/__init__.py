@@ -87,7 +87,8 @@ def install() -> None:
 
 
 class LingBotTestSaveTensors:
-    """Output node for tests: CONDITIONING (first entry) or LingBot TEXT -> safetensors file."""
+    """Output node for tests: CONDITIONING (first entry), LingBot TEXT or an IMAGE batch ->
+    safetensors file in the output folder."""
 
     CATEGORY = "testing"
     RETURN_TYPES = ()
@@ -111,6 +112,8 @@ class LingBotTestSaveTensors:
             mask = value[0][1].get("attention_mask")
             if mask is not None:
                 tensors["attention_mask"] = mask
+        elif isinstance(value, torch.Tensor):  # IMAGE [frames, H, W, 3] (before hasattr: tensors have .positive())
+            tensors = {"image": value}
         elif hasattr(value, "positive"):  # the pack's TextEmbeddings
             tensors = {"positive": value.positive, "negative": value.negative}
         else:
