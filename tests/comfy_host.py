@@ -74,3 +74,13 @@ def use_comfy_in_process() -> Path:
 
     args.cpu = True
     return host
+
+
+def run_async(coroutine):
+    """``asyncio.run`` in a thread of its own: the browser tests keep Playwright's event loop
+    running in the main thread for the whole session, and asyncio.run refuses to nest."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(asyncio.run, coroutine).result()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comfy_host import use_comfy_in_process
+from comfy_host import run_async, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 
@@ -90,7 +90,7 @@ def _max_loop_stall(handler_calls: int, use_thread: bool) -> tuple[float, dict]:
         await tick
         return max(gaps), results[0]
 
-    return asyncio.run(main())
+    return run_async(main())
 
 
 def test_status_never_stalls_the_event_loop():

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from comfy_host import use_comfy_in_process
+from comfy_host import run_async, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
@@ -168,11 +168,9 @@ def test_mappings_register_every_node_with_display_names():
 
 
 def test_comfy_entrypoint_lists_the_same_nodes():
-    import asyncio
-
-    extension = asyncio.run(pack_nodes.comfy_entrypoint())
+    extension = run_async(pack_nodes.comfy_entrypoint())
     assert isinstance(extension, ComfyExtension)
-    assert asyncio.run(extension.get_node_list()) == list(pack_nodes.NODE_CLASS_MAPPINGS.values())
+    assert run_async(extension.get_node_list()) == list(pack_nodes.NODE_CLASS_MAPPINGS.values())
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_INPUTS))
