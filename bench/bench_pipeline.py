@@ -34,6 +34,7 @@ from _standalone import import_pack  # noqa: E402
 
 import_pack()
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
@@ -185,14 +186,24 @@ def sampling_record(experts: TimedExperts, step_times: list[float], params: Samp
 
 
 def run_load_expert(args: argparse.Namespace) -> dict:
-    """Load one NF4 expert to CUDA twice (the second from page cache); peak RssAnon."""
+    """Load one NF4 expert to CUDA twice (the second from page cache), then once more from
+    the page cache the way safetensors copies to CUDA by itself (no pinned staging); peak
+    RssAnon."""
     files = find_package(args.package)
     record = base_record(args) | {"mode": "load-expert", "file_gb": sum(
         p.stat().st_size for p in files.high.iterdir()) / GB}
     with MemoryWatch() as watch:
-        for label in ("first", "page_cache"):
-            with watch.phase(f"load_{label}"):
-                model = load_nf4_expert(files.high, "cuda")
+        for label in ("first", "page_cache", "page_cache_unstaged"):
+            unstaged = label.endswith("unstaged")
+            original = tensor_source.make_uploader
+            if unstaged:
+                tensor_source.make_uploader = lambda device: None
+            try:
+                with watch.phase(f"load_{label}"):
+                    model = load_nf4_expert(files.high, "cuda")
+                    sync()
+            finally:
+                tensor_source.make_uploader = original
             release_module(model)
             del model
     record["phases"] = watch.phases

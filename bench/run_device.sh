@@ -58,16 +58,18 @@ for what in "$@"; do
                   --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
-        ttv_exact|ttv_fast|ttv_light)  # time to video, 40 steps; the exact row is the reference of the others
+        ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others
             ensure_package
             REF=/dev/shm/ttv_ref_${TTV_STEPS:-40}
             TTV=(python3 bench/time_to_video.py --package "$PKG" --steps "${TTV_STEPS:-40}" --vram-cap-gb 24 --image "$CAM/image.jpg"
                  --camera-dir "$CAM" --out-dir "$OUT/ttv")
             case "$what" in
                 ttv_exact) "${TTV[@]}" --variant exact --save-reference "$REF" 2>&1 | tail -2 ;;
+                ttv_exact_light) "${TTV[@]}" --variant exact --save-reference "$REF" \
+                              --variant light4=preset=lightning_4step,attention=auto \
+                              --variant light4_bf16vae=preset=lightning_4step,attention=auto,vae=bf16 2>&1 | tail -4 ;;
                 ttv_fast) "${TTV[@]}" --reference "$REF" \
-                              --variant ec005_trunc02_auto=cache=0.05,cfg_truncate=0.2,attention=auto \
-                              --variant ec006_trunc02_auto=cache=0.06,cfg_truncate=0.2,attention=auto 2>&1 | tail -3 ;;
+                              --variant ec005_trunc02_auto=cache=0.05,cfg_truncate=0.2,attention=auto 2>&1 | tail -3 ;;
                 ttv_light) "${TTV[@]}" --reference "$REF" --synthetic-lora /dev/shm/synthetic_lora_r64.safetensors \
                               --variant light4_lora=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto \
                               --variant light4=preset=lightning_4step,attention=auto 2>&1 | tail -3 ;;

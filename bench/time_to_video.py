@@ -9,14 +9,16 @@ functions the nodes call, one or more variants per process (each loads its exper
 
 A variant is NAME or NAME=key=value,...; keys: cache (EasyCache threshold), warmup,
 cfg_truncate, attention (auto|sdpa|sage|flash), preset (lightning_4step), steps, lora
-(a LoRA file; strength by lora_high / lora_low, default 1), batch_cfg (0/1). The variant
+(a LoRA file; strength by lora_high / lora_low, default 1), batch_cfg (0/1), vae (fp32, the
+reference, or bf16: the VAE nodes' precision input, for encode and decode). The variant
 named "exact" must have no keys. The first variant's final latent and video are the
 reference for the deviation columns unless --reference DIR names a saved one
 (--save-reference DIR writes the reference there: latent.pt and a float16 video.pt).
 
 Each record (one JSON file per variant) holds the keys of bench_pipeline.py's pipeline
 records plus time_to_video_s, steps, forwards (model evaluations computed),
-skipped_forwards, truncated_forwards, accelerations, latent_rel_err_vs_exact and
+skipped_forwards, truncated_forwards, predicted_changes (step, the cache rule's predicted
+relative change: how far the run was from skipping), accelerations, latent_rel_err_vs_exact and
 video_psnr_vs_exact (peak-to-peak 2 for videos in [-1, 1]; null for the reference itself
 and where the reference has another size; a few-step variant is compared with the exact
 reference of the same seed, whatever its step count).
@@ -57,7 +59,7 @@ from comfyui_lingbot_world.pipeline.step_cache import StepStats  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 
 VARIANT_KEYS = ("cache", "warmup", "cfg_truncate", "attention", "preset", "steps", "lora", "lora_high", "lora_low",
-                "batch_cfg")
+                "batch_cfg", "vae")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -70,6 +72,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
         options[key] = value
     if name == "exact" and options:
         raise SystemExit("--variant exact takes no options (it is the reference)")
+    if options.get("vae", "fp32") not in ("fp32", "bf16"):
+        raise SystemExit(f"--variant {text!r}: vae={options['vae']!r} is not fp32 or bf16")
     return name, options
 
 
@@ -95,7 +99,8 @@ def accelerations(params: SamplingParams, options: dict[str, str]) -> dict:
     return {"cache_threshold": params.cache_threshold, "cache_warmup": params.cache_warmup,
             "cfg_truncate": params.cfg_truncate, "attention": params.attention, "preset": options.get("preset"),
             "lora": options.get("lora"), "sampler": params.sampler, "shift": params.shift,
-            "guide": [params.guide_high, params.guide_low], "boundary": params.boundary}
+            "guide": [params.guide_high, params.guide_low], "boundary": params.boundary,
+            "vae_precision": options.get("vae", "fp32")}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -135,7 +140,8 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
         with watch.phase("text_encode"):
             text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=cache_dir)
         with watch.phase("vae_encode"):
-            condition = encode_image(files.vae, image, args.frames, height, width, device)
+            condition = encode_image(files.vae, image, args.frames, height, width, device,
+                                     precision=options.get("vae", "fp32"))
         with watch.phase("camera"):
             if args.camera_dir:
                 camera = camera_from_files(Path(args.camera_dir) / "poses.npy",
@@ -155,7 +161,8 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
         finally:
             experts.close()
         with watch.phase("vae_decode"):
-            video = decode(files.vae, latent, device, tile=args.decode_tile or None)
+            video = decode(files.vae, latent, device, tile=args.decode_tile or None,
+                           precision=options.get("vae", "fp32"))
         sync()
         record["time_to_video_s"] = time.perf_counter() - started
     record |= sampling_record(experts, step_times, params, watch)
@@ -165,6 +172,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
     record["skipped_forwards"] = stats.skipped_forwards
     record["truncated_forwards"] = stats.truncated_forwards
     record["cached_steps"] = stats.cached_steps
+    record["predicted_changes"] = [[i, round(c, 6)] for i, c in stats.predicted_changes]
     comparable = reference is not None and reference["latent"].shape == latent.shape
     record["reference"] = None if reference is None else reference["name"]
     record["latent_rel_err_vs_exact"] = rel_err(latent, reference["latent"]) if comparable else None

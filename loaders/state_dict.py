@@ -1,8 +1,9 @@
 """Put tensors into a module built on the meta device, one tensor at a time.
 
 The tensors come from a memory map (safetensors or ``torch.load(mmap=True)``), so each one is
-read from the page cache straight into its destination: no whole state dict in RAM, and no
-CPU copy on the way to CUDA.
+read from the page cache straight into its destination: no whole state dict in RAM. On the
+way to CUDA a CPU tensor goes through pinned staging buffers (``pinned_upload``), which is
+several times faster than copying from the memory map directly.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, preview
+from .pinned_upload import PinnedUploader, make_uploader
 
 
 def expected_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -65,20 +67,31 @@ def materialize(
     keys = list(keys)
     check_keys(path, expected, keys)
     device = torch.device(device)
-    for key in keys:
-        try:
-            source = read(key)
-        except Exception as exc:  # a truncated or corrupt file fails here, per tensor
-            raise CheckpointError(path, f"cannot read tensor {key!r} ({exc}); the file may be truncated or corrupt") from exc
-        want = expected[key]
-        if tuple(source.shape) != tuple(want.shape):
-            raise CheckpointError(
-                path, f"tensor {key!r} has shape {tuple(source.shape)}, the model expects {tuple(want.shape)}"
-            )
-        if source.is_floating_point() != want.is_floating_point():
-            raise CheckpointError(path, f"tensor {key!r} has dtype {source.dtype}, the model expects {want.dtype}")
-        dtype = dtype_for(key, source) or source.dtype
-        set_tensor(module, key, source.to(device=device, dtype=dtype, copy=False))
+    uploader: PinnedUploader | None = None  # made on the first CPU tensor bound for CUDA
+    tried_uploader = False
+    try:
+        for key in keys:
+            try:
+                source = read(key)
+            except Exception as exc:  # a truncated or corrupt file fails here, per tensor
+                raise CheckpointError(path, f"cannot read tensor {key!r} ({exc}); the file may be truncated or corrupt") from exc
+            want = expected[key]
+            if tuple(source.shape) != tuple(want.shape):
+                raise CheckpointError(
+                    path, f"tensor {key!r} has shape {tuple(source.shape)}, the model expects {tuple(want.shape)}"
+                )
+            if source.is_floating_point() != want.is_floating_point():
+                raise CheckpointError(path, f"tensor {key!r} has dtype {source.dtype}, the model expects {want.dtype}")
+            dtype = dtype_for(key, source) or source.dtype
+            if device.type == "cuda" and source.device.type == "cpu":
+                if not tried_uploader:
+                    uploader, tried_uploader = make_uploader(device), True
+                if uploader is not None:
+                    source = uploader.upload(source)
+            set_tensor(module, key, source.to(device=device, dtype=dtype, copy=False))
+    finally:
+        if uploader is not None:
+            uploader.close()
     return module
 
 

@@ -1,8 +1,9 @@
 """Read-only views of checkpoint files, one tensor at a time.
 
-``SafetensorsSource`` keeps every file open through safetensors' memory map and asks it for
-tensors on the target device (a CUDA target gets its tensors without a CPU copy; a CPU target
-gets tensors backed by the page cache, not by anonymous memory). ``TorchFileSource`` does the
+``SafetensorsSource`` keeps every file open through safetensors' memory map. A CPU target
+gets tensors backed by the page cache, not by anonymous memory; a CUDA target gets each
+tensor copied from that map through pinned staging buffers (``pinned_upload``), with no
+anonymous CPU copy either. ``TorchFileSource`` does the
 same for a legacy ``torch.save`` file via ``torch.load(mmap=True, weights_only=True)``.
 Shapes come from the headers, so a loader can check a whole file against the model before it
 reads any weight.
@@ -16,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import CheckpointError, preview
+from .pinned_upload import PinnedUploader, make_uploader
 from .state_dict import check_declared_sizes
 
 _SAFETENSORS_DTYPES = {
@@ -70,6 +72,10 @@ class SafetensorsSource(TensorSource):
 
     def __init__(self, paths: list[Path], device: torch.device | str, files: Mapping[str, Path] | None = None) -> None:
         self.device = device_string(device)
+        # CUDA targets read through the uploader; safetensors' own CUDA path copies from
+        # pageable memory and is several times slower (see pinned_upload).
+        self._uploader: PinnedUploader | None = make_uploader(self.device)
+        read_device = "cpu" if self._uploader is not None else self.device
         self._handles = {}
         self._keys_in: dict[Path, set[str]] = {}
         self._file_of: dict[str, Path] = {}
@@ -77,7 +83,7 @@ class SafetensorsSource(TensorSource):
             if not path.is_file():
                 raise CheckpointError(path, "weights file not found")
             try:
-                handle = safe_open(str(path), framework="pt", device=self.device)
+                handle = safe_open(str(path), framework="pt", device=read_device)
             except Exception as exc:  # SafetensorError for a bad header or a short file
                 raise CheckpointError(
                     path, f"cannot be opened as safetensors ({exc}); the file is truncated or corrupt: download it again"
@@ -110,11 +116,15 @@ class SafetensorsSource(TensorSource):
         return _SAFETENSORS_DTYPES.get(self._handles[self._file_of[key]].get_slice(key).get_dtype())
 
     def read(self, key: str) -> torch.Tensor:
-        return self._handles[self._file_of[key]].get_tensor(key)
+        tensor = self._handles[self._file_of[key]].get_tensor(key)
+        return tensor if self._uploader is None else self._uploader.upload(tensor)
 
     def close(self) -> None:
         # Tensors already handed out keep their own reference to the mapping.
         self._handles.clear()
+        if self._uploader is not None:
+            self._uploader.close()
+            self._uploader = None
 
 
 class TorchFileSource(TensorSource):

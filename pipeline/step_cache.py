@@ -62,6 +62,9 @@ class StepStats:
     truncated_forwards: int = 0  # unconditional evaluations dropped by CFG truncation
     computed_steps: list[int] = field(default_factory=list)
     cached_steps: list[int] = field(default_factory=list)
+    # (step, predicted relative output change) for every step the cache rule judged: shows
+    # how far a run was from skipping (the threshold is compared with their running sum).
+    predicted_changes: list[tuple[int, float]] = field(default_factory=list)
 
 
 def combine(cond: torch.Tensor, uncond: torch.Tensor | None, guide: float) -> torch.Tensor:
@@ -107,10 +110,12 @@ class EasyCacheRule:
 
     def decide(self, x: torch.Tensor, step_in_expert: int, last_in_expert: bool) -> bool:
         compute = True
+        self.change: float | None = None  # this step's predicted change, when the rule judged it
         if step_in_expert < self.warmup or last_in_expert:
             self.accumulated = 0.0
         elif self.k is not None and self.prev_input is not None and self.last_output is not None:
             change = self.k * _mean_abs(x - self.prev_input) / max(_mean_abs(self.last_output), 1e-12)
+            self.change = change
             self.accumulated += change
             self.predicted.append(self.accumulated)
             if self.accumulated < self.threshold:
@@ -165,6 +170,8 @@ class StepPolicy:
             return combine(cond, None, guide)
         x = latent.float()
         compute = self.rule.decide(x, step_in_expert, last_in_expert)
+        if self.rule.change is not None:
+            self.stats.predicted_changes.append((index, self.rule.change))
         cached = self._transforms
         if not compute and cached is not None and (not uncond or cached[1] is not None):
             self.stats.skipped_forwards += 2 if uncond else 1

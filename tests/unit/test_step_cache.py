@@ -57,6 +57,10 @@ def test_policy_reuses_each_branch_transformation_and_counts():
     assert stats.cached_steps == [2, 4, 6, 7]
     assert [c[0] for c in expert.calls] == [0, 1, 3, 5, 8, 9]
     assert stats.forwards == 12 and stats.skipped_forwards == 8 and stats.truncated_forwards == 0
+    # Every judged step's predicted change, as worked out in the rule test above.
+    expected = [(2, 2 / 12), (3, 2 / 12), (4, 2 / 16), (5, 2 / 16), (6, 2 / 20), (7, 2 / 20), (8, 2 / 20)]
+    assert [i for i, _ in stats.predicted_changes] == [i for i, _ in expected]
+    assert [c for _, c in stats.predicted_changes] == pytest.approx([c for _, c in expected])
 
 
 def test_policy_reset_at_expert_switch_warms_up_again():

@@ -27,7 +27,8 @@ def test_exact_and_fast_rows(tmp_path):
     code = time_to_video.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "5",
                                "--steps", "4", "--out-dir", str(out), "--save-reference", str(tmp_path / "ref"),
                                "--variant", "exact", "--variant", "fast=cache=0.05,warmup=1,cfg_truncate=0.5",
-                               "--variant", f"light=preset=lightning_4step,lora={lora},lora_low=0.5"])
+                               "--variant", f"light=preset=lightning_4step,lora={lora},lora_low=0.5",
+                               "--variant", "bf16vae=vae=bf16"])
     assert code == 0
     records = {r["variant"]: r for r in (json.loads(f.read_text()) for f in out.glob("*.json"))}
     exact, fast = records["exact"], records["fast"]
@@ -40,3 +41,15 @@ def test_exact_and_fast_rows(tmp_path):
     light = records["light"]
     assert light["forwards"] == 4 and light["accelerations"]["lora"] == str(lora)
     assert light["accelerations"]["guide"] == [1.0, 1.0] and light["expert_names"] == ["high"] * 2 + ["low"] * 2
+    # Only the VAE's precision differs from the exact row: the latent is the same, the video is not.
+    bf16 = records["bf16vae"]
+    assert bf16["accelerations"]["vae_precision"] == "bf16" and exact["accelerations"]["vae_precision"] == "fp32"
+    assert bf16["forwards"] == 8 and 0 < bf16["latent_rel_err_vs_exact"] < 0.05
+    assert 20 < bf16["video_psnr_vs_exact"] < float("inf")
+
+
+def test_a_vae_precision_other_than_fp32_or_bf16_is_refused():
+    import pytest
+
+    with pytest.raises(SystemExit, match="fp16"):
+        time_to_video.parse_variant("x=vae=fp16")
