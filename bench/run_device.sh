@@ -72,7 +72,7 @@ for what in "$@"; do
                               --variant ec005_trunc02_auto=cache=0.05,cfg_truncate=0.2,attention=auto 2>&1 | tail -3 ;;
                 ttv_light) "${TTV[@]}" --reference "$REF" --synthetic-lora /dev/shm/synthetic_lora_r64.safetensors \
                               --variant light4_lora=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto \
-                              --variant light4=preset=lightning_4step,attention=auto 2>&1 | tail -3 ;;
+                              --variant light4_lora_bf16vae=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto,vae=bf16 2>&1 | tail -3 ;;
             esac ;;
         *) echo "unknown benchmark $what" ;;
     esac

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -173,6 +174,11 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
     record["truncated_forwards"] = stats.truncated_forwards
     record["cached_steps"] = stats.cached_steps
     record["predicted_changes"] = [[i, round(c, 6)] for i, c in stats.predicted_changes]
+    # s_per_step is the median of all steady steps; with the cache on, skipped steps (~1 ms)
+    # can be most of them, so the steps that ran a forward get their own median.
+    firsts = {record["expert_names"].index(n) for n in set(record["expert_names"])}
+    ran = [t for i, t in enumerate(step_times) if i in set(stats.computed_steps) and i not in firsts]
+    record["s_per_computed_step"] = statistics.median(ran) if ran else None
     comparable = reference is not None and reference["latent"].shape == latent.shape
     record["reference"] = None if reference is None else reference["name"]
     record["latent_rel_err_vs_exact"] = rel_err(latent, reference["latent"]) if comparable else None

@@ -36,6 +36,7 @@ def test_exact_and_fast_rows(tmp_path):
     assert exact["forwards"] == 8 and exact["latent_rel_err_vs_exact"] is None
     assert fast["forwards"] + fast["skipped_forwards"] + fast["truncated_forwards"] == 8
     assert fast["truncated_forwards"] == 2 and fast["accelerations"]["cfg_truncate"] == 0.5
+    assert exact["s_per_computed_step"] > 0 and isinstance(fast["predicted_changes"], list)
     assert fast["latent_rel_err_vs_exact"] > 0 and fast["video_psnr_vs_exact"] > 0
     assert (tmp_path / "ref" / "latent.pt").is_file()
     light = records["light"]
