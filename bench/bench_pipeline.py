@@ -63,6 +63,27 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+class StepTimer:
+    """The sampler's ``on_step``: each step's wall time, the GPU synchronized at every step.
+
+    ``start()`` right before sampling; ``seconds`` then holds one entry per step."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._last = 0.0
+
+    def start(self) -> float:
+        sync()
+        self._last = time.perf_counter()
+        return self._last
+
+    def __call__(self, i: int, n: int) -> None:
+        sync()
+        now = time.perf_counter()
+        self.seconds.append(now - self._last)
+        self._last = now
+
+
 def base_record(args: argparse.Namespace) -> dict:
     return {
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -128,25 +149,17 @@ def run_pipeline(args: argparse.Namespace) -> dict:
             else:
                 camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
         experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
-        step_times: list[float] = []
-        last = [0.0]
-
-        def on_step(i: int, n: int) -> None:
-            torch.cuda.synchronize()
-            now = time.perf_counter()
-            step_times.append(now - last[0])
-            last[0] = now
-
+        timer = StepTimer()
         params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
         with watch.phase("sampling") as ph:
-            last[0] = time.perf_counter()
-            latent = sample(experts, text, condition, camera, params, on_step=on_step)
+            timer.start()
+            latent = sample(experts, text, condition, camera, params, on_step=timer)
         with watch.phase("vae_decode"):
             video = decode(files.vae, latent, device, tile=args.decode_tile or None)
         record["video_shape"] = list(video.shape)
         record["video_finite"] = bool(torch.isfinite(video).all())
 
-    record |= sampling_record(experts, step_times, params, watch)
+    record |= sampling_record(experts, timer.seconds, params, watch)
     if args.kernel_floor:
         tokens = condition.y.shape[1] * (condition.y.shape[2] // 2) * (condition.y.shape[3] // 2)
         floor = block_floor_ms(tokens, config.dim, config.ffn_dim, config.num_heads, camera=True)

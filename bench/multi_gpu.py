@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import PROMPT, base_record, sync  # noqa: E402  (also makes the pack importable)
+from bench_pipeline import PROMPT, StepTimer, base_record, sync  # noqa: E402  (also makes the pack importable)
 from time_to_video import rel_err  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
@@ -95,20 +95,11 @@ class Timed(PlacedDiskExperts):
 
 
 def run_sampling(source, text, condition, camera, params: SamplingParams) -> tuple[torch.Tensor, list[float], float]:
-    step_times: list[float] = []
-    last = [0.0]
-
-    def on_step(i: int, n: int) -> None:
-        sync()
-        now = time.perf_counter()
-        step_times.append(now - last[0])
-        last[0] = now
-
+    timer = StepTimer()
+    started = timer.start()
+    latent = sample(source, text, condition, camera, params, on_step=timer)
     sync()
-    started = last[0] = time.perf_counter()
-    latent = sample(source, text, condition, camera, params, on_step=on_step)
-    sync()
-    return latent, step_times, time.perf_counter() - started
+    return latent, timer.seconds, time.perf_counter() - started
 
 
 def run_placement(args, files, mode: str, inputs, params: SamplingParams,

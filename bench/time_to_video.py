@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import PROMPT, TimedExperts, base_record, cap_vram, sampling_record, sync  # noqa: E402
+from bench_pipeline import PROMPT, StepTimer, TimedExperts, base_record, cap_vram, sampling_record, sync  # noqa: E402
 from memwatch import MemoryWatch  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
@@ -125,15 +125,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
                                   "block_swap": args.block_swap, "batch_cfg": params.batch_cfg,
                                   "accelerations": accelerations(params, options)}
     cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-ttv-cache-"))  # T5 runs in every variant
-    step_times: list[float] = []
-    last = [0.0]
-
-    def on_step(i: int, n: int) -> None:
-        sync()
-        now = time.perf_counter()
-        step_times.append(now - last[0])
-        last[0] = now
-
+    timer = StepTimer()
     stats = StepStats()
     with MemoryWatch() as watch:
         sync()
@@ -157,8 +149,8 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
             source = LoraExperts(experts, [spec])
         try:
             with watch.phase("sampling"):
-                last[0] = time.perf_counter()
-                latent = sample(source, text, condition, camera, params, on_step=on_step, stats=stats)
+                timer.start()
+                latent = sample(source, text, condition, camera, params, on_step=timer, stats=stats)
         finally:
             experts.close()
         with watch.phase("vae_decode"):
@@ -166,7 +158,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
                            precision=options.get("vae", "fp32"))
         sync()
         record["time_to_video_s"] = time.perf_counter() - started
-    record |= sampling_record(experts, step_times, params, watch)
+    record |= sampling_record(experts, timer.seconds, params, watch)
     record["video_shape"] = list(video.shape)
     record["video_finite"] = bool(torch.isfinite(video).all())
     record["forwards"] = stats.forwards
@@ -177,7 +169,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
     # s_per_step is the median of all steady steps; with the cache on, skipped steps (~1 ms)
     # can be most of them, so the steps that ran a forward get their own median.
     firsts = {record["expert_names"].index(n) for n in set(record["expert_names"])}
-    ran = [t for i, t in enumerate(step_times) if i in set(stats.computed_steps) and i not in firsts]
+    ran = [t for i, t in enumerate(timer.seconds) if i in set(stats.computed_steps) and i not in firsts]
     record["s_per_computed_step"] = statistics.median(ran) if ran else None
     comparable = reference is not None and reference["latent"].shape == latent.shape
     record["reference"] = None if reference is None else reference["name"]

@@ -84,3 +84,19 @@ def run_async(coroutine):
 
     with ThreadPoolExecutor(max_workers=1) as worker:
         return worker.submit(asyncio.run, coroutine).result()
+
+
+def comfy_state_reset():
+    """Body of an autouse fixture for tests that run nodes in-process: no interrupt flag left
+    set, every model ComfyUI loaded unloaded, and no progress-bar hook left behind.
+
+    Use: ``clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)`` after
+    ``use_comfy_in_process()``."""
+    import comfy.model_management as mm
+    import comfy.utils
+
+    mm.interrupt_current_processing(False)
+    yield
+    mm.interrupt_current_processing(False)
+    mm.unload_all_models()
+    comfy.utils.set_progress_bar_global_hook(None)

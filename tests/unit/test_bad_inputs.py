@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 import tiny_package
-from comfy_host import use_comfy_in_process
+from comfy_host import comfy_state_reset, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
@@ -81,11 +81,7 @@ def comfy_dirs(tmp_path, monkeypatch, package) -> dict[str, Path]:
     return dirs
 
 
-@pytest.fixture(autouse=True)
-def clean_comfy_state():
-    mm.interrupt_current_processing(False)
-    yield
-    mm.unload_all_models()
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
 
 
 def dit_models_holding_weights() -> int:

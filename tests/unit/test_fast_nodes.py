@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_host import use_comfy_in_process
+from comfy_host import comfy_state_reset, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
@@ -64,13 +64,7 @@ def installed(tmp_path, monkeypatch, package) -> dict[str, Path]:
     return dirs
 
 
-@pytest.fixture(autouse=True)
-def clean_comfy_state():
-    mm.interrupt_current_processing(False)
-    yield
-    mm.interrupt_current_processing(False)
-    mm.unload_all_models()
-    comfy.utils.set_progress_bar_global_hook(None)
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
 
 
 def _inputs():

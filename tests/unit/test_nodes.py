@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from comfy_host import run_async, use_comfy_in_process
+from comfy_host import run_async, comfy_state_reset, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
@@ -114,13 +114,7 @@ def installed(comfy_dirs, package) -> dict[str, Path]:
     return comfy_dirs
 
 
-@pytest.fixture(autouse=True)
-def clean_comfy_state():
-    mm.interrupt_current_processing(False)
-    yield
-    mm.interrupt_current_processing(False)
-    mm.unload_all_models()
-    comfy.utils.set_progress_bar_global_hook(None)
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
 
 
 def _image(h=40, w=60) -> torch.Tensor:
