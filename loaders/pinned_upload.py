@@ -10,7 +10,9 @@ so kernels queued after a read see the finished tensor; a buffer is reused only 
 event recorded after its last transfer has fired.
 
 The buffers are freed with the uploader (``close``); PyTorch's host allocator keeps them
-cached for the next load until ``pipeline.memory`` empties that cache.
+cached for the next load until ``pipeline.memory`` empties that cache. A host that forbids
+page-locked memory (ComfyUI's ``--disable-pinned-memory``) turns staging off with
+``allow_pinned_staging(False)``; loads then take safetensors' own, slower path.
 """
 from __future__ import annotations
 
@@ -23,6 +25,14 @@ log = logging.getLogger(__name__)
 # Two buffers of this size: larger than any single NF4 A14B tensor (the FFN's packed
 # weight is 35 MB), small enough that the pinned allocation itself takes a few ms.
 DEFAULT_CHUNK_BYTES = 64 << 20
+
+_allowed = True
+
+
+def allow_pinned_staging(allowed: bool) -> None:
+    """Whether loads may allocate their two page-locked staging buffers (default: yes)."""
+    global _allowed
+    _allowed = bool(allowed)
 
 
 class PinnedUploader:
@@ -75,10 +85,11 @@ class PinnedUploader:
 
 
 def make_uploader(device: torch.device | str) -> PinnedUploader | None:
-    """An uploader for a CUDA ``device``; None for other devices or where page-locked memory
-    cannot be had (then the caller copies the plain way, only slower)."""
+    """An uploader for a CUDA ``device``; None for other devices, when staging is turned off,
+    or where page-locked memory cannot be had (then the caller copies the plain way, only
+    slower)."""
     device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
+    if not _allowed or device.type != "cuda" or not torch.cuda.is_available():
         return None
     try:
         with torch.cuda.device(device):

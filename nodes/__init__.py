@@ -12,8 +12,10 @@ for it.
 from comfy_api.latest import ComfyExtension, io
 
 from .model_files import register_model_folder
+from .host_settings import follow_host_settings
 
 register_model_folder()
+follow_host_settings()
 
 from .camera import LingBotWorldCamera  # noqa: E402
 from .dit_loader import LingBotWorldDiTLoader  # noqa: E402

@@ -782,3 +782,20 @@ def test_vae_precision_input(installed):
     torch.testing.assert_close(low.y, exact.y, rtol=0.1, atol=0.1)
     with pytest.raises(ValueError, match="precision: 'fp16' is not one of fp32, bf16"):
         LingBotWorldVAEEncode.execute(image, f"{PKG}/Wan2.1_VAE.pth", 48, 32, 5, "cpu", precision="fp16")
+
+
+def test_comfy_disable_pinned_memory_turns_staging_off(monkeypatch):
+    from comfy.cli_args import args
+
+    from comfyui_lingbot_world.loaders import pinned_upload
+    from comfyui_lingbot_world.nodes.host_settings import follow_host_settings
+
+    monkeypatch.setattr(args, "disable_pinned_memory", True)
+    try:
+        follow_host_settings()
+        assert pinned_upload._allowed is False
+        monkeypatch.setattr(args, "disable_pinned_memory", False)
+        follow_host_settings()
+        assert pinned_upload._allowed is True
+    finally:
+        pinned_upload.allow_pinned_staging(True)

@@ -1,6 +1,7 @@
 """Checkpoint tensors reach the GPU through two pinned staging buffers, byte for byte."""
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -21,7 +22,7 @@ def test_no_pinned_memory_falls_back_with_a_warning(monkeypatch, caplog) -> None
         raise RuntimeError("cudaHostAlloc failed: out of locked memory")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: torch.device("cpu"))  # a no-op context
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(pinned_upload, "PinnedUploader", refuse)
     with caplog.at_level(logging.WARNING):
         assert make_uploader("cuda:0") is None
@@ -82,3 +83,17 @@ def test_materialize_uploads_cpu_tensors_to_cuda_and_casts() -> None:
     for key, tensor in module.state_dict().items():
         assert tensor.is_cuda and tensor.dtype == torch.bfloat16
         assert torch.equal(tensor.cpu(), stored[key].to(torch.bfloat16))
+
+
+def test_staging_can_be_turned_off(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    made = []
+    monkeypatch.setattr(pinned_upload, "PinnedUploader", lambda device: made.append(device) or "uploader")
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    try:
+        pinned_upload.allow_pinned_staging(False)
+        assert make_uploader("cuda:0") is None and made == []
+        pinned_upload.allow_pinned_staging(True)
+        assert make_uploader("cuda:0") == "uploader"
+    finally:
+        pinned_upload.allow_pinned_staging(True)
