@@ -73,7 +73,7 @@ class SafetensorsSource(TensorSource):
     def __init__(self, paths: list[Path], device: torch.device | str, files: Mapping[str, Path] | None = None) -> None:
         self.device = device_string(device)
         # CUDA targets read through the uploader; safetensors' own CUDA path copies from
-        # pageable memory and is several times slower (see pinned_upload).
+        # pageable memory and is slower (1.6× for an NF4 expert on the H100; pinned_upload).
         self._uploader: PinnedUploader | None = make_uploader(self.device)
         read_device = "cpu" if self._uploader is not None else self.device
         self._handles = {}

@@ -107,10 +107,11 @@ class EasyCacheRule:
         self.last_computed_input: torch.Tensor | None = None
         self.last_output: torch.Tensor | None = None  # conditional output of the last computed step
         self.predicted: list[float] = []  # the accumulator after each decided step (for tests/logs)
+        self.change: float | None = None  # the last step's predicted change, if the rule judged it
 
     def decide(self, x: torch.Tensor, step_in_expert: int, last_in_expert: bool) -> bool:
         compute = True
-        self.change: float | None = None  # this step's predicted change, when the rule judged it
+        self.change = None
         if step_in_expert < self.warmup or last_in_expert:
             self.accumulated = 0.0
         elif self.k is not None and self.prev_input is not None and self.last_output is not None:
