@@ -29,6 +29,7 @@ from safetensors import safe_open
 from ..wan.t5 import T5Geometry, UMT5Encoder
 from .errors import CheckpointError, preview
 from .state_dict import check_loaded, materialize
+from .pinned_upload import PinnedUploader, make_uploader
 from .tensor_source import device_string
 
 TOKENIZER_KEY = "spiece_model"
@@ -93,8 +94,11 @@ class ComfyT5File:
         if not self.path.is_file():
             raise CheckpointError(self.path, "is a folder; expected a umT5 .safetensors file")
         self.device = device_string(device)
+        # Weights bound for CUDA go through pinned staging (faster than safetensors' own CUDA
+        # copy); fp8 ones are dequantized there afterwards, as before.
+        self._uploader: PinnedUploader | None = make_uploader(self.device)
         try:
-            self._handle = safe_open(str(self.path), framework="pt", device=self.device)
+            self._handle = safe_open(str(self.path), framework="pt", device="cpu")
             self.metadata = self._handle.metadata() or {}
         except Exception as exc:  # SafetensorError for a bad header or a short file
             raise CheckpointError(
@@ -107,12 +111,26 @@ class ComfyT5File:
         return tuple(self._handle.get_slice(key).get_shape())
 
     def read(self, key: str) -> torch.Tensor:
+        """Tensor ``key`` on the file's device."""
+        tensor = self.read_host(key)
+        if self._uploader is not None:
+            return self._uploader.upload(tensor)
+        return tensor.to(self.device)
+
+    def read_host(self, key: str) -> torch.Tensor:
+        """Tensor ``key`` on the CPU, backed by the memory map (metadata, the tokenizer)."""
         try:
             return self._handle.get_tensor(key)
         except Exception as exc:
             raise CheckpointError(
                 self.path, f"cannot read tensor {key!r} ({exc}); the file may be truncated or corrupt"
             ) from exc
+
+    def close(self) -> None:
+        """Wait for queued uploads and drop the staging buffers (the file stays readable)."""
+        if self._uploader is not None:
+            self._uploader.close()
+            self._uploader = None
 
     def _read_quant_metadata(self) -> dict[str, str]:
         raw = self.metadata.get(QUANT_METADATA)
@@ -127,7 +145,7 @@ class ComfyT5File:
     def layer_format(self, layer: str) -> str | None:
         """The quantization format ComfyUI recorded for ``layer`` (None: plain weight)."""
         if f"{layer}.comfy_quant" in self.keys:
-            raw = self.read(f"{layer}.comfy_quant").to("cpu").numpy().tobytes()
+            raw = self.read_host(f"{layer}.comfy_quant").numpy().tobytes()
             try:
                 return json.loads(raw).get("format")
             except (ValueError, AttributeError) as exc:
@@ -147,7 +165,7 @@ class ComfyT5File:
                 self.path,
                 f"holds no tokenizer (tensor {TOKENIZER_KEY!r}); choose a tokenizer folder (google/umt5-xxl files) instead",
             )
-        return self.read(TOKENIZER_KEY).to("cpu").numpy().tobytes()
+        return self.read_host(TOKENIZER_KEY).numpy().tobytes()
 
 
 def read_geometry(file: ComfyT5File) -> T5Geometry:
@@ -246,14 +264,17 @@ def read_weight(file: ComfyT5File, key: str, dtype: torch.dtype) -> torch.Tensor
 def load_comfy_t5(path: str | Path, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> UMT5Encoder:
     """Build the encoder on the meta device, then fill it from the file tensor by tensor on ``device``."""
     file = ComfyT5File(path, device)
-    geometry = read_geometry(file)
-    with torch.device("meta"):
-        encoder = UMT5Encoder(geometry)
-    expected = dict(encoder.state_dict(keep_vars=True))
-    _check_keys(file, expected)
-    materialize(
-        encoder, file.path, expected.keys(), lambda key: read_weight(file, comfy_key(key), dtype), device,
-        dtype_for=lambda key, tensor: dtype,
-    )
+    try:
+        geometry = read_geometry(file)
+        with torch.device("meta"):
+            encoder = UMT5Encoder(geometry)
+        expected = dict(encoder.state_dict(keep_vars=True))
+        _check_keys(file, expected)
+        materialize(
+            encoder, file.path, expected.keys(), lambda key: read_weight(file, comfy_key(key), dtype), device,
+            dtype_for=lambda key, tensor: dtype,
+        )
+    finally:
+        file.close()
     check_loaded(encoder, file.path)
     return encoder.eval().requires_grad_(False)

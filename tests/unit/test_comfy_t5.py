@@ -341,10 +341,17 @@ def test_fp8_file_is_streamed_not_read_whole(tmp_path: Path, spiece: bytes) -> N
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_scaled"])
-def test_cuda_load_equals_cpu_load(files: dict[str, Path], fmt: str) -> None:
-    """Tensors go from the memory map straight to the GPU and are dequantized there."""
+def test_cuda_load_equals_cpu_load(files: dict[str, Path], fmt: str, monkeypatch) -> None:
+    """Tensors go from the memory map through pinned staging to the GPU and are dequantized there."""
+    from comfyui_lingbot_world.loaders.pinned_upload import PinnedUploader
+
+    uploads = []
+    upload = PinnedUploader.upload
+    monkeypatch.setattr(PinnedUploader, "upload", lambda self, t: uploads.append(t.dtype) or upload(self, t))
     cpu = load_comfy_t5(files[fmt], "cpu", torch.bfloat16).state_dict()
+    assert uploads == []
     gpu = load_comfy_t5(files[fmt], "cuda", torch.bfloat16).state_dict()
+    assert len(uploads) >= len(gpu)
     for key, tensor in gpu.items():
         assert tensor.is_cuda, key
         assert torch.equal(tensor.cpu(), cpu[key]), key
