@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import tiny_package
+from stand_in_dit import TinyDiT
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
 from comfyui_lingbot_world.pipeline.camera import camera_from_preset
@@ -29,7 +29,6 @@ from comfyui_lingbot_world.pipeline.placement import (
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample
 from comfyui_lingbot_world.pipeline.step_cache import StepStats
 from comfyui_lingbot_world.pipeline.text import TextEmbeddings
-from comfyui_lingbot_world.wan.runtime import attention as attention_mod
 
 CPU = torch.device("cpu")
 TWO = (CPU, CPU)
@@ -82,26 +81,6 @@ def test_unknown_option_and_expert_are_refused():
 
 
 # --------------------------------------------------------------------------- CFG split with stand-in experts
-
-class TinyDiT(nn.Module):
-    """A nonlinear stand-in with the DiT's call signature; records the thread and attention choice."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.w = nn.Parameter(torch.randn(16, 16, generator=g) * 0.3)
-        self.calls = 0
-        self.threads: set[str] = set()
-        self.attention: set[str | None] = set()
-
-    def forward(self, x, t, contexts, y=None, camera_tokens=None, cancel=None):
-        self.calls += x.shape[0]
-        self.threads.add(threading.current_thread().name)
-        self.attention.add(attention_mod._RUN_CHOICE.get())
-        ctx = torch.stack([c.mean() for c in contexts]).view(-1, 1, 1, 1, 1)
-        h = torch.einsum("oc,bcfhw->bofhw", self.w, x) + y[:, :16] * 0.1
-        return torch.tanh(h + ctx + t.view(-1, 1, 1, 1, 1) / 1000.0)
-
 
 class TinySource:
     """Both experts, and with ``split`` a second copy of each (same weights) for the unconditional branch."""

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+
+from stand_in_dit import TinyDiT
 
 from comfyui_lingbot_world.pipeline.image import I2VCondition
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, initial_noise, sample
@@ -112,22 +113,6 @@ def test_bad_fast_settings_are_refused():
 
 
 # --------------------------------------------------------------------------- through sample()
-
-class TinyDiT(nn.Module):
-    """A nonlinear stand-in for an expert with the DiT's call signature."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.w = nn.Parameter(torch.randn(16, 16, generator=g) * 0.3)
-        self.calls = 0
-
-    def forward(self, x, t, contexts, y=None, camera_tokens=None):
-        self.calls += x.shape[0]
-        ctx = torch.stack([c.mean() for c in contexts]).view(-1, 1, 1, 1, 1)
-        h = torch.einsum("oc,bcfhw->bofhw", self.w, x) + y[:, :16] * 0.1
-        return torch.tanh(h + ctx + t.view(-1, 1, 1, 1, 1) / 1000.0)
-
 
 class TinyExperts:
     def __init__(self) -> None:
