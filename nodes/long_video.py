@@ -27,7 +27,8 @@ from . import types
 from .camera import height_input, width_input, window_inputs
 from .devices import VAE_WORKSPACE, check_interrupt, make_room
 from .expert_patcher import ComfyExpertSource, DiTExperts
-from .sampler import SAMPLERS, LivePreview, check_input, conditioning_inputs, guidance_inputs, pick_text
+from .sampler import (SAMPLERS, LivePreview, check_input, conditioning_inputs, guidance_inputs, model_inputs,
+                      pick_text)
 from .vae import vae_file_inputs, vae_model_input, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
@@ -78,10 +79,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 "stays that of one window and a Cancel keeps the finished windows. Outputs the saved VIDEO."
             ),
             inputs=[
-                types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
-                types.Text.Input("text", optional=True,
-                                 tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
-                                 "positive and negative are connected."),
+                *model_inputs(),
                 io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
                 *vae_file_inputs(),
                 types.CameraPathType.Input("camera_path", optional=True,

@@ -90,6 +90,16 @@ def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
 
 
 
+def model_inputs() -> list:
+    """The experts and the pack's own prompt embeddings, first on both sampling nodes."""
+    return [
+        types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
+        types.Text.Input("text", optional=True,
+                         tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
+                         "positive and negative are connected."),
+    ]
+
+
 def guidance_inputs(seed_tooltip: str) -> list:
     """shift, CFG per expert, boundary, seed, sampler: the settings the sampler and the Long
     Video node share (same names, defaults and ranges, so graphs move between them)."""
@@ -152,10 +162,7 @@ class LingBotWorldSampler(io.ComfyNode):
                 "it the camera layers are skipped."
             ),
             inputs=[
-                types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
-                types.Text.Input("text", optional=True,
-                                 tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
-                                 "positive and negative are connected."),
+                *model_inputs(),
                 types.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode."),
                 io.Int.Input("steps", default=40, min=1, max=200,
                              tooltip="Denoising steps (the reference uses 70; 40 is common)."),

@@ -85,15 +85,20 @@ def path_from_export(source: str | Path, height: int, width: int, name: str | No
     return CameraPath(imported.poses, k, imported.source)
 
 
-def one_pass_condition(path: CameraPath, frames: int, height: int, width: int) -> CameraCondition:
-    """The ordinary (one-pass sampler) camera of the path's first ``frames`` frames."""
-    check_frame_count(frames)
+def _check_path_covers(path: CameraPath, frames: int, height: int, width: int) -> None:
+    """A valid size and trajectory whose poses reach frame ``frames``; CameraError naming the source."""
     check_size(height, width)
     validate_trajectory(path.poses, path.intrinsics, source=path.source)
     covered = usable_frames(frames, len(path.poses))
     if covered < frames:
         raise CameraError(f"{path.source}: {len(path.poses)} poses cover only {covered} frames but {frames} "
                           f"were asked; use frames <= {covered} or a longer path")
+
+
+def one_pass_condition(path: CameraPath, frames: int, height: int, width: int) -> CameraCondition:
+    """The ordinary (one-pass sampler) camera of the path's first ``frames`` frames."""
+    check_frame_count(frames)
+    _check_path_covers(path, frames, height, width)
     k = np.tile(np.asarray(path.intrinsics, dtype=np.float64).reshape(1, 4), (len(path.poses), 1))
     plucker = camera_tensor(path.poses, k, frames, height, width, dtype=torch.float32)
     return CameraCondition(plucker=plucker, frames=frames, height=height, width=width, poses=path.poses[:frames])
@@ -104,12 +109,7 @@ class WindowedCamera:
     ``sampling.sample`` takes for that window."""
 
     def __init__(self, path: CameraPath, frames: int, height: int, width: int, quantile: float = 1.0) -> None:
-        check_size(height, width)
-        validate_trajectory(path.poses, path.intrinsics, source=path.source)
-        covered = usable_frames(frames, len(path.poses))
-        if covered < frames:
-            raise CameraError(f"{path.source}: {len(path.poses)} poses cover only {covered} frames but {frames} "
-                              f"were asked; use frames <= {covered} or a longer path")
+        _check_path_covers(path, frames, height, width)
         self.path, self.frames, self.height, self.width = path, frames, height, width
         self.steps = path_keyframes(path.poses, frames)
         self.scale = translation_scale(self.steps, quantile)
