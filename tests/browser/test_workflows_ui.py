@@ -27,18 +27,10 @@ import tiny_package
 from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
+from shipped_workflows import TEMPLATES
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
-# API graph name -> UI template name: the Templates dialog shows a custom node's template
-# file name as the card's title and (with - and _ as spaces) as its description.
-TEMPLATES = {
-    "lingbot_camera_files": "LingBot-World camera path from files",
-    "lingbot_camera_preset": "LingBot-World camera preset",
-    "lingbot_no_camera": "LingBot-World image to video without camera",
-    "lingbot_fast": "LingBot-World fast mode camera preset",
-    "lingbot_long_walk": "LingBot-World long walk",
-}
 EXAMPLES = sorted(TEMPLATES)
 SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"

@@ -27,6 +27,7 @@ import latent_preview  # noqa: E402
 from comfy_api.latest import ComfyExtension, io  # noqa: E402
 
 import tiny_package  # noqa: E402
+from shipped_workflows import TEMPLATES  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.nodes import model_files  # noqa: E402
@@ -639,15 +640,6 @@ def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
 # --------------------------------------------------------------------------- workflows
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
-# The UI templates are named for people: the Templates dialog shows a custom node's
-# template file name as the card's title (and, with - and _ as spaces, its description).
-TEMPLATES = {
-    "lingbot_camera_files": "LingBot-World camera path from files",
-    "lingbot_camera_preset": "LingBot-World camera preset",
-    "lingbot_no_camera": "LingBot-World image to video without camera",
-    "lingbot_fast": "LingBot-World fast mode camera preset",
-    "lingbot_long_walk": "LingBot-World long walk",
-}
 # Widget values the frontend stores right after an input's own value.
 EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
 

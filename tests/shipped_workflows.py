@@ -1,0 +1,13 @@
+"""The workflows the pack ships: API graphs (workflows/api) and the UI templates beside them."""
+from __future__ import annotations
+
+# API graph name -> UI template name. The Templates dialog shows a custom node's template
+# file name as the card's title and (with - and _ as spaces) as its description, so the
+# templates are named for people.
+TEMPLATES = {
+    "lingbot_camera_files": "LingBot-World camera path from files",
+    "lingbot_camera_preset": "LingBot-World camera preset",
+    "lingbot_no_camera": "LingBot-World image to video without camera",
+    "lingbot_fast": "LingBot-World fast mode camera preset",
+    "lingbot_long_walk": "LingBot-World long walk",
+}
