@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import base_record, sync  # noqa: E402
 
-from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert  # noqa: E402
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert  # noqa: E402
 from comfyui_lingbot_world.wan.runtime import attention as attn  # noqa: E402
 from comfyui_lingbot_world.wan import model as model_mod  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B, TINY  # noqa: E402

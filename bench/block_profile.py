@@ -26,7 +26,7 @@ from _standalone import import_pack  # noqa: E402
 
 import_pack()
 from comfyui_lingbot_world.loaders.nf4 import quantize_linears_  # noqa: E402
-from comfyui_lingbot_world.loaders.synthetic_dit import fill_synthetic_  # noqa: E402
+from comfyui_lingbot_world.tools.synthetic.dit import fill_synthetic_  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B  # noqa: E402
 from comfyui_lingbot_world.wan.model import DiTBlock, build_rope  # noqa: E402
 from kernel_floor import block_floor_ms  # noqa: E402

@@ -5,7 +5,7 @@ decode of the latent, at 480p and 720p (720p decode tiled, as users run it).
     python bench/vae_precision.py --out $OUT/vae_precision.json                 # GPU, real geometry
     python bench/vae_precision.py --preset tiny --device cpu --out /tmp/v.json    # CPU smoke run
 
-The VAE is synthetic (``loaders/synthetic_vae.py``: the real Wan2.1 geometry, random
+The VAE is synthetic (``tools/synthetic/vae.py``: the real Wan2.1 geometry, random
 weights, written as a float32 .pth like the official file) and loaded through the pack's
 own loader. Per case: peak allocated VRAM above the loaded weights, wall time (median of
 ``--repeats`` after a warm-up), and for decode how far bf16 lands from float32
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from _standalone import import_pack  # noqa: E402
 
 import_pack()
-from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint  # noqa: E402
+from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint  # noqa: E402
 from comfyui_lingbot_world.loaders.vae_loader import load_vae  # noqa: E402
 from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402

@@ -5,7 +5,7 @@
 
 ``--parts comfy_t5 --comfy-t5 fp8_scaled`` also writes the text encoder as ComfyUI users have
 it (``umt5_xxl_*.safetensors``: HF key names, SentencePiece model inside; see
-loaders/synthetic_t5.py); it is not part of the default parts.
+tools/synthetic/t5.py); it is not part of the default parts.
 
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
-from ..loaders.synthetic_dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
-from ..loaders.synthetic_t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
-from ..loaders.synthetic_vae import write_vae_checkpoint
+from .synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
+from .synthetic.t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
+from .synthetic.vae import write_vae_checkpoint
 from ..wan.config import A14B, TINY
 from ..wan.t5 import T5_TINY, UMT5_XXL
 from ..wan.vae import VAE_TINY, WAN21

@@ -1,7 +1,7 @@
 """ComfyUI's own umT5 files and text encoder, side by side with the pack's, in a real server.
 
 The server's models/text_encoders/ holds tiny synthetic files in ComfyUI's layout
-(loaders/synthetic_t5.py: HF key names, a real SentencePiece model inside as
+(tools/synthetic/t5.py: HF key names, a real SentencePiece model inside as
 ``spiece_model``), bf16 and fp8_e4m3fn scaled. Core ``CLIPLoader`` (type ``wan``) +
 ``CLIPTextEncode`` and the pack's ``LingBotWorldTextEncode`` (tokenizer "(from the encoder
 file)") encode the same prompt from the same file; a test-only output node writes both
@@ -32,9 +32,9 @@ import tiny_package
 from comfy_host import ROOT
 from comfy_server import ComfyServer, combo_options, require_host, video_info
 
-from comfyui_lingbot_world.loaders.synthetic_t5 import COMFY_T5_FILES, train_sentencepiece, write_comfy_t5
+from comfyui_lingbot_world.tools.synthetic.t5 import COMFY_T5_FILES, train_sentencepiece, write_comfy_t5
 from comfyui_lingbot_world.loaders.t5_loader import load_t5
-from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint
+from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint
 from comfyui_lingbot_world.pipeline.text import load_tokenizer
 from comfyui_lingbot_world.wan.t5 import T5_TINY, encode_prompts
 from comfyui_lingbot_world.wan.vae import WAN21

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_expert
 from comfyui_lingbot_world.loaders.layout import detect_expert_layout, write_config
 from comfyui_lingbot_world.loaders.nf4 import quantize_linears_
-from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert, write_synthetic_bf16_expert
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert, write_synthetic_bf16_expert
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import LingBotDiT
 

@@ -27,7 +27,7 @@ from comfyui_lingbot_world.loaders import bf16 as bf16_mod
 from comfyui_lingbot_world.loaders import nf4 as nf4_mod
 from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, nf4_packed_shape, quantize_linear
-from comfyui_lingbot_world.loaders.synthetic_dit import (
+from comfyui_lingbot_world.tools.synthetic.dit import (
     make_synthetic_expert,
     write_synthetic_bf16_expert,
     write_synthetic_nf4_expert,

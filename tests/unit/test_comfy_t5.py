@@ -18,14 +18,14 @@ from safetensors.torch import save_file
 
 from comfyui_lingbot_world.loaders.comfy_t5 import comfy_key, load_comfy_t5, pack_key
 from comfyui_lingbot_world.loaders.errors import CheckpointError
-from comfyui_lingbot_world.loaders.synthetic_t5 import (
+from comfyui_lingbot_world.tools.synthetic.t5 import (
     COMFY_T5_FILES,
     comfy_t5_tensors,
     train_sentencepiece,
     write_comfy_t5,
     write_t5_checkpoint,
 )
-from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint
+from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint
 from comfyui_lingbot_world.loaders.t5_loader import load_t5
 from comfyui_lingbot_world.pipeline import text as text_stage
 from comfyui_lingbot_world.pipeline.text import load_tokenizer

@@ -14,7 +14,7 @@ from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.layout import detect_expert_layout, read_config
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, save_nf4_expert
 from comfyui_lingbot_world.loaders.package import find_package
-from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert
 from comfyui_lingbot_world.wan.config import TINY
 
 SHARD_GLOB = "diffusion_pytorch_model-*.safetensors"

@@ -26,7 +26,7 @@ from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.json_file import read_json_object
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, read_quantization_meta
 from comfyui_lingbot_world.loaders.package import find_package
-from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert
 from comfyui_lingbot_world.loaders.t5_loader import read_torch_state_dict
 from comfyui_lingbot_world.loaders.tensor_source import TorchFileSource
 from comfyui_lingbot_world.loaders.trajectory import read_npy
@@ -345,7 +345,7 @@ def _slowed_loader(module, name: str, part, slow: SlowLayers):
 
 
 def test_cancel_in_text_encode_acts_within_one_layer(files, monkeypatch, tmp_path):
-    from comfyui_lingbot_world.loaders.synthetic_t5 import write_t5_checkpoint
+    from comfyui_lingbot_world.tools.synthetic.t5 import write_t5_checkpoint
     from comfyui_lingbot_world.wan.t5 import T5_TINY
 
     t5 = write_t5_checkpoint(tmp_path / "t5.pth", dataclasses.replace(T5_TINY, num_layers=8))

@@ -110,7 +110,7 @@ def test_vae_runs_in_float32_on_every_device_unless_asked():
 
 
 def test_encode_and_decode_load_the_vae_in_the_asked_precision(monkeypatch, tmp_path):
-    from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint
+    from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint
     from comfyui_lingbot_world.pipeline import decode as decode_stage
     from comfyui_lingbot_world.wan.vae import VAEGeometry
 

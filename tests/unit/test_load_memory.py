@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_lingbot_world.loaders.synthetic_dit import write_synthetic_nf4_expert
+from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_nf4_expert
 from comfyui_lingbot_world.wan.config import DiTConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from torch import nn
 from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.lora import read_lora
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
-from comfyui_lingbot_world.loaders.synthetic_dit import make_synthetic_expert, write_synthetic_nf4_expert
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert, write_synthetic_nf4_expert
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper, SyncTransfer
 from comfyui_lingbot_world.wan.config import DiTConfig

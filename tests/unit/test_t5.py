@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from comfyui_lingbot_world.loaders.errors import CheckpointError
-from comfyui_lingbot_world.loaders.synthetic_t5 import write_t5_checkpoint, write_tokenizer
+from comfyui_lingbot_world.tools.synthetic.t5 import write_t5_checkpoint, write_tokenizer
 from comfyui_lingbot_world.loaders.t5_loader import load_t5
 from comfyui_lingbot_world.wan import config as dit_config
 from comfyui_lingbot_world.wan.t5 import (

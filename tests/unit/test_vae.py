@@ -11,7 +11,7 @@ from comfy_host import comfy_root
 from safetensors.torch import load_file, save_file
 
 from comfyui_lingbot_world.loaders.errors import CheckpointError
-from comfyui_lingbot_world.loaders.synthetic_vae import write_vae_checkpoint
+from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint
 from comfyui_lingbot_world.loaders.vae_loader import load_vae
 from comfyui_lingbot_world.wan import vae as vae_module
 from comfyui_lingbot_world.wan.vae import LATENT_MEAN, LATENT_STD, VAE_TINY, WAN21, VAEGeometry, WanVAE

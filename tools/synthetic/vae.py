@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..wan.vae import WAN21, VAEGeometry, WanVAE
+from ...wan.vae import WAN21, VAEGeometry, WanVAE
 
 
 def write_vae_checkpoint(

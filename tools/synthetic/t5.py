@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, initial_std
+from ...wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, initial_std
 
 # umT5's special ids; the pieces of a synthetic vocabulary follow them.
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
@@ -196,7 +196,7 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def comfy_t5_tensors(geometry: T5Geometry, seed: int = 0, fmt: str = "bf16",
                      tokenizer: bytes | None = None) -> dict[str, torch.Tensor]:
     """``draw_t5_weights`` under ComfyUI's key names, in format ``fmt`` (see COMFY_T5_FILES)."""
-    from .comfy_t5 import SCALED_FP8_MARKER, TOKENIZER_KEY, comfy_key
+    from ...loaders.comfy_t5 import SCALED_FP8_MARKER, TOKENIZER_KEY, comfy_key
 
     if fmt not in COMFY_T5_FILES:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(COMFY_T5_FILES)}")

@@ -22,10 +22,10 @@ import bitsandbytes as bnb
 import torch
 from torch import nn
 
-from ..wan.config import DiTConfig
-from ..wan.model import LingBotDiT
-from .bf16 import DEFAULT_MAX_SHARD_BYTES, write_bf16_files
-from .nf4 import NF4Meta, nf4_tensors, write_nf4_files
+from ...wan.config import DiTConfig
+from ...wan.model import LingBotDiT
+from ...loaders.bf16 import DEFAULT_MAX_SHARD_BYTES, write_bf16_files
+from ...loaders.nf4 import NF4Meta, nf4_tensors, write_nf4_files
 
 _BLOCK_PREFIX = re.compile(r"^blocks\.(\d+)$")
 
@@ -147,7 +147,7 @@ def write_synthetic_nf4_expert(
             continue
         with _materialized(part, prefix, config, seed, device, torch.bfloat16, distinct_blocks) as live:
             tensors.update(nf4_tensors(live, prefix + ".", blocksize, double_quant, torch.bfloat16))
-    provenance = {"source": "synthetic (comfyui_lingbot_world.loaders.synthetic_dit)", "seed": seed}
+    provenance = {"source": "synthetic (comfyui_lingbot_world.tools.synthetic.dit)", "seed": seed}
     meta = NF4Meta(blocksize=blocksize, double_quant=double_quant, compute_dtype=torch.bfloat16,
                    extra={"quantizer": f"bitsandbytes {bnb.__version__}", **provenance})
     return write_nf4_files(folder, config, tensors, meta)
