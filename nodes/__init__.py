@@ -11,8 +11,8 @@ for it.
 """
 from comfy_api.latest import ComfyExtension, io
 
-from .model_files import register_model_folder
-from .host_settings import follow_host_settings
+from .host.model_files import register_model_folder
+from .host.host_settings import follow_host_settings
 
 register_model_folder()
 follow_host_settings()
@@ -24,7 +24,7 @@ from .long_video import LingBotWorldLongVideo  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
-from .routes import register_status_route  # noqa: E402
+from .host.routes import register_status_route  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 

@@ -14,8 +14,8 @@ from ..pipeline.long_video import (CameraPath, WindowedCamera, one_pass_conditio
 from ..wan.camera import PRESETS, draw_trajectory
 from ..wan.camera_actions import EXAMPLE as DEFAULT_ACTIONS
 from ..wan.long_video import MAX_FRAMES, plan_windows, window_cuts
-from . import types
-from .model_files import NO_FILE, _walk, file_stamp, input_root, list_input_files, resolve_input_file
+from . import inputs
+from .host.model_files import NO_FILE, _walk, file_stamp, input_root, list_input_files, resolve_input_file
 
 SOURCES = ("preset", "files", "actions", "import")
 DEFAULT_PRESET = "dolly_in"
@@ -115,7 +115,7 @@ class LingBotWorldCamera(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldCamera",
             display_name="LingBot-World Camera Plücker Conditioning",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Turns a camera path into the Plücker-ray conditioning LingBot-World follows. Use a preset "
                 "move, poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "
@@ -152,11 +152,11 @@ class LingBotWorldCamera(io.ComfyNode):
                 *window_inputs(optional=True),
             ],
             outputs=[
-                types.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),
+                inputs.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),
                 io.Image.Output("path_preview", display_name="path_preview",
                                 tooltip="Top-down view of the camera path used: green dot = start, red square = end, "
                                 "ticks = view direction, numbered bars = where long-video windows begin."),
-                types.CameraPathType.Output("camera_path", display_name="camera_path",
+                inputs.CameraPathType.Output("camera_path", display_name="camera_path",
                                             tooltip="The whole camera path, for LingBot-World Long Video."),
             ],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],
@@ -187,7 +187,7 @@ class LingBotWorldCamera(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, poses_file, intrinsics_file, pose_export=NO_FILE) -> bool | str:
-        return types.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file, pose_export=pose_export)
+        return inputs.offered(cls, poses_file=poses_file, intrinsics_file=intrinsics_file, pose_export=pose_export)
 
     @classmethod
     def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,

@@ -11,9 +11,9 @@ import comfy.model_management as mm
 from ..loaders.errors import CheckpointError
 from ..loaders.layout import detect_expert_layout, read_config
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
-from . import types
-from .expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
-from .model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
+from . import inputs
+from .host.expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
+from .host.model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldDiTLoader",
             display_name="LingBot-World NF4 DiT Loader",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
                 "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
@@ -79,13 +79,13 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                                "at the same time (about half the time per step). Both need 2 GPUs; see "
                                "docs/multi_gpu.md."),
             ],
-            outputs=[types.DiT.Output("dit", display_name="dit",
+            outputs=[inputs.DiT.Output("dit", display_name="dit",
                                       tooltip="Both experts, for the LingBot-World Dual-Expert Sampler.")],
         )
 
     @classmethod
     def validate_inputs(cls, high_noise, low_noise) -> bool | str:
-        return types.offered(cls, high_noise=high_noise, low_noise=low_noise)
+        return inputs.offered(cls, high_noise=high_noise, low_noise=low_noise)
 
     @classmethod
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,

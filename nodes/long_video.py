@@ -23,10 +23,10 @@ from ..pipeline.sampling import SamplingParams
 from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import latent_shape
 from ..wan.long_video import MAX_FRAMES, plan_windows
-from . import types
+from . import inputs
 from .camera import height_input, width_input, window_inputs
-from .devices import VAE_WORKSPACE, check_interrupt, make_room
-from .expert_patcher import ComfyExpertSource, DiTExperts
+from .host.devices import VAE_WORKSPACE, check_interrupt, make_room
+from .host.expert_patcher import ComfyExpertSource, DiTExperts
 from .sampler import (SAMPLERS, LivePreview, check_input, conditioning_inputs, guidance_inputs, model_inputs,
                       pick_text)
 from .vae import vae_file_inputs, vae_model_input, vae_source
@@ -71,7 +71,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldLongVideo",
             display_name="LingBot-World Long Video",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Makes a long video (up to 961 frames, one minute at 16 fps) as chained windows: each window "
                 "starts on the last frame(s) of the previous one and follows its piece of the camera path. "
@@ -82,7 +82,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 *model_inputs(),
                 io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
                 *vae_file_inputs(),
-                types.CameraPathType.Input("camera_path", optional=True,
+                inputs.CameraPathType.Input("camera_path", optional=True,
                                            tooltip="The whole camera path from LingBot-World Camera Plücker "
                                            "Conditioning (camera_path output). Without it the camera layers are "
                                            "skipped."),
@@ -115,7 +115,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, vae) -> bool | str:
-        return types.offered(cls, vae=vae)
+        return inputs.offered(cls, vae=vae)
 
     @classmethod
     def execute(cls, dit, image, vae, width, height, frames, window, overlap, scale_quantile, steps, shift,

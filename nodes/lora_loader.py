@@ -13,8 +13,8 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..pipeline.lora import LoraSpec
-from . import types
-from .expert_patcher import DiTExperts
+from . import inputs
+from .host.expert_patcher import DiTExperts
 
 LORA_KIND = "loras"  # ComfyUI's own models/loras folder
 NONE = "none"
@@ -60,7 +60,7 @@ class LingBotWorldLoraLoader(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldLoraLoader",
             display_name="LingBot-World LoRA Loader",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Adds a LoRA to each expert of the DiT (Wan2.2 A14B LoRAs come as a high-noise and a low-noise "
                 "file). The sampler adds the low-rank product to each layer's output while the expert runs, so "
@@ -69,7 +69,7 @@ class LingBotWorldLoraLoader(io.ComfyNode):
                 "prefixes, diff tensors. LoRAs made for Wan2.2 are untested on LingBot's fine-tuned experts."
             ),
             inputs=[
-                types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader (or another "
+                inputs.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader (or another "
                                 "LoRA Loader)."),
                 io.Combo.Input("lora_high_noise", options=choices, default=NONE,
                                tooltip="LoRA for the high-noise expert (the early steps), from models/loras; "
@@ -82,14 +82,14 @@ class LingBotWorldLoraLoader(io.ComfyNode):
                 io.Float.Input("strength_low", default=1.0, min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.05,
                                tooltip="How strongly the low-noise LoRA applies (0 = not at all)."),
             ],
-            outputs=[types.DiT.Output("dit_with_loras", display_name="dit",
+            outputs=[inputs.DiT.Output("dit_with_loras", display_name="dit",
                                       tooltip="The same experts carrying the LoRAs, for the LingBot-World "
                                       "Dual-Expert Sampler or another LoRA Loader.")],
         )
 
     @classmethod
     def validate_inputs(cls, lora_high_noise, lora_low_noise) -> bool | str:
-        return types.offered(cls, lora_high_noise=lora_high_noise, lora_low_noise=lora_low_noise)
+        return inputs.offered(cls, lora_high_noise=lora_high_noise, lora_low_noise=lora_low_noise)
 
     @classmethod
     def execute(cls, dit, lora_high_noise: str, strength_high: float, lora_low_noise: str,

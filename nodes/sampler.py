@@ -23,9 +23,9 @@ from ..pipeline.step_cache import StepStats
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import text_from_conditioning
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
-from . import types
-from .devices import check_interrupt
-from .expert_patcher import ComfyExpertSource, DiTExperts
+from . import inputs
+from .host.devices import check_interrupt
+from .host.expert_patcher import ComfyExpertSource, DiTExperts
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
 def model_inputs() -> list:
     """The experts and the pack's own prompt embeddings, first on both sampling nodes."""
     return [
-        types.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
-        types.Text.Input("text", optional=True,
+        inputs.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
+        inputs.Text.Input("text", optional=True,
                          tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
                          "positive and negative are connected."),
     ]
@@ -153,7 +153,7 @@ class LingBotWorldSampler(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldSampler",
             display_name="LingBot-World Dual-Expert Sampler",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Generates the video latent with LingBot-World's two experts: the high-noise expert for "
                 "the steps above the boundary, then the low-noise expert. ComfyUI loads one expert at a "
@@ -163,11 +163,11 @@ class LingBotWorldSampler(io.ComfyNode):
             ),
             inputs=[
                 *model_inputs(),
-                types.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode."),
+                inputs.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode."),
                 io.Int.Input("steps", default=40, min=1, max=200,
                              tooltip="Denoising steps (the reference uses 70; 40 is common)."),
                 *guidance_inputs("Seed of the starting noise."),
-                types.Camera.Input("camera", optional=True,
+                inputs.Camera.Input("camera", optional=True,
                                    tooltip="Camera path from LingBot-World Camera Plücker Conditioning. "
                                    "Its width, height and frames must match the VAE Encode node."),
                 *conditioning_inputs(),

@@ -8,9 +8,9 @@ from comfy_api.latest import io
 
 from ..pipeline.text import TextEmbeddings, encode_text
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
-from . import types
-from .devices import DEVICE_CHOICES, DEVICE_TOOLTIP, TEXT_WORKSPACE, check_interrupt, make_room, pick_device
-from .model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
+from . import inputs
+from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP, TEXT_WORKSPACE, check_interrupt, make_room, pick_device
+from .host.model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
 
 CACHE_USER = "lingbot_world"
 # Tokenizer choice for ComfyUI's umt5_xxl_*.safetensors, which carry their own SentencePiece model.
@@ -38,7 +38,7 @@ class LingBotWorldTextEncode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldTextEncode",
             display_name="LingBot-World T5 Encode + Unload",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
                 "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "
@@ -59,13 +59,13 @@ class LingBotWorldTextEncode(io.ComfyNode):
                                 tooltip="What to steer away from. The default is the one the model was tuned with."),
                 io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=DEVICE_TOOLTIP),
             ],
-            outputs=[types.Text.Output("text", display_name="text",
+            outputs=[inputs.Text.Output("text", display_name="text",
                                        tooltip="The prompt embeddings for the LingBot sampler.")],
         )
 
     @classmethod
     def validate_inputs(cls, t5_file, tokenizer) -> bool | str:
-        return types.offered(cls, t5_file=t5_file, tokenizer=tokenizer)
+        return inputs.offered(cls, t5_file=t5_file, tokenizer=tokenizer)
 
     @classmethod
     def execute(cls, t5_file: str, tokenizer: str, prompt: str, negative_prompt: str, device: str) -> io.NodeOutput:

@@ -16,10 +16,10 @@ import comfy.utils
 from ..pipeline.decode import decode
 from ..pipeline.image import I2VCondition, VAESource, encode_image
 from ..pipeline.latent import from_comfy_latent
-from . import types
+from . import inputs
 from .camera import frames_input, height_input, width_input
-from .devices import DEVICE_CHOICES, DEVICE_TOOLTIP, VAE_WORKSPACE, check_interrupt, make_room, pick_device
-from .model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
+from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP, VAE_WORKSPACE, check_interrupt, make_room, pick_device
+from .host.model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
 
 VAE_TOOLTIP = (
     "Wan2.1 VAE weights (Wan2.1_VAE.pth or wan_2.1_vae.safetensors) from models/lingbot or models/vae. "
@@ -87,7 +87,7 @@ class LingBotWorldVAEEncode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldVAEEncode",
             display_name="LingBot-World Wan VAE Encode",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Encodes the start image with the Wan2.1 VAE into the image-to-video condition (the first "
                 "frame plus a mask for the frames to generate). The image is resized to width x height; "
@@ -103,13 +103,13 @@ class LingBotWorldVAEEncode(io.ComfyNode):
                 vae_model_input(),
                 _precision_input(),
             ],
-            outputs=[types.I2VCond.Output("i2v", display_name="i2v",
+            outputs=[inputs.I2VCond.Output("i2v", display_name="i2v",
                                           tooltip="Image-to-video condition for the LingBot sampler.")],
         )
 
     @classmethod
     def validate_inputs(cls, vae) -> bool | str:
-        return types.offered(cls, vae=vae)
+        return inputs.offered(cls, vae=vae)
 
     @classmethod
     def execute(cls, image: torch.Tensor, vae: str, width: int, height: int, frames: int, device: str,
@@ -133,7 +133,7 @@ class LingBotWorldVAEDecode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldVAEDecode",
             display_name="LingBot-World Wan VAE Decode",
-            category=types.CATEGORY,
+            category=inputs.CATEGORY,
             description=(
                 "Decodes the sampled latent into video frames with the Wan2.1 VAE, then frees the VAE. "
                 "Feed the frames to Create Video (16 fps) and Save Video. Takes any Wan 2.1 LATENT, "
@@ -156,7 +156,7 @@ class LingBotWorldVAEDecode(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, vae) -> bool | str:
-        return types.offered(cls, vae=vae)
+        return inputs.offered(cls, vae=vae)
 
     @classmethod
     def execute(cls, samples: dict, vae: str, tile: int, device: str, vae_model=None,

@@ -43,7 +43,7 @@ from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
-from comfyui_lingbot_world.nodes.model_files import NO_FILE  # noqa: E402
+from comfyui_lingbot_world.nodes.host.model_files import NO_FILE  # noqa: E402
 from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
 from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEEncode  # noqa: E402
 from comfyui_lingbot_world.pipeline import image as image_stage  # noqa: E402

@@ -15,7 +15,7 @@ import comfy.model_management as mm  # noqa: E402
 
 import tiny_package  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
-from comfyui_lingbot_world.nodes.expert_patcher import (  # noqa: E402
+from comfyui_lingbot_world.nodes.host.expert_patcher import (  # noqa: E402
     ComfyExpertSource,
     DiTExperts,
     ExpertLoadOptions,

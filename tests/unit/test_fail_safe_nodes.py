@@ -15,7 +15,7 @@ HOST = use_comfy_in_process()  # before comfy.model_management is imported
 
 import folder_paths  # noqa: E402
 
-from comfyui_lingbot_world.nodes import model_files, routes  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files, routes  # noqa: E402
 
 
 @pytest.fixture

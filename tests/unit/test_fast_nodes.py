@@ -23,7 +23,7 @@ from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.nodes import sampler as sampler_module  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
-from comfyui_lingbot_world.nodes.expert_patcher import ComfyExpertSource, DiTExperts  # noqa: E402
+from comfyui_lingbot_world.nodes.host.expert_patcher import ComfyExpertSource, DiTExperts  # noqa: E402
 from comfyui_lingbot_world.nodes.lora_loader import LingBotWorldLoraLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler, attention_choice  # noqa: E402
 from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode  # noqa: E402

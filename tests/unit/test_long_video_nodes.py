@@ -18,7 +18,7 @@ import comfy.utils  # noqa: E402
 import folder_paths  # noqa: E402
 
 import tiny_package  # noqa: E402
-from comfyui_lingbot_world.nodes import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera, _output_connected  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.long_video import LingBotWorldLongVideo  # noqa: E402

@@ -18,8 +18,8 @@ import comfy.model_management as mm  # noqa: E402
 
 import tiny_package  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
-from comfyui_lingbot_world.nodes import expert_patcher as patcher_mod  # noqa: E402
-from comfyui_lingbot_world.nodes.expert_patcher import (  # noqa: E402
+from comfyui_lingbot_world.nodes.host import expert_patcher as patcher_mod  # noqa: E402
+from comfyui_lingbot_world.nodes.host.expert_patcher import (  # noqa: E402
     ComfyExpertSource,
     ExpertLoadOptions,
     experts_for_placement,

@@ -30,11 +30,11 @@ import tiny_package  # noqa: E402
 from shipped_workflows import TEMPLATES  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
-from comfyui_lingbot_world.nodes import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
-from comfyui_lingbot_world.nodes.devices import pick_device  # noqa: E402
+from comfyui_lingbot_world.nodes.host.devices import pick_device  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
-from comfyui_lingbot_world.nodes.expert_patcher import DiTExperts  # noqa: E402
+from comfyui_lingbot_world.nodes.host.expert_patcher import DiTExperts  # noqa: E402
 from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
 from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode, embedding_cache_dir  # noqa: E402
 from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
@@ -780,7 +780,7 @@ def test_comfy_disable_pinned_memory_turns_staging_off(monkeypatch):
     from comfy.cli_args import args
 
     from comfyui_lingbot_world.loaders import pinned_upload
-    from comfyui_lingbot_world.nodes.host_settings import follow_host_settings
+    from comfyui_lingbot_world.nodes.host.host_settings import follow_host_settings
 
     monkeypatch.setattr(args, "disable_pinned_memory", True)
     try:

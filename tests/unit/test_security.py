@@ -37,7 +37,7 @@ from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.t5_loader import load_t5  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_npy  # noqa: E402
 from comfyui_lingbot_world.loaders.vae_loader import load_vae  # noqa: E402
-from comfyui_lingbot_world.nodes import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import camera_from_files  # noqa: E402
 from comfyui_lingbot_world.pipeline.run import CameraRequest, generate  # noqa: E402

@@ -69,7 +69,7 @@ def _find_pack() -> str:
     # whose own pipeline.sampling module is loaded (ComfyUI's top-level ``nodes`` module
     # also lists LingBotWorldSampler, but has no such submodule).
     for name in list(sys.modules):
-        if f"{name}.pipeline.sampling" in sys.modules and f"{name}.nodes.expert_patcher" in sys.modules:
+        if f"{name}.pipeline.sampling" in sys.modules and f"{name}.nodes.host.expert_patcher" in sys.modules:
             return name
     raise RuntimeError("lingbot fault plugin: the LingBot pack is not imported; it must load first")
 
@@ -91,7 +91,7 @@ def install() -> str:
     text = importlib.import_module(f"{pack}.pipeline.text")
     decode = importlib.import_module(f"{pack}.pipeline.decode")
     sampling = importlib.import_module(f"{pack}.pipeline.sampling")
-    patcher = importlib.import_module(f"{pack}.nodes.expert_patcher")
+    patcher = importlib.import_module(f"{pack}.nodes.host.expert_patcher")
     _after(text, "load_t5", "text")
     _after(decode, "load_vae", "decode")
     _after(patcher, "load_expert", "expert")

@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Iterator
 
 import folder_paths
 
-from ..loaders.errors import CheckpointError
-from ..loaders.layout import detect_expert_layout
+from ...loaders.errors import CheckpointError
+from ...loaders.layout import detect_expert_layout
 
 LINGBOT_KIND = "lingbot"
 T5_KINDS = (LINGBOT_KIND, "text_encoders")

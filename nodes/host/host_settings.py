@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy.cli_args import args
 
-from ..loaders.pinned_upload import allow_pinned_staging
+from ...loaders.pinned_upload import allow_pinned_staging
 
 
 def follow_host_settings() -> None:

@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 TEXT = "LINGBOT_TEXT"  # pipeline.text.TextEmbeddings
-DIT = "LINGBOT_DIT"  # nodes.expert_patcher.DiTExperts
+DIT = "LINGBOT_DIT"  # nodes.host.expert_patcher.DiTExperts
 CAMERA = "LINGBOT_CAMERA"  # pipeline.camera.CameraCondition
 I2V = "LINGBOT_I2V"  # pipeline.image.I2VCondition
 CAMERA_PATH = "LINGBOT_CAMERA_PATH"  # pipeline.long_video.CameraPath

@@ -37,10 +37,10 @@ from torch import nn
 import comfy.model_management as mm
 from comfy.model_patcher import ModelPatcher
 
-from ..loaders.live import live_modules
-from ..wan.model import LingBotDiT
-from ..wan.t5 import UMT5Encoder
-from ..wan.vae import WanVAE
+from ...loaders.live import live_modules
+from ...wan.model import LingBotDiT
+from ...wan.t5 import UMT5Encoder
+from ...wan.vae import WanVAE
 from .expert_patcher import ExpertPatcher, ExpertSlot
 from .model_files import EXPERT_KINDS, kind_roots
 
