@@ -54,7 +54,7 @@ from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
-from comfyui_lingbot_world.pipeline.presets import apply_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.sampler_presets import apply_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample  # noqa: E402
 from comfyui_lingbot_world.pipeline.step_cache import StepStats  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402

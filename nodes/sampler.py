@@ -17,7 +17,7 @@ from ..pipeline.camera import CameraCondition
 from ..pipeline.image import I2VCondition
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.lora import LoraExperts, lora_device_bytes
-from ..pipeline.presets import PRESETS, apply_preset
+from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
 from ..pipeline.text import TextEmbeddings
@@ -186,7 +186,7 @@ class LingBotWorldSampler(io.ComfyNode):
                                "there), SageAttention 8-bit on RTX 30/40 cards when it is installed; without "
                                "sageattention, the same kernel as before this input existed. sage and flash need "
                                "their packages (sageattention, flash-attn) and a CUDA GPU."),
-                io.Combo.Input("preset", options=list(PRESETS), default="none", optional=True,
+                io.Combo.Input("preset", options=list(SAMPLER_PRESETS), default="none", optional=True,
                                tooltip="lightning_4step: the Wan2.2-Lightning 4-step settings (4 steps, cfg 1, "
                                "euler, shift 5, boundary 0.9); overrides steps, shift, cfg, boundary and sampler "
                                "and turns caching off. Use with the Wan2.2-Lightning LoRAs (LingBot-World LoRA "
@@ -208,8 +208,8 @@ class LingBotWorldSampler(io.ComfyNode):
             check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
-        if preset not in PRESETS:
-            raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
+        if preset not in SAMPLER_PRESETS:
+            raise ValueError(f"preset: {preset!r} is not one of {', '.join(SAMPLER_PRESETS)}")
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold: {cache_threshold} is outside 0..1 (0 = off, 0.05 recommended)")
         if not 0.0 <= cfg_truncate <= 1.0:

@@ -26,7 +26,7 @@ from PIL import Image
 from ..loaders.package import find_package
 from ..pipeline import long_video as lv
 from ..pipeline.lora import LoraSpec
-from ..pipeline.presets import PRESETS as SAMPLING_PRESETS, apply_preset
+from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera import PRESETS, draw_trajectory
@@ -96,7 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="fraction of the last steps without the negative-prompt pass (0 = off)")
     fast.add_argument("--attention", choices=ATTENTION_CHOICES,
                       help="attention kernel (default: auto, SDPA on H100-class GPUs)")
-    fast.add_argument("--sampling-preset", choices=SAMPLING_PRESETS, default="none",
+    fast.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
                       help="lightning_4step: the Wan2.2-Lightning 4-step settings (use with its LoRAs); "
                       "overrides --steps, --shift, --cfg, --boundary and --sampler")
     fast.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),

@@ -29,7 +29,7 @@ from ..wan.t5 import T5_TINY, UMT5_XXL
 from ..wan.vae import VAE_TINY, WAN21
 from . import cli
 
-PRESETS = {
+GEOMETRY_PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
     "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
 }
@@ -42,7 +42,7 @@ EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
-    p.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model geometry")
+    p.add_argument("--preset", choices=sorted(GEOMETRY_PRESETS), required=True, help="model geometry")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
                    help="nf4: layout A (*_bnb_nf4 folders); bf16: layout B (sharded diffusers folders)")
     p.add_argument("--out", type=Path, required=True, help="package folder to write (created if missing)")
@@ -79,7 +79,7 @@ def _human(n: int) -> str:
 def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
                   comfy_t5: str = "bf16") -> list[Path]:
     """Write the chosen parts of a package into ``out``; returns the written paths."""
-    shapes = PRESETS[preset]
+    shapes = GEOMETRY_PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "experts" in parts:

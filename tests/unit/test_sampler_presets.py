@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfyui_lingbot_world.pipeline.presets import apply_preset, lightning_4step
+from comfyui_lingbot_world.pipeline.sampler_presets import apply_preset, lightning_4step
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for
 from comfyui_lingbot_world.wan.scheduler import make_sampler
 

@@ -18,7 +18,7 @@ LIGHTNING_SHIFT = 5.0
 LIGHTNING_BOUNDARY = 0.9  # 937 >= 900: steps 0-1 high-noise, 2-3 low-noise
 LIGHTNING_SAMPLER = "euler"
 
-PRESETS = ("none", "lightning_4step")
+SAMPLER_PRESETS = ("none", "lightning_4step")
 
 
 def lightning_4step(base: SamplingParams = SamplingParams()) -> SamplingParams:
@@ -35,4 +35,4 @@ def apply_preset(name: str, base: SamplingParams) -> SamplingParams:
         return base
     if name == "lightning_4step":
         return lightning_4step(base)
-    raise ValueError(f"unknown sampling preset {name!r}; choose one of {', '.join(PRESETS)}")
+    raise ValueError(f"unknown sampling preset {name!r}; choose one of {', '.join(SAMPLER_PRESETS)}")
