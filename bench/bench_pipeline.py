@@ -37,7 +37,7 @@ from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
@@ -144,10 +144,10 @@ def run_pipeline(args: argparse.Namespace) -> dict:
             condition = encode_image(files.vae, image, args.frames, height, width, device)
         with watch.phase("camera"):
             if args.camera_dir:
-                camera = camera_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy",
-                                           args.frames, height, width)
+                path = path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
             else:
-                camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
+                path = path_from_preset("orbit_left", 1.0, args.frames)
+            camera = camera_condition(path, args.frames, height, width)
         experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
         timer = StepTimer()
         params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
@@ -272,18 +272,21 @@ def run_soak(args: argparse.Namespace) -> dict:
     after each run, to show nothing creeps. The pipeline is the one the nodes call."""
     from PIL import Image
 
-    from comfyui_lingbot_world.pipeline.run import CameraRequest, generate
+    from comfyui_lingbot_world.pipeline.generate import generate
     from comfyui_lingbot_world.pipeline.memory import empty_device_cache
 
     height, width = (int(v) for v in args.size.split("x"))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
-    camera = CameraRequest(folder=Path(args.camera_dir)) if args.camera_dir else CameraRequest(preset="orbit_left")
+    camera = (path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
+              if args.camera_dir else path_from_preset("orbit_left", 1.0, args.frames))
     record = base_record(args) | {"mode": "soak", "size": args.size, "frames": args.frames, "steps": args.steps,
                                   "runs": []}
     for run in range(args.runs):
         started = time.perf_counter()
-        video = generate(args.package, image, f"{PROMPT} Take {run}.", "", args.frames, height, width, camera,
-                         SamplingParams(steps=args.steps, shift=args.shift, seed=run), device="cuda")
+        pieces: list[torch.Tensor] = []
+        generate(args.package, image, f"{PROMPT} Take {run}.", "", args.frames, height, width, pieces.append, camera,
+                 SamplingParams(steps=args.steps, shift=args.shift, seed=run), device="cuda")
+        video = torch.cat(pieces, dim=1)
         empty_device_cache()
         used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True).stdout.split()[0]

@@ -42,6 +42,7 @@ from _standalone import import_pack  # noqa: E402
 import_pack()
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline import long_video as lv  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import path_from_actions  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
@@ -67,31 +68,19 @@ def cap_vram(cap_gb: float | None, device: torch.device) -> None:
 class TimedExperts(DiskExperts):
     """DiskExperts recording each load's seconds (device-agnostic)."""
 
-    def __init__(self, *a, resident: bool = False, **k) -> None:
+    def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
         self.loads: list[tuple[str, float]] = []
-        self.resident = resident
 
     def acquire(self, name: str):
         if name in self._resident:
             return self._resident[name]
         _sync(self.device)
         started = time.perf_counter()
-        if self.resident:
-            model = lv.ResidentExperts.acquire(self, name)
-        else:
-            model = super().acquire(name)
+        model = super().acquire(name)
         _sync(self.device)
         self.loads.append((name, time.perf_counter() - started))
         return model
-
-    def release(self, name: str) -> None:
-        if not self.resident:
-            super().release(name)
-
-    def close(self) -> None:
-        for name in list(self._resident):
-            DiskExperts.release(self, name)
 
 
 class RawWriter:
@@ -134,7 +123,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
     image = Image.open(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
-    camera = lv.path_from_actions(ACTIONS, frames, height, width)
+    camera = path_from_actions(ACTIONS, frames, height, width)
     params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
     record: dict = {
         "frames": frames, "size": args.size, "steps": args.steps, "window": args.window, "overlap": args.overlap,
@@ -147,8 +136,8 @@ def run_one(args: argparse.Namespace) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     window_times: list[float] = []
     marks = [0.0]
-    experts = TimedExperts(files.high, files.low, device, resident=args.keep_experts,
-                           block_swap=args.block_swap or None)
+    experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None,
+                           keep_resident=args.keep_experts)
     started = time.perf_counter()
     with MemoryWatch() as watch:
         with watch.phase("text_encode"):

@@ -39,7 +39,7 @@ from bench_pipeline import PROMPT, StepTimer, base_record, sync  # noqa: E402  (
 from time_to_video import rel_err  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import PlacedDiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
@@ -111,7 +111,7 @@ def run_placement(args, files, mode: str, inputs, params: SamplingParams,
     reset_peaks()
     try:
         latent, step_times, sampling_s = run_sampling(source, text, condition, camera, params)
-        if placement.keeps_resident:  # both experts stayed: a second run loads nothing
+        if placement.keep_resident:  # both experts stayed: a second run loads nothing
             loads_before = dict(source.loads)
             again, _, record["warm_run_s"] = run_sampling(source, text, condition, camera, params)
             record["warm_run_reloaded"] = source.loads != loads_before
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
     text = encode_text(files.t5, files.tokenizer, PROMPT, "", first, cache_dir=Path(tempfile.mkdtemp()))
     condition = encode_image(files.vae, image, args.frames, height, width, first)
-    camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
+    camera = camera_condition(path_from_preset("orbit_left", 1.0, args.frames), args.frames, height, width)
     params = SamplingParams(steps=args.steps, shift=args.shift, seed=args.seed, batch_cfg=not args.no_batch_cfg)
     common = base_record(args) | {"size": args.size, "frames": args.frames, "steps": args.steps,
                                   "block_swap": args.block_swap, "batch_cfg": params.batch_cfg,

@@ -50,7 +50,7 @@ from bench_pipeline import PROMPT, StepTimer, TimedExperts, base_record, cap_vra
 from memwatch import MemoryWatch  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
@@ -137,10 +137,10 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
                                      precision=options.get("vae", "fp32"))
         with watch.phase("camera"):
             if args.camera_dir:
-                camera = camera_from_files(Path(args.camera_dir) / "poses.npy",
-                                           Path(args.camera_dir) / "intrinsics.npy", args.frames, height, width)
+                path = path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
             else:
-                camera = camera_from_preset("orbit_left", 1.0, args.frames, height, width)
+                path = path_from_preset("orbit_left", 1.0, args.frames)
+            camera = camera_condition(path, args.frames, height, width)
         experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
         source = experts
         if "lora" in options:

@@ -1,30 +1,56 @@
-"""Read a camera trajectory (poses.npy + intrinsics.npy) safely: no pickles, clear errors."""
+"""Read a camera trajectory (poses.npy + intrinsics.npy) safely: no pickles, clear errors.
+
+The one place the pack reads .npy camera files (the Camera node, the CLI and the tests all
+come here); what the arrays must hold is checked by ``wan.camera.validate_trajectory``.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from ..wan.camera import CameraError
 from .errors import CheckpointError
 
 
+class TrajectoryFileError(CheckpointError, CameraError):
+    """A pose or intrinsics file that cannot be used. Worded like the trajectory checks
+    ("poses in <file>: ..."), and both a CheckpointError (it names the file) and a
+    CameraError (catching camera problems catches it too)."""
+
+    def __init__(self, path: str | Path, what: str, problem: str) -> None:
+        self.path, self.what, self.problem = str(path), what, problem
+        ValueError.__init__(self, f"{what} in {self.path}: {problem}")
+
+
 def read_npy(path: str | Path, what: str) -> np.ndarray:
-    """A numeric array from an .npy file; never unpickles objects."""
+    """A numeric array from an .npy file as float64; never unpickles objects."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(path, f"{what} file not found")
+        raise TrajectoryFileError(path, what, f"{what} file not found")
     try:
         array = np.load(path, allow_pickle=False)
     except ValueError as exc:  # object arrays need pickle, which we refuse
-        raise CheckpointError(path, f"{what} is not a plain numeric .npy array ({exc})") from exc
+        raise TrajectoryFileError(path, what, f"{what} is not a plain numeric .npy array ({exc})") from exc
     except Exception as exc:
-        raise CheckpointError(path, f"{what} cannot be read as .npy ({exc})") from exc
+        raise TrajectoryFileError(path, what, f"{what} cannot be read as .npy ({exc})") from exc
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.number):
-        raise CheckpointError(path, f"{what} holds {getattr(array, 'dtype', type(array))}, expected numbers")
+        raise TrajectoryFileError(path, what, f"{what} holds {getattr(array, 'dtype', type(array))}, expected numbers")
     if np.issubdtype(array.dtype, np.complexfloating):  # casting would silently drop the imaginary part
-        raise CheckpointError(path, f"{what} holds complex numbers ({array.dtype}); save real float32/float64 values")
+        raise TrajectoryFileError(path, what, f"{what} holds complex numbers ({array.dtype}); save real "
+                                  "float32/float64 values")
     return array.astype(np.float64)
 
 
 def read_trajectory(poses_path: str | Path, intrinsics_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(poses, intrinsics) as stored, float64; their content is checked by the caller."""
     return read_npy(poses_path, "poses"), read_npy(intrinsics_path, "intrinsics")
+
+
+def read_intrinsics(path: str | Path) -> np.ndarray:
+    """The first (fx, fy, cx, cy) row of an intrinsics .npy of shape [4] or [N, 4]."""
+    k = read_npy(path, "intrinsics")
+    if k.shape[-1:] != (4,) or k.size == 0:
+        raise TrajectoryFileError(path, "intrinsics", f"intrinsics has shape {list(k.shape)}; expected [N, 4] or [4] "
+                                  "(fx, fy, cx, cy in pixels of 832x480)")
+    return k.reshape(-1, 4)[0]

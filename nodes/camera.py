@@ -8,10 +8,13 @@ from comfy_api.latest import io
 
 from pathlib import Path
 
-from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
-from ..pipeline.long_video import (CameraPath, WindowedCamera, one_pass_condition, path_from_actions,
-                                   path_from_export, path_from_files, path_from_preset)
-from ..wan.camera import PRESETS, draw_trajectory
+from ..loaders.errors import CheckpointError
+from ..loaders.trajectory import read_intrinsics
+from ..pipeline.camera import (CameraCondition, CameraPath, camera_condition, path_from_actions, path_from_export,
+                               path_from_files, path_from_preset)
+from ..pipeline.camera_preview import draw_trajectory
+from ..pipeline.long_video import WindowedCamera
+from ..wan.camera_presets import CAMERA_PRESETS
 from ..wan.camera_actions import EXAMPLE as DEFAULT_ACTIONS
 from ..wan.long_video import MAX_FRAMES, plan_windows, window_cuts
 from . import inputs
@@ -127,7 +130,7 @@ class LingBotWorldCamera(io.ComfyNode):
                 io.Combo.Input("source", options=list(SOURCES), default="preset",
                                tooltip="preset: a built-in camera move; files: poses_file and intrinsics_file; "
                                "actions: the actions string; import: pose_export (intrinsics_file optional)."),
-                io.Combo.Input("preset", options=list(PRESETS), default=DEFAULT_PRESET,
+                io.Combo.Input("preset", options=list(CAMERA_PRESETS), default=DEFAULT_PRESET,
                                tooltip="Camera move when source is preset."),
                 io.Float.Input("speed", default=1.0, min=0.0, max=8.0, step=0.05,
                                tooltip="How far a preset pans, tilts or orbits (1 = 40 degrees over 81 frames). "
@@ -198,15 +201,7 @@ class LingBotWorldCamera(io.ComfyNode):
         plan = plan_windows(frames, window, overlap)  # checks frames, window and overlap
         camera: CameraCondition | None = None
         if len(plan) == 1:
-            # The one-pass camera exactly as before for preset and files.
-            if source == "files":
-                camera = camera_from_files(resolve_input_file(poses_file, "poses_file", ".npy"),
-                                           resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"),
-                                           frames, height, width)
-            elif source == "preset":
-                camera = camera_from_preset(preset, speed, frames, height, width)
-            else:
-                camera = one_pass_condition(path, frames, height, width)
+            camera = camera_condition(path, frames, height, width)
         elif _output_connected(cls.hidden, 0):
             raise ValueError(
                 f"frames: {frames} frames are {len(plan)} windows of {window}; the camera output is the one-pass "
@@ -216,18 +211,16 @@ class LingBotWorldCamera(io.ComfyNode):
         else:
             WindowedCamera(path, frames, height, width)  # the whole path must cover the video
         # The drawing shows the part of the path the video uses, with the window cuts.
-        poses = camera.poses if camera is not None else path.poses[:frames]
-        return io.NodeOutput(camera, preview_image(poses, window_cuts(plan)), path)
+        return io.NodeOutput(camera, preview_image(path.poses[:frames], window_cuts(plan)), path)
 
 
 def _intrinsics_row(intrinsics_file: str) -> np.ndarray | None:
     if intrinsics_file == NO_FILE:
         return None
-    k = np.load(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"), allow_pickle=False)
-    k = np.asarray(k, dtype=np.float64)
-    if k.shape[-1] != 4 or k.size < 4:
-        raise ValueError(f"intrinsics_file: {intrinsics_file!r} has shape {list(k.shape)}; expected [N, 4] or [4]")
-    return k.reshape(-1, 4)[0]
+    try:
+        return read_intrinsics(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"))
+    except CheckpointError as error:
+        raise ValueError(f"intrinsics_file: {error}") from error
 
 
 def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,

@@ -5,7 +5,7 @@ TEXT = "LINGBOT_TEXT"  # pipeline.text.TextEmbeddings
 DIT = "LINGBOT_DIT"  # nodes.host.expert_patcher.DiTExperts
 CAMERA = "LINGBOT_CAMERA"  # pipeline.camera.CameraCondition
 I2V = "LINGBOT_I2V"  # pipeline.image.I2VCondition
-CAMERA_PATH = "LINGBOT_CAMERA_PATH"  # pipeline.long_video.CameraPath
+CAMERA_PATH = "LINGBOT_CAMERA_PATH"  # pipeline.camera.CameraPath
 
 Text = io.Custom(TEXT)
 DiT = io.Custom(DIT)

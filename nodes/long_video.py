@@ -18,7 +18,8 @@ from comfy_api.latest import InputImpl, io, ui
 import comfy.model_management as mm
 import folder_paths
 
-from ..pipeline.long_video import CameraPath, WindowedCamera, WindowParams, sample_windows
+from ..pipeline.camera import CameraPath
+from ..pipeline.long_video import WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
 from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import latent_shape
@@ -32,28 +33,6 @@ from .sampler import (SAMPLERS, LivePreview, check_input, conditioning_inputs, g
 from .vae import vae_file_inputs, vae_model_input, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
-
-
-class KeptExperts:
-    """``ComfyExpertSource`` that leaves an expert loaded after use, so the windows do not
-    reload it (both experts resident: for cards with room for two). Loads still go through
-    ComfyUI, which may evict one under memory pressure; ``close`` unloads both."""
-
-    def __init__(self, source: ComfyExpertSource) -> None:
-        self.source = source
-
-    def acquire(self, name: str) -> torch.nn.Module:
-        patcher = self.source.experts.patcher(name)
-        mm.load_models_gpu([patcher], memory_required=self.source.inference_memory, force_full_load=True)
-        if patcher.expert is None:
-            raise RuntimeError(f"ComfyUI did not load the {name}-noise expert from {patcher.model.folder}")
-        return patcher.expert
-
-    def release(self, name: str) -> None:  # kept until close()
-        pass
-
-    def close(self) -> None:
-        self.source.close()
 
 
 def output_file(filename_prefix: str, width: int, height: int) -> tuple[Path, str, str]:
@@ -145,8 +124,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
         live = LivePreview(steps * len(plan))
 
         path, name, subfolder = output_file(filename_prefix, width, height)
-        comfy_source = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim))
-        experts = KeptExperts(comfy_source) if keep_experts else comfy_source
+        experts = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim),
+                                    keep_resident=keep_experts)
         try:
             with VideoWriter(path, fps=fps) as writer:
                 sample_windows(experts, text, source_vae, image[0], frames, height, width, camera, params,

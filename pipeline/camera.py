@@ -1,4 +1,11 @@
-"""Camera stage: a trajectory (files or a preset) -> the Plücker tensor the DiT reads."""
+"""Camera stage: a camera path (preset, .npy files, action string or pose export) -> the
+Plücker conditioning the sampler reads.
+
+Every source first becomes a ``CameraPath`` (the whole path, each file read once);
+``camera_condition`` is the one place a ``CameraCondition`` is made from it: the ordinary
+one-pass camera of a clip, or (called by ``long_video.WindowedCamera``) one window of a long
+video.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..loaders.pose_import import import_poses
 from ..loaders.trajectory import read_trajectory
-from ..wan.camera import CameraError, camera_tensor, preset_trajectory, usable_frames, validate_trajectory
+from ..wan.camera import CameraError, camera_tensor, usable_frames, validate_trajectory
+from ..wan.camera_actions import action_poses, default_intrinsics
+from ..wan.camera_presets import preset_trajectory
 from ..wan.conditioning import check_frame_count, check_size
+from ..wan.long_video import Window, window_camera
 from .memory import check_video_fits
 
 
@@ -19,31 +30,89 @@ class CameraCondition:
     frames: int
     height: int
     width: int
-    poses: np.ndarray  # [frames, 4, 4] the part of the source trajectory in use, for drawing
+    poses: np.ndarray  # [frames, 4, 4] the part of the path in use, for drawing
 
 
-def _build(poses: np.ndarray, intrinsics: np.ndarray, frames: int, height: int, width: int, source: str) -> CameraCondition:
-    check_frame_count(frames)
+@dataclass
+class CameraPath:
+    """A whole camera path: camera-to-world poses (OpenCV axes) and one intrinsics row in
+    480×832 pixels. Build with the ``path_from_*`` functions."""
+
+    poses: np.ndarray  # [N, 4, 4]
+    intrinsics: np.ndarray  # [4]
+    source: str  # how messages name the path
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def path_from_preset(name: str, speed: float, frames: int) -> CameraPath:
+    """A built-in move (``wan.camera_presets``) of ``frames`` poses."""
+    poses, k = preset_trajectory(name, frames, speed)
+    return CameraPath(poses.astype(np.float64), k[0].astype(np.float64), f"preset {name!r}")
+
+
+def path_from_files(poses: str | Path, intrinsics: str | Path) -> CameraPath:
+    """poses.npy [N, 4, 4] and intrinsics.npy [N, 4] or [4]: read once, checked here."""
+    p, k = read_trajectory(poses, intrinsics)
+    source = f"{Path(poses).name}/{Path(intrinsics).name}"
+    validate_trajectory(p, k, source=source)
+    return CameraPath(np.asarray(p, dtype=np.float64), np.asarray(k, dtype=np.float64).reshape(-1, 4)[0], source)
+
+
+def path_from_actions(actions: str, frames: int, height: int, width: int,
+                      intrinsics: np.ndarray | None = None) -> CameraPath:
+    """A keyboard action string (``wan.camera_actions``); square-pixel intrinsics for the
+    output size unless ``intrinsics`` (one row) is given."""
+    k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
+    return CameraPath(action_poses(actions, frames), k, f"actions {actions!r}")
+
+
+def path_from_export(source: str | Path, height: int, width: int, name: str | None = None,
+                     source_size: tuple[int, int] | None = None, normalize_scale: bool = True,
+                     world_to_camera: bool = False) -> CameraPath:
+    """A ViPE folder or pose export (``loaders.pose_import``); default intrinsics when the
+    export has none."""
+    imported = import_poses(source, name=name, source_size=source_size, normalize_scale=normalize_scale,
+                            world_to_camera=world_to_camera)
+    k = imported.intrinsics if imported.intrinsics is not None else default_intrinsics(height, width)
+    return CameraPath(imported.poses, k, imported.source)
+
+
+# --------------------------------------------------------------------------- condition
+
+
+def check_path_covers(path: CameraPath, frames: int, height: int, width: int) -> None:
+    """A valid size and trajectory whose poses reach frame ``frames``; CameraError naming the source."""
     check_size(height, width)
-    check_video_fits(frames, height, width)  # the Plücker tensor grows with the video, like its frames
-    validate_trajectory(poses, intrinsics, source=source)
-    covered = usable_frames(frames, len(poses))
+    validate_trajectory(path.poses, path.intrinsics, source=path.source)
+    covered = usable_frames(frames, len(path.poses))
     if covered < frames:
-        raise CameraError(
-            f"{source or 'poses'}: {len(poses)} poses cover only {covered} frames but {frames} were asked; "
-            f"use frames <= {covered} or a longer trajectory"
-        )
-    plucker = camera_tensor(poses, intrinsics, frames, height, width, dtype=torch.float32)
-    return CameraCondition(plucker=plucker, frames=frames, height=height, width=width, poses=poses[:frames])
+        raise CameraError(f"{path.source}: {len(path.poses)} poses cover only {covered} frames but {frames} "
+                          f"were asked; use frames <= {covered} or a longer path")
 
 
-def camera_from_files(
-    poses_path: str | Path, intrinsics_path: str | Path, frames: int, height: int, width: int
-) -> CameraCondition:
-    poses, intrinsics = read_trajectory(poses_path, intrinsics_path)
-    return _build(poses, intrinsics, frames, height, width, source=f"{Path(poses_path).name}/{Path(intrinsics_path).name}")
+def camera_condition(path: CameraPath, frames: int, height: int, width: int, window: Window | None = None,
+                     path_steps: torch.Tensor | None = None, scale: float = 1.0) -> CameraCondition:
+    """The camera the sampler takes, for a clip of ``frames`` frames at ``height`` x ``width``.
 
-
-def camera_from_preset(name: str, speed: float, frames: int, height: int, width: int) -> CameraCondition:
-    poses, intrinsics = preset_trajectory(name, frames, speed)
-    return _build(poses, intrinsics, frames, height, width, source=f"preset {name!r}")
+    Without ``window``: the path's first ``frames`` frames through the reference chain
+    (interpolate, relative poses, largest step = 1, rays, fold), after checking the size, the
+    frame count, the memory and that the path covers the clip. With ``window`` (a long
+    video's, whose whole path ``long_video.WindowedCamera`` checked once): that window's
+    piece of ``path_steps`` (``wan.long_video.path_keyframes`` of the whole path) re-based to
+    its first frame and divided by the whole path's ``scale``.
+    """
+    if window is None:
+        check_frame_count(frames)
+        check_size(height, width)
+        check_video_fits(frames, height, width)  # the Plücker tensor grows with the video, like its frames
+        check_path_covers(path, frames, height, width)
+        plucker = camera_tensor(path.poses, path.intrinsics, frames, height, width, dtype=torch.float32)
+        return CameraCondition(plucker=plucker, frames=frames, height=height, width=width, poses=path.poses[:frames])
+    if path_steps is None or frames != window.frames:
+        raise ValueError(f"window {window.index} of {window.frames} frames needs the whole path's steps "
+                         f"(wan.long_video.path_keyframes) and frames={window.frames}; got frames={frames}")
+    plucker = window_camera(path_steps, scale, window, path.intrinsics, height, width)
+    return CameraCondition(plucker=plucker, frames=window.frames, height=height, width=width,
+                           poses=path.poses[window.start:window.stop])

@@ -96,30 +96,41 @@ def _loaded_bytes(folder: Path, quantize: str | None) -> int:
 
 
 class DiskExperts:
-    """ExpertSource for use outside ComfyUI: loads from disk, one expert in memory at a time."""
+    """ExpertSource for use outside ComfyUI: loads from disk, one expert in memory at a time.
+
+    ``keep_resident``: an expert stays loaded after use (no reload per window of a long
+    video) until ``close``: both experts in memory at once (2 × ~9.6 GB NF4 at A14B), for
+    machines that have the room.
+    """
 
     def __init__(self, high: str | Path, low: str | Path, device: torch.device | str | None = None,
-                 quantize: str | None = None, block_swap: int | None = None) -> None:
+                 quantize: str | None = None, block_swap: int | None = None, keep_resident: bool = False) -> None:
         self.folders = {"high": Path(high), "low": Path(low)}
         self.device = resolve_device(device)
         self.quantize = quantize
         self.block_swap = block_swap  # blocks kept on the GPU; None: all
+        self.keep_resident = keep_resident
         self._resident: dict[str, nn.Module] = {}
 
     def acquire(self, name: str) -> nn.Module:
         if name not in self._resident:
-            for other in list(self._resident):
-                self.release(other)
+            if not self.keep_resident:
+                for other in list(self._resident):
+                    self.release(other)
             self._resident[name] = load_expert(self.folders[name], self.device, self.quantize,
                                                block_swap=self.block_swap)
         return self._resident[name]
 
     def release(self, name: str) -> None:
+        if not self.keep_resident:
+            self._free(name)
+
+    def _free(self, name: str) -> None:
         release_module(self._resident.pop(name, None))
 
     def close(self) -> None:
         for name in list(self._resident):
-            self.release(name)
+            self._free(name)
 
 
 class PlacedDiskExperts:
@@ -127,7 +138,7 @@ class PlacedDiskExperts:
 
     Copies are keyed by (expert, slot). Acquiring an expert first frees the other expert's
     copies on the slots it needs; ``release`` frees an expert only where the placement does
-    not keep it resident; ``close`` and ``abort`` free everything.
+    not keep it resident (``Placement.keep_resident``); ``close`` and ``abort`` free everything.
     """
 
     def __init__(self, high: str | Path, low: str | Path, placement: Placement, quantize: str | None = None,
@@ -141,6 +152,10 @@ class PlacedDiskExperts:
     @property
     def cfg_split(self) -> bool:
         return self.placement.cfg_split
+
+    @property
+    def keep_resident(self) -> bool:
+        return self.placement.keep_resident
 
     def resident(self) -> dict[tuple[str, int], nn.Module]:
         return dict(self._resident)
@@ -167,7 +182,7 @@ class PlacedDiskExperts:
         return self._load(name, slots[1])
 
     def release(self, name: str) -> None:
-        if self.placement.keeps_resident:
+        if self.keep_resident:
             return  # no other expert ever needs its device: it stays for the next run
         self._free(name)
 

@@ -71,8 +71,9 @@ class Placement:
         return tuple(s for s in self.slots(other) if s in mine)
 
     @property
-    def keeps_resident(self) -> bool:
-        """True when the experts share no slot: neither ever has to give way to the other."""
+    def keep_resident(self) -> bool:
+        """True when the experts share no slot: neither ever has to give way to the other, so
+        both stay resident (the sources' ``keep_resident``)."""
         return not self.conflicts("low", "high")
 
     def switch(self, previous: str, following: str) -> Switch:

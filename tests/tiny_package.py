@@ -29,7 +29,7 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
     import numpy as np
     from PIL import Image
 
-    from comfyui_lingbot_world.wan.camera import preset_trajectory
+    from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 
     package = build(cache_root, "nf4")
     target = models_dir / "lingbot" / COMFY_PACKAGE_NAME

@@ -20,16 +20,19 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 from PIL import Image
 
 from ..loaders.package import find_package
-from ..pipeline import long_video as lv
+from ..loaders.trajectory import read_intrinsics
+from ..pipeline import camera as camera_stage
+from ..pipeline.camera_preview import draw_trajectory
+from ..pipeline.generate import generate
+from ..pipeline.long_video import WindowParams
 from ..pipeline.lora import LoraSpec
 from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
-from ..wan.camera import PRESETS, draw_trajectory
+from ..wan.camera_presets import CAMERA_PRESETS
 from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import check_frame_count, check_size, target_size
 from ..wan.long_video import plan_windows, window_cuts
@@ -52,7 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     cam = p.add_mutually_exclusive_group()
     cam.add_argument("--camera-dir", type=Path, help="folder with poses.npy and intrinsics.npy")
-    cam.add_argument("--preset", choices=PRESETS, help="a built-in camera move")
+    cam.add_argument("--preset", choices=list(CAMERA_PRESETS), help="a built-in camera move")
     cam.add_argument("--actions", help="action string, e.g. w-20,j-10,w-30 (W/A/S/D move, I/J/K/L look, none)")
     cam.add_argument("--poses-from", type=Path,
                      help="a ViPE output folder (pose/, intrinsics/), a pose .npz, or a poses.npy (camera-to-world, OpenCV)")
@@ -149,23 +152,23 @@ def _strength(text: str) -> float:
         raise cli.UsageError("--lora", f"strength {text!r} is not a number (e.g. --lora file.safetensors 1.0 1.0)") from None
 
 
-def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> lv.CameraPath | None:
+def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> camera_stage.CameraPath | None:
     if args.camera_dir:
         cli.existing_dir(args.camera_dir, "--camera-dir", "camera folder")
-        return lv.path_from_files(args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy")
+        return camera_stage.path_from_files(args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy")
     if args.preset:
-        return lv.path_from_preset(args.preset, args.speed, frames)
+        return camera_stage.path_from_preset(args.preset, args.speed, frames)
     intrinsics = None
     if args.intrinsics:
         cli.existing_file(args.intrinsics, "--intrinsics", "intrinsics file")
-        intrinsics = np.load(args.intrinsics, allow_pickle=False).reshape(-1, 4)[0]
+        intrinsics = read_intrinsics(args.intrinsics)
     if args.actions:
-        return lv.path_from_actions(args.actions, frames, height, width, intrinsics)
+        return camera_stage.path_from_actions(args.actions, frames, height, width, intrinsics)
     if args.poses_from:
         if not args.poses_from.exists():
             raise cli.UsageError("--poses-from", f"{args.poses_from} does not exist")
         source_size = _height_width(args.poses_source_size, "--poses-source-size") if args.poses_source_size else None
-        path = lv.path_from_export(args.poses_from, height, width, name=args.poses_name, source_size=source_size,
+        path = camera_stage.path_from_export(args.poses_from, height, width, name=args.poses_name, source_size=source_size,
                                    normalize_scale=not args.no_normalize_scale,
                                    world_to_camera=args.world_to_camera)
         if intrinsics is not None:
@@ -194,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise cli.UsageError(flag, f"must be 0 or positive; got {value}")
     if args.fps <= 0:
         raise cli.UsageError("--fps", f"must be positive; got {args.fps}")
-    windows = lv.WindowParams(window=args.window, overlap=args.overlap, scale_quantile=args.scale_quantile)
+    windows = WindowParams(window=args.window, overlap=args.overlap, scale_quantile=args.scale_quantile)
     try:
         plan = plan_windows(frames, windows.window, windows.overlap)
     except ValueError as exc:  # its messages start with the field: "window must ..."
@@ -215,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
     try:
-        result = lv.generate_long(
+        result = generate(
             args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
             windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_experts=args.keep_experts,

@@ -1,4 +1,4 @@
-"""Camera path → Plücker-ray tensor for the DiT's camera layers (SPEC §4).
+"""Camera path → Plücker-ray tensor for the DiT's camera layers (docs/conventions.md#camera-path).
 
 Poses are camera-to-world 4×4 matrices in OpenCV axes (x right, y down, z forward);
 intrinsics are (fx, fy, cx, cy) in pixels of a 480×832 frame. The chain is:
@@ -6,13 +6,11 @@ validate → cut to the usable frame count → interpolate to one pose per laten
 frame-to-frame relative poses with unit-scale translations → per-pixel rays
 (origin ⊕ unit direction) → fold each 8×8 pixel block into 384 channels.
 
-Also here: camera presets for users without a pose file, and a top-down preview image.
+Pure math on arrays: files are read by ``loaders.trajectory``, presets are in
+``camera_presets.py``, the drawing of a path in ``pipeline/camera_preview.py``.
 """
 from __future__ import annotations
 
-import math
-import os
-from pathlib import Path
 from typing import Union
 
 import numpy as np
@@ -24,18 +22,16 @@ from .conditioning import check_frame_count
 __all__ = [
     "CameraError",
     "DEFAULT_INTRINSICS",
-    "PRESETS",
     "INTRINSICS_HEIGHT",
     "INTRINSICS_WIDTH",
+    "as_float_array",
     "build_camera",
     "camera_tensor",
-    "draw_trajectory",
+    "cut_trajectory",
     "fold_rays",
     "interpolate_poses",
     "latent_frames",
-    "load_trajectory",
     "plucker_rays",
-    "preset_trajectory",
     "relative_poses",
     "scale_intrinsics",
     "usable_frames",
@@ -45,11 +41,13 @@ __all__ = [
 # Intrinsics files are written for this frame size; they are rescaled to the output size.
 INTRINSICS_HEIGHT = 480
 INTRINSICS_WIDTH = 832
+# Intrinsics of a 480×832 frame close to those of the reference examples (presets, actions).
+DEFAULT_INTRINSICS = (500.0, 500.0, INTRINSICS_WIDTH / 2, INTRINSICS_HEIGHT / 2)
 # Pixels per latent cell along each spatial axis (VAE stride), folded into channels.
 FOLD = 8
 ROTATION_TOLERANCE = 1e-3
 
-ArrayOrPath = Union[np.ndarray, torch.Tensor, str, os.PathLike]
+PoseArray = Union[np.ndarray, torch.Tensor]
 
 
 class CameraError(ValueError):
@@ -63,7 +61,8 @@ def _where(source: str) -> str:
     return f" in {source}" if source else ""
 
 
-def _as_float_array(value: object, field: str, source: str) -> np.ndarray:
+def as_float_array(value: object, field: str, source: str = "") -> np.ndarray:
+    """``value`` (array, tensor, nested lists) as float64; CameraError naming ``field`` otherwise."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().double().numpy()
     if np.iscomplexobj(value):  # a float cast would silently drop the imaginary part
@@ -83,8 +82,8 @@ def validate_trajectory(poses: np.ndarray, intrinsics: np.ndarray, source: str =
     per frame. ``source`` (a file or node name) is put into the messages.
     """
     where = _where(source)
-    p = _as_float_array(poses, "poses", source)
-    k = _as_float_array(intrinsics, "intrinsics", source)
+    p = as_float_array(poses, "poses", source)
+    k = as_float_array(intrinsics, "intrinsics", source)
 
     if p.ndim != 3 or p.shape[1:] != (4, 4):
         raise CameraError(f"poses{where}: expected shape [N, 4, 4], got {list(p.shape)}")
@@ -157,31 +156,19 @@ def latent_frames(frames: int) -> int:
 # --------------------------------------------------------------------------- pose math
 
 
-def _load_array(value: ArrayOrPath, field: str) -> tuple[np.ndarray, str]:
-    if isinstance(value, (str, os.PathLike)):
-        path = Path(value)
-        try:
-            return np.load(path, allow_pickle=False), str(path)
-        except (OSError, ValueError) as exc:
-            raise CameraError(f"{field} in {path}: cannot read the file ({exc})") from exc
-    return value, ""
-
-
-def load_trajectory(
-    poses: ArrayOrPath, intrinsics: ArrayOrPath, frame_num: int
+def cut_trajectory(
+    poses: PoseArray, intrinsics: PoseArray, frame_num: int, source: str = ""
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate a trajectory (arrays or .npy paths) and cut it to the frames it can drive.
+    """Validate a trajectory and cut it to the frames it can drive.
 
     Returns (c2ws [F,4,4] float64, K [4] = the first intrinsics row in 480×832 pixels,
-    F = the frame count actually used, ≤ ``frame_num``).
+    F = the frame count actually used, ≤ ``frame_num``). ``source`` names the trajectory
+    in error messages (files are read by ``loaders.trajectory``).
     """
     check_frame_count(frame_num)
-    p, p_src = _load_array(poses, "poses")
-    k, k_src = _load_array(intrinsics, "intrinsics")
-    source = " / ".join(s for s in (p_src, k_src) if s)
-    validate_trajectory(p, k, source)
-    p = np.asarray(p, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64).reshape(-1, 4)
+    validate_trajectory(poses, intrinsics, source)
+    p = as_float_array(poses, "poses", source)
+    k = as_float_array(intrinsics, "intrinsics", source).reshape(-1, 4)
     frames = usable_frames(frame_num, len(p))
     return p[:frames], k[0], frames
 
@@ -195,7 +182,7 @@ def interpolate_poses(c2ws: np.ndarray | torch.Tensor, n_out: int) -> np.ndarray
     quaternions (q and −q are one rotation) cannot cause jumps: the reference's explicit
     sign flipping is already implied. Computed in float64 and returned as float32
     [n_out, 4, 4], as the reference does (``torch.from_numpy(poses).float()``): everything
-    downstream then runs in float32 like there (SPEC §10).
+    downstream then runs in float32 like there (docs/conventions.md#reference-behaviours).
     """
     if isinstance(c2ws, torch.Tensor):
         c2ws = c2ws.detach().cpu().double().numpy()
@@ -310,8 +297,8 @@ def fold_rays(rays: torch.Tensor) -> torch.Tensor:
 
 
 def build_camera(
-    poses: ArrayOrPath,
-    intrinsics: ArrayOrPath,
+    poses: PoseArray,
+    intrinsics: PoseArray,
     frame_num: int,
     height: int,
     width: int,
@@ -320,12 +307,13 @@ def build_camera(
 ) -> tuple[torch.Tensor, int]:
     """The camera tensor [1, 384, F_lat, height/8, width/8] and the frame count it covers.
 
-    The frame count is ``frame_num`` cut to what the trajectory can drive (SPEC §4); the
-    video must be generated with that many frames for the latent grids to line up.
+    The frame count is ``frame_num`` cut to what the trajectory can drive
+    (docs/conventions.md#camera-path); the video must be generated with that many frames for
+    the latent grids to line up.
     """
     if height % FOLD or width % FOLD or height < FOLD or width < FOLD:
         raise ValueError(f"height and width must be positive multiples of {FOLD}; got {height}×{width}")
-    c2ws, k, frames = load_trajectory(poses, intrinsics, frame_num)
+    c2ws, k, frames = cut_trajectory(poses, intrinsics, frame_num)
     n_lat = latent_frames(frames)
     keyframes = relative_poses(interpolate_poses(c2ws, n_lat)).to(device=device, dtype=torch.float32)
     k_out = scale_intrinsics(k, height, width).to(device=device, dtype=torch.float32)
@@ -340,8 +328,8 @@ def build_camera(
 
 
 def camera_tensor(
-    poses: ArrayOrPath,
-    intrinsics: ArrayOrPath,
+    poses: PoseArray,
+    intrinsics: PoseArray,
     frame_num: int,
     height: int,
     width: int,
@@ -354,169 +342,3 @@ def camera_tensor(
     ``build_camera`` to get F itself.
     """
     return build_camera(poses, intrinsics, frame_num, height, width, dtype, device)[0]
-
-
-# --------------------------------------------------------------------------- presets
-
-PRESETS = (
-    "static",
-    "pan_left",
-    "pan_right",
-    "tilt_up",
-    "tilt_down",
-    "dolly_in",
-    "dolly_out",
-    "orbit_left",
-    "orbit_right",
-)
-
-# Intrinsics of a 480×832 frame close to those of the reference examples.
-DEFAULT_INTRINSICS = (500.0, 500.0, INTRINSICS_WIDTH / 2, INTRINSICS_HEIGHT / 2)
-# Motion per video frame at speed 1 (81 frames → 40° pan, 24° tilt, 4 units dolly).
-PAN_DEG_PER_FRAME = 0.5
-TILT_DEG_PER_FRAME = 0.3
-DOLLY_PER_FRAME = 0.05
-ORBIT_DEG_PER_FRAME = 0.5
-ORBIT_RADIUS = 2.0
-
-
-def _rotations(axis: int, deg: np.ndarray) -> np.ndarray:
-    """Rotation matrices [N, 3, 3] about a camera axis (0 = x right, 1 = y down) by ``deg``.
-
-    About y, positive angles turn the view (z) towards +x; about x, towards −y (up).
-    """
-    rotvec = np.zeros((len(deg), 3))
-    rotvec[:, axis] = np.radians(deg)
-    return Rotation.from_rotvec(rotvec).as_matrix()
-
-
-def preset_trajectory(name: str, frames: int, speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """A simple camera move of ``frames`` poses (camera-to-world, first pose = identity).
-
-    Axes are OpenCV's (x right, y down, z forward). Note the model only sees translation
-    directions: relative_poses() rescales the largest step to unit length, so ``speed``
-    changes how far pans, tilts and orbits turn, while a dolly's speed is normalized away.
-    Returns (poses [frames, 4, 4] float32, intrinsics [frames, 4] float32 for 480×832).
-    """
-    key = str(name).strip().lower()
-    if key not in PRESETS:
-        raise ValueError(f"unknown camera preset {name!r}; choose one of {', '.join(PRESETS)}")
-    if isinstance(frames, bool) or int(frames) != frames or frames < 1:
-        raise ValueError(f"frames must be a positive integer; got {frames!r}")
-    if not math.isfinite(float(speed)):
-        raise ValueError(f"speed must be a finite number; got {speed!r}")
-    frames = int(frames)
-    step = np.arange(frames, dtype=np.float64) * float(speed)
-    poses = np.tile(np.eye(4), (frames, 1, 1))
-
-    if key in ("pan_left", "pan_right"):
-        sign = -1.0 if key == "pan_left" else 1.0
-        poses[:, :3, :3] = _rotations(1, sign * PAN_DEG_PER_FRAME * step)
-    elif key in ("tilt_up", "tilt_down"):
-        # y points down, so tilting up is a positive turn about x: z → (0, −sin θ, cos θ).
-        sign = 1.0 if key == "tilt_up" else -1.0
-        poses[:, :3, :3] = _rotations(0, sign * TILT_DEG_PER_FRAME * step)
-    elif key in ("dolly_in", "dolly_out"):
-        sign = 1.0 if key == "dolly_in" else -1.0
-        poses[:, 2, 3] = sign * DOLLY_PER_FRAME * step
-    elif key in ("orbit_left", "orbit_right"):
-        # Circle a point ORBIT_RADIUS ahead, always facing it: moving left means turning right.
-        sign = 1.0 if key == "orbit_left" else -1.0
-        angle = sign * ORBIT_DEG_PER_FRAME * step
-        rot = _rotations(1, angle)
-        target = np.array([0.0, 0.0, ORBIT_RADIUS])
-        poses[:, :3, :3] = rot
-        poses[:, :3, 3] = target - rot @ target
-    intrinsics = np.tile(np.asarray(DEFAULT_INTRINSICS, dtype=np.float64), (frames, 1))
-    return poses.astype(np.float32), intrinsics.astype(np.float32)
-
-
-# --------------------------------------------------------------------------- preview
-
-
-def draw_trajectory(
-    poses: np.ndarray | torch.Tensor, size: tuple[int, int] = (512, 512), cuts: tuple[int, ...] = ()
-) -> np.ndarray:
-    """Top-down view of a camera path: uint8 RGB [height, width, 3] for ``size`` = (width, height).
-
-    The path is drawn in the first camera's ground plane (its x to the right, its z
-    forward = up in the picture), so the preview does not depend on the world's axes.
-    Short ticks show where the camera looks; a green dot marks the start, a red square
-    the end. ``cuts``: pose indices where a long video's windows begin, marked by white
-    bars across the path and numbered.
-    """
-    from PIL import Image, ImageDraw
-
-    width, height = int(size[0]), int(size[1])
-    if width < 16 or height < 16:
-        raise ValueError(f"size must be at least 16×16 pixels; got {width}×{height}")
-    p = _as_float_array(poses, "poses", "")
-    if p.ndim != 3 or p.shape[1:] != (4, 4) or p.shape[0] < 1:
-        raise CameraError(f"poses: expected shape [N, 4, 4] with N >= 1, got {list(p.shape)}")
-    rel = np.linalg.inv(p[0]) @ p  # everything in the first camera's frame
-    xz = rel[:, [0, 2], 3]
-    look = rel[:, :3, 2][:, [0, 2]]  # camera z axis (view direction) on the ground plane
-
-    lo, hi = xz.min(axis=0), xz.max(axis=0)
-    extent = float(max(hi[0] - lo[0], hi[1] - lo[1]))
-    tick = 0.1 * extent
-    if extent < 1e-9:
-        # A camera that only turns: a fan of long ticks around a fixed point.
-        extent, tick = 0.0, 1.0
-    centre = (lo + hi) / 2
-    margin = 0.14 * min(width, height)
-    scale = (min(width, height) - 2 * margin) / (extent + 2 * tick)
-
-    def to_px(pt: np.ndarray) -> tuple[float, float]:
-        return (width / 2 + (pt[0] - centre[0]) * scale, height / 2 - (pt[1] - centre[1]) * scale)
-
-    img = Image.new("RGB", (width, height), (24, 26, 30))
-    draw = ImageDraw.Draw(img)
-    # Axes through the start camera: x (right) and z (forward).
-    ox, oy = to_px(np.zeros(2))
-    draw.line([(0, oy), (width, oy)], fill=(55, 58, 66))
-    draw.line([(ox, 0), (ox, height)], fill=(55, 58, 66))
-    draw.text((width - 14, oy + 2), "x", fill=(120, 124, 134))
-    draw.text((ox + 4, 2), "z", fill=(120, 124, 134))
-
-    n = len(xz)
-    every = max(1, n // 24)
-    for i in list(range(0, n, every)) + [n - 1]:
-        d = look[i]
-        norm = float(np.hypot(*d))
-        if norm < 1e-9:  # looking straight up or down
-            continue
-        tip = xz[i] + d / norm * tick
-        draw.line([to_px(xz[i]), to_px(tip)], fill=(240, 190, 60), width=2)
-    if n > 1:
-        pts = [to_px(q) for q in xz]
-        for i in range(n - 1):
-            t = i / max(1, n - 2)
-            colour = (int(80 + 150 * t), int(170 - 60 * t), int(255 - 120 * t))
-            draw.line([pts[i], pts[i + 1]], fill=colour, width=3)
-    r = max(3, min(width, height) // 64)
-    for number, i in enumerate(cuts, start=1):
-        if not 0 <= i < n:
-            raise ValueError(f"cut at pose {i} is outside the path of {n} poses")
-        _draw_cut(draw, to_px, xz, i, 2 * r, str(number + 1))
-    sx, sy = to_px(xz[0])
-    draw.ellipse([sx - r, sy - r, sx + r, sy + r], fill=(70, 200, 90))
-    ex, ey = to_px(xz[-1])
-    draw.rectangle([ex - r, ey - r, ex + r, ey + r], outline=(230, 70, 70), width=2)
-    draw.text((6, 6), f"top view, {n} poses", fill=(200, 200, 200))
-    draw.text((6, height - 16), "start", fill=(70, 200, 90))
-    draw.text((48, height - 16), "end", fill=(230, 70, 70))
-    if cuts:
-        draw.text((6, 20), f"{len(cuts) + 1} windows", fill=(235, 235, 235))
-    return np.asarray(img, dtype=np.uint8).copy()
-
-
-def _draw_cut(draw, to_px, xz: np.ndarray, i: int, half: float, label: str) -> None:
-    """A bar across the path at pose ``i`` (perpendicular to the local direction of travel)."""
-    x, y = to_px(xz[i])
-    a, b = to_px(xz[max(i - 1, 0)]), to_px(xz[min(i + 1, len(xz) - 1)])
-    dx, dy = b[0] - a[0], b[1] - a[1]
-    norm = float(np.hypot(dx, dy))
-    nx, ny = (-dy / norm, dx / norm) if norm > 1e-9 else (1.0, 0.0)
-    draw.line([(x - nx * half, y - ny * half), (x + nx * half, y + ny * half)], fill=(245, 245, 245), width=2)
-    draw.text((x + nx * half + 2, y + ny * half - 6), label, fill=(245, 245, 245))

@@ -255,30 +255,37 @@ class ComfyExpertSource:
 
     ``acquire`` asks ComfyUI to load the expert (every copy the placement asks for, evicting
     other models as needed); ``release`` unloads it at once when the other expert needs its
-    device, so with one device the two experts are never resident together. With
-    ``expert_per_gpu`` the experts share no GPU: ``release`` and ``close`` keep them loaded
-    under ComfyUI's memory manager (which evicts them when it needs the memory), so the
-    next run reloads nothing; ``abort`` (error, interrupt) unloads every copy.
+    device, so with one device the two experts are never resident together.
+
+    ``keep_resident``: an expert stays loaded after use, and acquiring one unloads nothing of
+    the other (both resident, e.g. across a long video's windows; ComfyUI may still evict
+    one under memory pressure); ``close`` unloads both. With ``expert_per_gpu`` the experts
+    share no GPU (``Placement.keep_resident``): they are kept, and ``close`` leaves them
+    loaded under ComfyUI's memory manager (which evicts them when it needs the memory), so
+    the next run reloads nothing. ``abort`` (error, interrupt) always unloads every copy.
     """
 
-    def __init__(self, experts: DiTExperts, inference_memory: int = 0) -> None:
+    def __init__(self, experts: DiTExperts, inference_memory: int = 0, keep_resident: bool = False) -> None:
         self.experts = experts
         self.inference_memory = int(inference_memory)
+        self.keep_resident = keep_resident or self._placement_keeps()
 
     @property
     def cfg_split(self) -> bool:
         placement = self.experts.placement
         return placement is not None and placement.cfg_split
 
-    def _keeps_resident(self) -> bool:
+    def _placement_keeps(self) -> bool:
         placement = self.experts.placement
-        return placement is not None and placement.keeps_resident
+        return placement is not None and placement.keep_resident
 
     def acquire(self, name: str) -> nn.Module:
         patchers = self.experts.patchers(name)
         other = "low" if name == "high" else "high"
         placement = self.experts.placement
-        if placement is None:
+        if self.keep_resident:
+            in_the_way = []
+        elif placement is None:
             in_the_way = [self.experts.patcher(other)]
         else:
             in_the_way = [self.experts.copies[(other, slot)] for slot in placement.conflicts(name, other)]
@@ -304,7 +311,7 @@ class ComfyExpertSource:
         return module
 
     def release(self, name: str) -> None:
-        if self._keeps_resident():
+        if self.keep_resident:
             return
         for patcher in self.experts.patchers(name):
             unload_patcher(patcher)
@@ -314,6 +321,6 @@ class ComfyExpertSource:
             unload_patcher(patcher)
 
     def close(self) -> None:
-        if self._keeps_resident():
+        if self._placement_keeps():
             return
         self.abort()

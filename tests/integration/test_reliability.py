@@ -117,7 +117,7 @@ def _camera_folders(inputs: Path) -> None:
         np.save(inputs / name / "poses.npy", poses)
         np.save(inputs / name / "intrinsics.npy", intrinsics)
 
-    from comfyui_lingbot_world.wan.camera import preset_trajectory
+    from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 
     poses, k = preset_trajectory("orbit_left", 9)
     nan = poses.copy()

@@ -50,7 +50,8 @@ from comfyui_lingbot_world.pipeline import image as image_stage  # noqa: E402
 from comfyui_lingbot_world.pipeline import text as text_stage  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import OOM_HINT, SamplingParams, sample  # noqa: E402
-from comfyui_lingbot_world.wan.camera import CameraError, preset_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.camera import CameraError  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from comfyui_lingbot_world.wan.model import LingBotDiT  # noqa: E402
 from comfyui_lingbot_world.wan.tokenizer import PromptTruncatedWarning  # noqa: E402

@@ -1,7 +1,8 @@
-"""Camera path → Plücker tensor: geometry, layout, validation, presets, preview."""
-from __future__ import annotations
+"""wan/camera.py (camera path → Plücker tensor: geometry, layout, validation) and
+pipeline/camera.py (camera paths from files, the one builder of the sampler's condition).
 
-import math
+The presets are in test_camera_presets.py, the drawing of a path in test_camera_preview.py."""
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -9,22 +10,22 @@ import torch
 from scipy.interpolate import interp1d
 from scipy.spatial.transform import Rotation, Slerp
 
+from comfyui_lingbot_world.loaders.trajectory import read_trajectory
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset
 from comfyui_lingbot_world.wan.camera import (
-    PRESETS,
     CameraError,
     build_camera,
     camera_tensor,
-    draw_trajectory,
+    cut_trajectory,
     fold_rays,
     interpolate_poses,
-    load_trajectory,
     plucker_rays,
-    preset_trajectory,
     relative_poses,
     scale_intrinsics,
     usable_frames,
     validate_trajectory,
 )
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 
 
 def pose(rot: np.ndarray | None = None, t=(0.0, 0.0, 0.0)) -> np.ndarray:
@@ -193,7 +194,7 @@ def test_camera_tensor_of_a_static_camera_is_the_folded_pinhole_grid() -> None:
 @pytest.mark.parametrize("frames", [81, 17])
 def test_example_trajectories(examples_dir, example: str, frames: int) -> None:
     folder = examples_dir / example
-    cam, used = build_camera(folder / "poses.npy", folder / "intrinsics.npy", frames, 480, 832)
+    cam, used = build_camera(*read_trajectory(folder / "poses.npy", folder / "intrinsics.npy"), frames, 480, 832)
     f_lat = (frames - 1) // 4 + 1
     assert used == frames
     assert cam.shape == (1, 384, f_lat, 60, 104) and cam.dtype == torch.bfloat16
@@ -207,7 +208,8 @@ def test_example_trajectories(examples_dir, example: str, frames: int) -> None:
 
 
 def test_example_interpolation_matches_reference_steps(examples_dir) -> None:
-    c2ws, k, frames = load_trajectory(examples_dir / "00" / "poses.npy", examples_dir / "00" / "intrinsics.npy", 81)
+    c2ws, k, frames = cut_trajectory(*read_trajectory(examples_dir / "00" / "poses.npy",
+                                                      examples_dir / "00" / "intrinsics.npy"), 81)
     assert c2ws.shape == (81, 4, 4) and k.shape == (4,) and frames == 81
     np.testing.assert_allclose(interpolate_poses(c2ws, 21), reference_interpolation(c2ws, 21), atol=1e-9)
 
@@ -290,76 +292,30 @@ def test_validation_accepts_good_input_and_a_single_intrinsics_row() -> None:
     validate_trajectory(torch.eye(4)[None], torch.tensor([1.0, 1.0, 0.0, 0.0]))
 
 
+# ----------------------------------------------------------------------------- pipeline/camera.py
+
+
 def test_load_trajectory_names_the_file(tmp_path) -> None:
+    """Files are read once, by loaders/trajectory.py, for every camera path (this was the
+    second reader in wan/camera.py's load_trajectory)."""
     p = broken(_mirror)
     np.save(tmp_path / "poses.npy", p)
     np.save(tmp_path / "intrinsics.npy", GOOD_K)
     with pytest.raises(CameraError, match="poses in .*poses.npy"):
-        load_trajectory(tmp_path / "poses.npy", tmp_path / "intrinsics.npy", 5)
+        path_from_files(tmp_path / "poses.npy", tmp_path / "intrinsics.npy")
+    np.save(tmp_path / "good.npy", GOOD_POSES)
     with pytest.raises(CameraError, match="intrinsics in .*missing.npy"):
-        load_trajectory(GOOD_POSES, tmp_path / "missing.npy", 5)
+        path_from_files(tmp_path / "good.npy", tmp_path / "missing.npy")
 
 
-# ----------------------------------------------------------------------------- presets
-
-
-@pytest.mark.parametrize("name", PRESETS)
-def test_presets_are_valid_trajectories(name: str) -> None:
-    poses, intr = preset_trajectory(name, 17, speed=1.5)
-    assert poses.shape == (17, 4, 4) and intr.shape == (17, 4)
-    validate_trajectory(poses, intr, source=name)
-    np.testing.assert_allclose(poses[0], np.eye(4), atol=1e-7)
-    cam = camera_tensor(poses, intr, 17, 16, 32, dtype=torch.float32)
-    assert cam.shape == (1, 384, 5, 2, 4) and torch.isfinite(cam).all()
-
-
-def view_dir(poses: np.ndarray) -> np.ndarray:
-    return poses[-1, :3, 2]
-
-
-def test_preset_directions_follow_opencv_axes() -> None:
-    assert view_dir(preset_trajectory("pan_left", 9)[0])[0] < 0  # looks towards -x
-    assert view_dir(preset_trajectory("pan_right", 9)[0])[0] > 0
-    assert view_dir(preset_trajectory("tilt_up", 9)[0])[1] < 0  # y points down
-    assert view_dir(preset_trajectory("tilt_down", 9)[0])[1] > 0
-    assert preset_trajectory("dolly_in", 9)[0][-1, 2, 3] > 0
-    assert preset_trajectory("dolly_out", 9)[0][-1, 2, 3] < 0
-    orbit = preset_trajectory("orbit_left", 41)[0]
-    assert orbit[-1, 0, 3] < 0 and view_dir(orbit)[0] > 0  # moves left, turns right
-    # The orbit keeps facing the same point two units ahead of the start.
-    to_target = np.array([0.0, 0.0, 2.0]) - orbit[:, :3, 3]
-    cos = np.einsum("ni,ni->n", to_target / np.linalg.norm(to_target, axis=1, keepdims=True), orbit[:, :3, 2])
-    np.testing.assert_allclose(cos, 1.0, atol=1e-6)
-    assert np.array_equal(preset_trajectory("static", 5)[0], np.tile(np.eye(4, dtype=np.float32), (5, 1, 1)))
-
-
-def test_preset_speed_scales_the_turn() -> None:
-    slow = view_dir(preset_trajectory("pan_right", 21, speed=1.0)[0])
-    fast = view_dir(preset_trajectory("pan_right", 21, speed=2.0)[0])
-    assert math.degrees(math.atan2(fast[0], fast[2])) == pytest.approx(2 * math.degrees(math.atan2(slow[0], slow[2])), rel=1e-5)
-
-
-def test_preset_errors() -> None:
-    with pytest.raises(ValueError, match="'zoom'.*static"):
-        preset_trajectory("zoom", 9)
-    with pytest.raises(ValueError, match="frames"):
-        preset_trajectory("static", 0)
-
-
-# ----------------------------------------------------------------------------- preview
-
-
-@pytest.mark.parametrize("name,size", [("orbit_right", (320, 200)), ("static", (64, 96)), ("pan_left", (512, 512))])
-def test_draw_trajectory_size_and_content(name: str, size) -> None:
-    img = draw_trajectory(preset_trajectory(name, 33)[0], size=size)
-    assert img.dtype == np.uint8 and img.shape == (size[1], size[0], 3)
-    background = img[1, -2].copy()
-    assert (np.abs(img.astype(int) - background).sum(axis=-1) > 60).sum() > 30  # something drawn
-
-
-def test_draw_trajectory_of_an_example(examples_dir) -> None:
-    poses = np.load(examples_dir / "01" / "poses.npy")
-    img = draw_trajectory(poses)
-    assert img.shape == (512, 512, 3)
-    with pytest.raises(CameraError, match="poses"):
-        draw_trajectory(np.eye(3))
+def test_the_one_condition_builder_is_the_reference_chain(tmp_path) -> None:
+    poses, k = preset_trajectory("orbit_left", 13, 1.0)
+    np.save(tmp_path / "poses.npy", poses)
+    np.save(tmp_path / "intrinsics.npy", k)
+    expected = camera_tensor(poses, k, 9, 32, 48, dtype=torch.float32)
+    for path in (path_from_preset("orbit_left", 1.0, 13), path_from_files(tmp_path / "poses.npy", tmp_path / "intrinsics.npy")):
+        condition = camera_condition(path, 9, 32, 48)
+        assert torch.equal(condition.plucker, expected)
+        assert (condition.frames, condition.height, condition.width) == (9, 32, 48) and len(condition.poses) == 9
+    with pytest.raises(CameraError, match="13 poses cover only 13 frames but 17 were asked"):
+        camera_condition(path_from_preset("orbit_left", 1.0, 13), 17, 32, 48)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan.camera import draw_trajectory, scale_intrinsics
+from comfyui_lingbot_world.pipeline.camera_preview import draw_trajectory
+from comfyui_lingbot_world.wan.camera import scale_intrinsics
 from comfyui_lingbot_world.wan.camera_actions import (
     MOVE_PER_FRAME,
     ActionError,

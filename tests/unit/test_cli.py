@@ -11,7 +11,6 @@ import pytest
 from PIL import Image
 
 import tiny_package
-from comfyui_lingbot_world.pipeline import long_video
 from comfyui_lingbot_world.tools import cli, generate, make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +34,7 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model would have been loaded")
 
-    monkeypatch.setattr(long_video, "generate_long", refuse)
+    monkeypatch.setattr(generate, "generate", refuse)  # tools/generate.py's pipeline.generate.generate
 
 
 def _run_generate(argv: list[str], capsys) -> tuple[int, list[str]]:

@@ -1,5 +1,6 @@
-"""Long videos as chained windows: the plan, the mask, the per-window camera, and the
-windowed run on a tiny synthetic package (CPU)."""
+"""wan/long_video.py and pipeline/long_video.py: long videos as chained windows (the plan,
+the mask, the per-window camera) and the windowed run on a tiny synthetic package (CPU),
+also through pipeline/generate.py, the whole run outside ComfyUI."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +11,16 @@ from PIL import Image
 import tiny_package
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.loaders.vae_loader import load_vae
+from comfyui_lingbot_world.pipeline import camera as cam
 from comfyui_lingbot_world.pipeline import long_video as lv
-from comfyui_lingbot_world.pipeline.camera import camera_from_preset
+from comfyui_lingbot_world.pipeline.generate import generate
 from comfyui_lingbot_world.pipeline.decode import decode
 from comfyui_lingbot_world.pipeline.experts import DiskExperts
 from comfyui_lingbot_world.pipeline.image import encode_image
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample
 from comfyui_lingbot_world.pipeline.text import encode_text
-from comfyui_lingbot_world.wan.camera import camera_tensor, preset_trajectory
+from comfyui_lingbot_world.wan.camera import CameraError, camera_tensor
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 from comfyui_lingbot_world.wan.camera_actions import action_poses, default_intrinsics
 from comfyui_lingbot_world.wan.conditioning import first_frame_mask
 from comfyui_lingbot_world.wan.long_video import (
@@ -132,8 +135,8 @@ def test_one_translation_scale_for_the_whole_path() -> None:
 
 
 def test_windowed_camera_checks_coverage() -> None:
-    path = lv.path_from_actions("w-20", 21, H, W)
-    with pytest.raises(lv.CameraError, match="cover only 21 frames"):
+    path = cam.path_from_actions("w-20", 21, H, W)
+    with pytest.raises(CameraError, match="cover only 21 frames"):
         lv.WindowedCamera(path, 41, H, W)
 
 
@@ -161,7 +164,7 @@ def test_one_window_equals_the_ordinary_run_bit_for_bit(package, text, image) ->
     files = find_package(package)
     frames = 9
     latents, pieces = [], []
-    path = lv.path_from_preset("orbit_left", 1.0, frames)
+    path = cam.path_from_preset("orbit_left", 1.0, frames)
     experts = DiskExperts(files.high, files.low, "cpu")
     result = lv.sample_windows(experts, text, files.vae, image, frames, H, W, lv.WindowedCamera(path, frames, H, W),
                                PARAMS, lv.WindowParams(window=81), pieces.append, device="cpu",
@@ -169,7 +172,7 @@ def test_one_window_equals_the_ordinary_run_bit_for_bit(package, text, image) ->
     experts.close()
     assert result.windows_done == 1 and result.frames_written == frames
     condition = encode_image(files.vae, image, frames, H, W, "cpu")
-    camera = camera_from_preset("orbit_left", 1.0, frames, H, W)
+    camera = cam.camera_condition(cam.path_from_preset("orbit_left", 1.0, frames), frames, H, W)
     experts = DiskExperts(files.high, files.low, "cpu")
     today = sample(experts, text, condition, camera, PARAMS)
     experts.close()
@@ -191,7 +194,7 @@ def test_several_windows_continue_from_the_previous_tail(package, text, image, m
 
     monkeypatch.setattr(lv, "_continuation", spy)
     steps_seen: list[tuple[int, int]] = []
-    path = lv.path_from_actions("w-8,l-6,w-6", frames, H, W)
+    path = cam.path_from_actions("w-8,l-6,w-6", frames, H, W)
     experts = DiskExperts(files.high, files.low, "cpu")
     result = lv.sample_windows(experts, text, files.vae, image, frames, H, W, lv.WindowedCamera(path, frames, H, W),
                                PARAMS, lv.WindowParams(window, overlap), pieces.append, device="cpu",
@@ -233,10 +236,10 @@ def test_cancel_between_windows_keeps_the_finished_frames(package, image, tmp_pa
 
     out = tmp_path / "walk.mp4"
     with pytest.raises(Cancelled):
-        lv.generate_long(package, image, "a walk", "", 25, H, W, out,
-                         camera=lv.path_from_actions("w-24", 25, H, W), params=PARAMS,
-                         windows=lv.WindowParams(9, 1), device="cpu", cache_dir=tmp_path / "cache",
-                         on_window=lambda i, n: calls.__setitem__("windows", i), check_interrupt=check)
+        generate(package, image, "a walk", "", 25, H, W, out,
+                 camera=cam.path_from_actions("w-24", 25, H, W), params=PARAMS,
+                 windows=lv.WindowParams(9, 1), device="cpu", cache_dir=tmp_path / "cache",
+                 on_window=lambda i, n: calls.__setitem__("windows", i), check_interrupt=check)
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 9  # the first window, playable
 
@@ -245,10 +248,10 @@ def test_generate_long_writes_every_frame(package, image, tmp_path) -> None:
     import av
 
     out = tmp_path / "walk.mp4"
-    result = lv.generate_long(package, image, "a walk", "", 25, H, W, out,
-                              camera=lv.path_from_actions("w-10,l-10,w-4", 25, H, W), params=PARAMS,
-                              windows=lv.WindowParams(9, 1), device="cpu", cache_dir=tmp_path / "cache",
-                              keep_experts=True)
+    result = generate(package, image, "a walk", "", 25, H, W, out,
+                      camera=cam.path_from_actions("w-10,l-10,w-4", 25, H, W), params=PARAMS,
+                      windows=lv.WindowParams(9, 1), device="cpu", cache_dir=tmp_path / "cache",
+                      keep_experts=True)
     assert result.windows_done == 3 and result.frames_written == 25
     with av.open(str(out)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
@@ -263,7 +266,7 @@ def test_resident_experts_load_each_expert_once(package, monkeypatch) -> None:
     monkeypatch.setattr(experts_mod, "load_expert",
                         lambda folder, *a, **k: loads.append(str(folder)) or real(folder, *a, **k))
     files = find_package(package)
-    experts = lv.ResidentExperts(files.high, files.low, "cpu")
+    experts = DiskExperts(files.high, files.low, "cpu", keep_resident=True)
     for _ in range(3):  # three windows' worth of high → low switches
         experts.acquire("high"), experts.release("high"), experts.acquire("low"), experts.release("low")
     assert len(loads) == 2

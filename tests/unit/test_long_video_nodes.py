@@ -23,9 +23,10 @@ from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera, _output_conne
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.long_video import LingBotWorldLongVideo  # noqa: E402
 from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.long_video import CameraPath  # noqa: E402
-from comfyui_lingbot_world.wan.camera import camera_tensor, preset_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.camera import camera_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory  # noqa: E402
 from comfyui_lingbot_world.wan.camera_actions import action_poses, default_intrinsics  # noqa: E402
 
 H, W = 32, 48
@@ -68,7 +69,7 @@ def _camera(source="preset", preset="pan_left", poses=NONE, intrinsics=NONE, fra
 
 def test_preset_and_files_cameras_are_unchanged(dirs):
     camera, preview, path = _camera("preset", "pan_left", frames=9)
-    torch.testing.assert_close(camera.plucker, camera_from_preset("pan_left", 1.0, 9, H, W).plucker, rtol=0, atol=0)
+    torch.testing.assert_close(camera.plucker, camera_condition(path_from_preset("pan_left", 1.0, 9), 9, H, W).plucker, rtol=0, atol=0)
     # The defaults of the new widgets give the same picture as the old node (no window cuts).
     old = LingBotWorldCamera.execute("preset", "pan_left", 1.0, NONE, NONE, W, H, 9)
     torch.testing.assert_close(preview, old[1], rtol=0, atol=0)

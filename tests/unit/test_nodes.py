@@ -43,7 +43,7 @@ from comfyui_lingbot_world.pipeline.image import I2VCondition  # noqa: E402
 from comfyui_lingbot_world.pipeline.latent import from_comfy_latent, to_comfy_latent  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import TextEmbeddings  # noqa: E402
 from comfyui_lingbot_world.pipeline.text_conditioning import text_from_conditioning  # noqa: E402
-from comfyui_lingbot_world.wan.camera import PRESETS, preset_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import CAMERA_PRESETS, preset_trajectory  # noqa: E402
 from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def test_widget_defaults():
     for node in (LingBotWorldVAEEncode, LingBotWorldVAEDecode):
         assert node.INPUT_TYPES()["optional"]["vae_model"][0] == "VAE"
     camera = LingBotWorldCamera.INPUT_TYPES()["required"]
-    assert _options(camera["preset"]) == list(PRESETS)
+    assert _options(camera["preset"]) == list(CAMERA_PRESETS)
     for node in (camera, LingBotWorldVAEEncode.INPUT_TYPES()["required"]):
         assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
         assert node["width"][1]["step"] == node["height"][1]["step"] == 16

@@ -1,4 +1,4 @@
-"""The whole pipeline on tiny synthetic packages, on the CPU, stage by stage."""
+"""The whole pipeline (pipeline/generate.py) on tiny synthetic packages, on the CPU, stage by stage."""
 from __future__ import annotations
 
 import weakref
@@ -9,11 +9,12 @@ import torch
 from PIL import Image
 
 import tiny_package
+from whole_run import generate_video as generate
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
 from comfyui_lingbot_world.pipeline import image as image_stage
 from comfyui_lingbot_world.pipeline import text as text_stage
-from comfyui_lingbot_world.pipeline.run import CameraRequest, generate
+from comfyui_lingbot_world.pipeline.camera import path_from_preset
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for
 from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 
@@ -37,7 +38,7 @@ def image() -> Image.Image:
 @pytest.mark.parametrize("frames", [5, 9])
 @pytest.mark.parametrize("with_camera", [False, True])
 def test_generate_returns_video(packages, image, layout, frames, with_camera):
-    camera = CameraRequest(preset="dolly_in", speed=1.0) if with_camera else None
+    camera = path_from_preset("dolly_in", 1.0, frames) if with_camera else None
     video = generate(packages[layout], image, "a castle in the clouds", "", frames, H, W, camera, PARAMS,
                      device="cpu", quantize="nf4" if layout == "bf16" else None)
     assert video.shape == (3, frames, H, W)
@@ -49,7 +50,7 @@ def test_generate_returns_video(packages, image, layout, frames, with_camera):
 def test_camera_changes_the_result(packages, image):
     args = (packages["nf4"], image, "a road through a forest", "", 5, H, W)
     plain = generate(*args, None, PARAMS, device="cpu")
-    moving = generate(*args, CameraRequest(preset="pan_left", speed=2.0), PARAMS, device="cpu")
+    moving = generate(*args, path_from_preset("pan_left", 2.0, 5), PARAMS, device="cpu")
     assert not torch.allclose(plain, moving)
 
 
@@ -134,7 +135,7 @@ def test_image_stage_accepts_every_mode(packages, mode):
 
 
 def test_batched_cfg_equals_two_passes(packages, image):
-    args = (packages["nf4"], image, "a harbour at dusk", "fog", 5, H, W, CameraRequest(preset="orbit_left"))
+    args = (packages["nf4"], image, "a harbour at dusk", "fog", 5, H, W, path_from_preset("orbit_left", 1.0, 5))
     batched = generate(*args, SamplingParams(steps=3, shift=5.0, seed=3, batch_cfg=True), device="cpu")
     separate = generate(*args, SamplingParams(steps=3, shift=5.0, seed=3, batch_cfg=False), device="cpu")
     torch.testing.assert_close(batched, separate, rtol=1e-4, atol=1e-4)

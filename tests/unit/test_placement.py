@@ -16,7 +16,7 @@ import tiny_package
 from stand_in_dit import TinyDiT
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
-from comfyui_lingbot_world.pipeline.camera import camera_from_preset
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_preset
 from comfyui_lingbot_world.pipeline.experts import DiskExperts, PlacedDiskExperts
 from comfyui_lingbot_world.pipeline.image import I2VCondition
 from comfyui_lingbot_world.pipeline.placement import (
@@ -42,7 +42,7 @@ def test_single_is_one_slot_and_frees_at_the_boundary():
     switch = plan.switch("high", "low")
     assert switch.free == (("high", 0),) and switch.load == (("low", 0),) and switch.keep == ()
     assert (switch.latent_from, switch.latent_to) == (0, 0)
-    assert not plan.keeps_resident and not plan.cfg_split
+    assert not plan.keep_resident and not plan.cfg_split
 
 
 def test_expert_per_gpu_frees_nothing_and_moves_the_latent():
@@ -52,7 +52,7 @@ def test_expert_per_gpu_frees_nothing_and_moves_the_latent():
     switch = plan.switch("high", "low")
     assert switch.free == () and switch.keep == (("high", 0),) and switch.load == (("low", 1),)
     assert (switch.latent_from, switch.latent_to) == (0, 1)
-    assert plan.keeps_resident and not plan.cfg_split
+    assert plan.keep_resident and not plan.cfg_split
 
 
 def test_cfg_split_has_both_copies_and_frees_both_at_the_boundary():
@@ -61,7 +61,7 @@ def test_cfg_split_has_both_copies_and_frees_both_at_the_boundary():
     switch = plan.switch("high", "low")
     assert switch.free == (("high", 0), ("high", 1)) and switch.keep == ()
     assert switch.load == (("low", 0), ("low", 1))
-    assert plan.cfg_split and not plan.keeps_resident
+    assert plan.cfg_split and not plan.keep_resident
 
 
 @pytest.mark.parametrize("mode", ["expert_per_gpu", "cfg_split"])
@@ -203,7 +203,7 @@ def files(tmp_path_factory):
 @pytest.mark.parametrize("batch_cfg", [False, True])
 def test_real_dit_cfg_split_with_camera_matches_one_device(files, batch_cfg):
     text, condition = _inputs()
-    camera = camera_from_preset("dolly_in", 1.0, 9, 32, 48)
+    camera = camera_condition(path_from_preset("dolly_in", 1.0, 9), 9, 32, 48)
     params = SamplingParams(steps=4, shift=5.0, seed=3, batch_cfg=batch_cfg)
     want = sample(DiskExperts(files.high, files.low, "cpu"), text, condition, camera, params)
     source = PlacedDiskExperts(files.high, files.low, placement_on("cfg_split", TWO))
@@ -272,7 +272,7 @@ def test_acquire_uncond_without_a_second_copy_is_refused(files):
 def test_two_gpus_match_one(files, mode):
     """The real tiny DiT on two GPUs (Triton kernels on the second GPU, the worker thread) vs one."""
     text, condition = _inputs()
-    camera = camera_from_preset("dolly_in", 1.0, 9, 32, 48)
+    camera = camera_condition(path_from_preset("dolly_in", 1.0, 9), 9, 32, 48)
     params = SamplingParams(steps=4, shift=5.0, seed=3, batch_cfg=False)
     want = sample(DiskExperts(files.high, files.low, "cuda:0"), text, condition, camera, params)
     source = PlacedDiskExperts(files.high, files.low, cuda_placement(mode, torch.cuda.device_count()))

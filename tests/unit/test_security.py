@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 import tiny_package
+from whole_run import generate_video
 from comfy_host import comfy_root
 
 HOST = comfy_root()
@@ -39,10 +40,9 @@ from comfyui_lingbot_world.loaders.trajectory import read_npy  # noqa: E402
 from comfyui_lingbot_world.loaders.vae_loader import load_vae  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_files  # noqa: E402
-from comfyui_lingbot_world.pipeline.run import CameraRequest, generate  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams  # noqa: E402
-from comfyui_lingbot_world.wan.camera import load_trajectory, preset_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # The code that ships: everything a user's ComfyUI imports or a user runs.
@@ -112,9 +112,9 @@ def test_object_arrays_in_npy_are_refused(tmp_path, marker) -> None:
     with pytest.raises(CheckpointError, match="poses is not a plain numeric .npy array"):
         read_npy(poses, "poses")
     with pytest.raises(ValueError, match="poses"):
-        camera_from_files(poses, intrinsics, 5, 32, 48)
+        camera_condition(path_from_files(poses, intrinsics), 5, 32, 48)
     with pytest.raises(ValueError, match="poses"):
-        load_trajectory(poses, intrinsics, 5)
+        path_from_files(poses, intrinsics)
     assert not marker.exists()
 
 
@@ -185,8 +185,8 @@ def test_a_whole_run_needs_no_network(tmp_path, monkeypatch, package) -> None:
     monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
     monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8))
-    video = generate(package, image, "a castle in the clouds", "", 5, 32, 48, CameraRequest(preset="orbit_left"),
-                     SamplingParams(steps=2, shift=4.0), device="cpu", cache_dir=tmp_path / "cache")
+    video = generate_video(package, image, "a castle in the clouds", "", 5, 32, 48, path_from_preset("orbit_left", 1.0, 5),
+                           SamplingParams(steps=2, shift=4.0), device="cpu", cache_dir=tmp_path / "cache")
     assert tuple(video.shape) == (3, 5, 32, 48) and torch.isfinite(video).all()
     assert attempts == []
 

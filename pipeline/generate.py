@@ -1,0 +1,80 @@
+"""The whole image-to-video run outside ComfyUI (the CLI's ``generate`` and the tests):
+package files -> prompt embeddings -> experts -> the video, window by window.
+
+A clip of at most one window is one ordinary pass (``sample_windows`` with one window is
+``encode_image`` -> ``sample`` -> decode); a longer one is chained windows
+(``long_video.py``). Each stage frees its model before the next loads.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..loaders.package import find_package
+from ..wan.long_video import plan_windows
+from .camera import CameraPath
+from .experts import DiskExperts
+from .image import ImageLike
+from .long_video import LongVideoResult, WindowedCamera, WindowParams, sample_windows
+from .lora import LoraExperts, LoraSpec
+from .memory import resolve_device
+from .sampling import SamplingParams
+from .text import encode_text
+from .video_file import VideoWriter
+
+VideoOut = str | Path | Callable[[torch.Tensor], None]
+
+
+def generate(
+    package: str | Path,
+    image: ImageLike,
+    prompt: str,
+    negative_prompt: str,
+    frames: int,
+    height: int,
+    width: int,
+    out: VideoOut,
+    camera: CameraPath | None = None,
+    params: SamplingParams = SamplingParams(),
+    windows: WindowParams = WindowParams(),
+    device: torch.device | str | None = None,
+    cache_dir: str | Path | None = None,
+    quantize: str | None = None,
+    decode_tile: int | None = None,
+    fps: int = 16,
+    keep_experts: bool = False,
+    block_swap: int | None = None,
+    loras: list[LoraSpec] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    on_window: Callable[[int, int], None] | None = None,
+    check_interrupt: Callable[[], None] | None = None,
+) -> LongVideoResult:
+    """Make the video and hand it to ``out`` window by window.
+
+    ``out``: an .mp4 path (written with PyAV at ``fps``; a cancel leaves a playable file with
+    every finished window), or a callable that receives each window's new frames
+    [3, n, H, W] in [-1, 1], in order. ``loras``: adapters applied to the experts while they
+    sample (unmerged).
+    """
+    files = find_package(package)
+    device = resolve_device(device)
+    plan_windows(frames, windows.window, windows.overlap)  # fail early on bad sizes
+    windowed = WindowedCamera(camera, frames, height, width, windows.scale_quantile) if camera else None
+    text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
+    experts = DiskExperts(files.high, files.low, device, quantize, block_swap=block_swap, keep_resident=keep_experts)
+    adapted = LoraExperts(experts, loras) if loras else experts
+
+    def run(write: Callable[[torch.Tensor], None]) -> LongVideoResult:
+        return sample_windows(adapted, text, files.vae, image, frames, height, width, windowed, params, windows,
+                              write, device=device, decode_tile=decode_tile, on_step=on_step, on_window=on_window,
+                              check_interrupt=check_interrupt)
+
+    try:
+        if callable(out):
+            return run(out)
+        with VideoWriter(out, fps=fps) as writer:
+            return run(writer.write)
+    finally:
+        experts.close()
