@@ -22,8 +22,9 @@ NF4_META_FILE = "quantization_meta.json"
 NF4_WEIGHTS_FILE = "model.safetensors"
 NF4_LEGACY_WEIGHTS_FILE = "model.pt"
 # Layout B (official bf16, diffusers-style shards).
-BF16_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
-BF16_SINGLE_FILE = "diffusion_pytorch_model.safetensors"
+BF16_SHARD_PREFIX = "diffusion_pytorch_model"  # every file of a bf16 expert starts with it
+BF16_INDEX_FILE = f"{BF16_SHARD_PREFIX}.safetensors.index.json"
+BF16_SINGLE_FILE = f"{BF16_SHARD_PREFIX}.safetensors"
 
 _EXPECTED = (
     f"an NF4 expert ({NF4_META_FILE} + {NF4_WEIGHTS_FILE} or {NF4_LEGACY_WEIGHTS_FILE}) or a bf16 expert "
@@ -143,10 +144,3 @@ def write_config(folder: str | Path, config: DiTConfig) -> Path:
     data = {"_class_name": "WanModel", **config.to_dict()}
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def find_package_files(root: str | Path):
-    """Alias of :func:`loaders.package.find_package` (the name docs/architecture.md uses)."""
-    from .package import find_package
-
-    return find_package(root)

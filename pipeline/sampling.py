@@ -24,18 +24,14 @@ LATENT_CHANNELS = 16
 
 
 class ExpertSource(Protocol):
+    """Where the sampler gets the "high" and "low" experts. Optional members, looked up with
+    getattr: ``cfg_split`` (True: ``acquire_uncond(name)`` gives a second copy on another
+    device for the unconditional branch, pipeline/placement.py) and ``abort()`` (frees
+    every expert after an error or a cancel)."""
+
     def acquire(self, name: str) -> nn.Module: ...
 
     def release(self, name: str) -> None: ...
-
-
-class SplitExpertSource(ExpertSource, Protocol):
-    """A source whose ``cfg_split`` is True also holds a second copy of the acquired expert
-    on another device, for the unconditional branch (pipeline/placement.py)."""
-
-    cfg_split: bool
-
-    def acquire_uncond(self, name: str) -> nn.Module: ...
 
 
 @dataclass(frozen=True)

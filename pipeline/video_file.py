@@ -13,23 +13,6 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     return frames.permute(1, 2, 3, 0).contiguous().numpy()
 
 
-def write_mp4(video: torch.Tensor, path: str | Path, fps: int = 16) -> Path:
-    import av  # optional outside ComfyUI; ComfyUI ships it
-
-    path = Path(path)
-    frames = to_uint8_frames(video)
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
-
-
 class VideoWriter:
     """An .mp4 written a few frames at a time, so a long video never sits whole in RAM.
 

@@ -107,11 +107,6 @@ def apply_rope(x: torch.Tensor, rope: Rope, out: torch.Tensor | None = None) -> 
     return out
 
 
-def rope_slice(rope: Rope, start: int, length: int) -> Rope:
-    cos, sin = rope
-    return cos[start:start + length], sin[start:start + length]
-
-
 # Per-token work (norms, q/k projections with RoPE, FFN, camera injection) runs over this
 # many tokens of a sample at a time. It is exact (each token is independent) and bounds
 # the temporaries and the FFN hidden state: at 480x832x81 (32760 tokens, dim 5120) a

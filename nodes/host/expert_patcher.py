@@ -31,7 +31,8 @@ from torch import nn
 import comfy.model_management as mm
 from comfy.model_patcher import ModelPatcher
 
-from ...pipeline.experts import expert_memory, load_expert
+from ...loaders.expert_size import expert_memory
+from ...pipeline.experts import load_expert
 from ...pipeline.memory import release_module
 from ...pipeline.placement import Placement
 from ...wan.config import DiTConfig

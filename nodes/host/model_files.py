@@ -10,18 +10,16 @@ Camera trajectories (.npy) come from ComfyUI's input folder and may not leave it
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
-import zipfile
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
 
 import folder_paths
 
 from ...loaders.errors import CheckpointError
-from ...loaders.layout import detect_expert_layout
+from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
+from ...loaders.weight_role import weight_role
+from ...wan.tokenizer import SENTENCEPIECE_MODEL, TOKENIZER_JSON
 
 LINGBOT_KIND = "lingbot"
 T5_KINDS = (LINGBOT_KIND, "text_encoders")
@@ -30,10 +28,10 @@ TOKENIZER_KINDS = (LINGBOT_KIND, "text_encoders")
 EXPERT_KINDS = (LINGBOT_KIND, "diffusion_models")
 
 WEIGHT_SUFFIXES = (".pth", ".safetensors")
-TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
-EXPERT_CONFIG = "config.json"
+TOKENIZER_FILES = (TOKENIZER_JSON, SENTENCEPIECE_MODEL)
+EXPERT_CONFIG = CONFIG_FILE
 # Shards of a bf16 DiT expert, never a T5 or a VAE (even outside a complete expert folder).
-EXPERT_WEIGHT_PREFIX = "diffusion_pytorch_model"
+EXPERT_WEIGHT_PREFIX = BF16_SHARD_PREFIX
 # Model trees can be deep (Hugging Face caches); anything below this is not looked at.
 MAX_DEPTH = 6
 NO_FILE = "(none)"
@@ -151,61 +149,11 @@ def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS) -> list[str]:
 
 
 # --------------------------------------------------------------------------- T5 or VAE?
-# Key names that only one of the two models has: ComfyUI's .safetensors and the official
-# .pth files of each (the VAE's decoder; umT5's embedding and attention blocks).
-VAE_KEY_MARKS = ("decoder.conv1.", "decoder.head.", "decoder.upsamples.")
-T5_KEY_MARKS = ("shared.weight", "token_embedding.weight", ".SelfAttention.", "blocks.0.attn.q.weight")
-MAX_HEADER = 100 * 1024 * 1024  # a larger safetensors header is not a model we know
-
-
-def _safetensors_keys(path: Path) -> str:
-    """The JSON header of a .safetensors file (names, dtypes, shapes); no tensor is read."""
-    with open(path, "rb") as handle:
-        (size,) = struct.unpack("<Q", handle.read(8))
-        if size > MAX_HEADER:
-            return ""
-        return handle.read(size).decode("utf-8", errors="replace")
-
-
-def _pth_keys(path: Path) -> str:
-    """The pickled index of a zip-format .pth (key names as strings); no tensor is read."""
-    with zipfile.ZipFile(path) as archive:
-        index = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
-        if index is None or archive.getinfo(index).file_size > MAX_HEADER:
-            return ""
-        return archive.read(index).decode("latin-1")
-
-
-@lru_cache(maxsize=256)
-def _role_of(path: str, size: int, mtime_ns: int) -> str | None:
-    file = Path(path)
-    try:
-        text = _safetensors_keys(file) if file.suffix.lower() == ".safetensors" else _pth_keys(file)
-    except (OSError, ValueError, struct.error, zipfile.BadZipFile, json.JSONDecodeError):
-        text = ""
-    if any(mark in text for mark in VAE_KEY_MARKS):
-        return "vae"
-    if any(mark in text for mark in T5_KEY_MARKS):
-        return "t5"
-    name = file.name.lower()  # an unreadable index: fall back on the name
-    if "vae" in name:
-        return "vae"
-    if "t5" in name:
-        return "t5"
-    return None
-
-
-def weight_role(path: Path) -> str | None:
-    """"vae", "t5" or None (unknown), judged by the file's tensor names (cached per file version)."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return _role_of(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _of_role(names: list[str], unwanted: str) -> list[str]:
-    """Drop the files known to be the other model (a VAE in the T5 list and the reverse)."""
+    """Drop the files known to be the other model (a VAE in the T5 list and the reverse),
+    judged by ``loaders.weight_role`` from the files' tensor names."""
     kept = []
     for name in names:
         kind, rel = _split(name, "file")

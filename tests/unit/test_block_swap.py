@@ -32,7 +32,8 @@ from comfyui_lingbot_world.tools.synthetic.dit import (
     write_synthetic_bf16_expert,
     write_synthetic_nf4_expert,
 )
-from comfyui_lingbot_world.pipeline.experts import expert_host_bytes, expert_size_bytes, load_expert
+from comfyui_lingbot_world.loaders.expert_size import expert_host_bytes, expert_size_bytes
+from comfyui_lingbot_world.pipeline.experts import load_expert
 from comfyui_lingbot_world.pipeline.memory import release_module
 from comfyui_lingbot_world.wan.runtime import block_swap as bs
 from comfyui_lingbot_world.wan.runtime.block_swap import (

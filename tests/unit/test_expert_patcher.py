@@ -175,7 +175,7 @@ def test_inference_memory_scales_with_tokens(patcher):
 def test_block_swap_sizes_for_a_cuda_load(folders):
     """With block swap on a CUDA device ComfyUI plans VRAM with the resident part only; the
     swapped weights count as RAM while the expert is loaded. Nothing is loaded here."""
-    from comfyui_lingbot_world.pipeline.experts import expert_host_bytes
+    from comfyui_lingbot_world.loaders.expert_size import expert_host_bytes
 
     cuda = torch.device("cuda")
     full = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(), load_device=cuda)
