@@ -148,7 +148,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
             else:
                 path = path_from_preset("orbit_left", 1.0, args.frames)
             camera = camera_condition(path, args.frames, height, width)
-        experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
+        experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None)
         timer = StepTimer()
         params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
         with watch.phase("sampling") as ph:

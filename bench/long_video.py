@@ -136,7 +136,7 @@ def run_one(args: argparse.Namespace) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     window_times: list[float] = []
     marks = [0.0]
-    experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None,
+    experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None,
                            keep_resident=args.keep_experts)
     started = time.perf_counter()
     with MemoryWatch() as watch:

@@ -107,7 +107,7 @@ def run_placement(args, files, mode: str, inputs, params: SamplingParams,
     text, condition, camera = inputs
     placement = placement_for(mode, args.device)
     record = {"devices": mode, "gpus": [str(d) for d in placement.devices]}
-    source = Timed(files.high, files.low, placement, block_swap=args.block_swap or None)
+    source = Timed(files.high, files.low, placement, blocks_on_gpu=args.block_swap or None)
     reset_peaks()
     try:
         latent, step_times, sampling_s = run_sampling(source, text, condition, camera, params)

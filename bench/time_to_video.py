@@ -100,7 +100,7 @@ def accelerations(params: SamplingParams, options: dict[str, str]) -> dict:
     return {"cache_threshold": params.cache_threshold, "cache_warmup": params.cache_warmup,
             "cfg_truncate": params.cfg_truncate, "attention": params.attention, "preset": options.get("preset"),
             "lora": options.get("lora"), "sampler": params.sampler, "shift": params.shift,
-            "guide": [params.guide_high, params.guide_low], "boundary": params.boundary,
+            "guide": [params.cfg_high, params.cfg_low], "boundary": params.boundary,
             "vae_precision": options.get("vae", "fp32")}
 
 
@@ -141,7 +141,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
             else:
                 path = path_from_preset("orbit_left", 1.0, args.frames)
             camera = camera_condition(path, args.frames, height, width)
-        experts = TimedExperts(files.high, files.low, device, block_swap=args.block_swap or None)
+        experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None)
         source = experts
         if "lora" in options:
             spec = LoraSpec(Path(options["lora"]), float(options.get("lora_high", 1.0)),

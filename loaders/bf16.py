@@ -65,14 +65,14 @@ def load_bf16_expert(
     device: torch.device | str,
     dtype: torch.dtype = torch.bfloat16,
     quantize: str | None = None,
-    block_swap: int | None = None,
+    blocks_on_gpu: int | None = None,
 ) -> LingBotDiT:
     """Load a layout-B expert onto ``device`` (eval mode, no gradients).
 
     ``quantize="nf4"`` turns every nn.Linear into a bitsandbytes NF4 Linear4bit while loading
     (blocksize 64, double quantization, compute dtype ``dtype``), as the NF4 package stores them.
 
-    ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA); the linear weights
+    ``blocks_on_gpu=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA); the linear weights
     of the others live in pinned RAM and stream in during each forward (see
     ``wan.runtime.block_swap``). Unquantized, they are read from the memory map straight into pinned
     RAM; with ``quantize="nf4"`` each is quantized on the GPU and its packed bytes moved out.
@@ -84,7 +84,7 @@ def load_bf16_expert(
     config_path = folder / CONFIG_FILE
     config = read_config(folder)
     device = torch.device(device)
-    resident = resident_blocks(block_swap, config.num_layers, device)
+    resident = resident_blocks(blocks_on_gpu, config.num_layers, device)
     source, described_by = open_bf16_weights(folder, device)
     with source:
         keys = source.keys()

@@ -22,27 +22,27 @@ NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64
 
 
 def expert_memory(folder: str | Path, quantize: str | None = None,
-                  block_swap: int | None = None) -> tuple[int, int]:
+                  blocks_on_gpu: int | None = None) -> tuple[int, int]:
     """(device bytes, pinned host bytes) of an expert once loaded, from headers only."""
-    host = expert_host_bytes(folder, quantize, block_swap)
+    host = expert_host_bytes(folder, quantize, blocks_on_gpu)
     return _loaded_bytes(Path(folder), quantize) - host, host
 
 
-def expert_size_bytes(folder: str | Path, quantize: str | None = None, block_swap: int | None = None) -> int:
+def expert_size_bytes(folder: str | Path, quantize: str | None = None, blocks_on_gpu: int | None = None) -> int:
     """Bytes an expert occupies on the device once loaded: its files, or for a bf16 folder
     quantized on load, the files with every 2-D (linear) weight counted at NF4 size; with
     block swap, less the weights kept in RAM (``expert_host_bytes``)."""
-    return expert_memory(folder, quantize, block_swap)[0]
+    return expert_memory(folder, quantize, blocks_on_gpu)[0]
 
 
-def expert_host_bytes(folder: str | Path, quantize: str | None = None, block_swap: int | None = None) -> int:
+def expert_host_bytes(folder: str | Path, quantize: str | None = None, blocks_on_gpu: int | None = None) -> int:
     """Bytes of weights that block swap keeps in pinned RAM (0 without block swap), from the
     file headers and config.json; nothing is loaded."""
-    if block_swap is None:
+    if blocks_on_gpu is None:
         return 0
     folder = Path(folder)
     config = read_config(folder)
-    resident = resident_blocks(block_swap, config.num_layers, "cuda")  # sizes as a CUDA load lays them out
+    resident = resident_blocks(blocks_on_gpu, config.num_layers, "cuda")  # sizes as a CUDA load lays them out
     if resident is None:
         return 0
     keys = [key for block in swapped_weight_keys(build_on_meta(config, folder / CONFIG_FILE), resident)

@@ -376,7 +376,7 @@ def load_nf4_expert(
     folder: str | Path,
     device: torch.device | str,
     compute_dtype: torch.dtype | str | None = None,
-    block_swap: int | None = None,
+    blocks_on_gpu: int | None = None,
 ) -> LingBotDiT:
     """Load an NF4 expert folder onto ``device`` (eval mode, no gradients).
 
@@ -384,7 +384,7 @@ def load_nf4_expert(
     matmuls and of every non-quantized tensor. Nothing is loaded before the whole file has
     been checked against config.json from its header.
 
-    ``block_swap=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA): the linear weights
+    ``blocks_on_gpu=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA): the linear weights
     of the other blocks go from the memory map straight into pinned RAM, never through the
     GPU, and a ``wan.runtime.block_swap.BlockSwapper`` streams them in during each forward. None (or
     K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
@@ -398,7 +398,7 @@ def load_nf4_expert(
     weights = folder / NF4_WEIGHTS_FILE
     if not weights.is_file():
         weights = folder / NF4_LEGACY_WEIGHTS_FILE
-    resident = resident_blocks(block_swap, config.num_layers, device)
+    resident = resident_blocks(blocks_on_gpu, config.num_layers, device)
     with open_nf4_weights(folder, device) as source, _host_source(folder, resident) as host_source:
         keys = source.keys()
         check_block_count(config_path, config, weights, keys)  # config against the header, before building

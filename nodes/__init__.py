@@ -43,7 +43,7 @@ NODES: list[type[io.ComfyNode]] = [
 NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == node_id
 NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldTextEncode": "LingBot-World T5 Encode + Unload",
-    "LingBotWorldDiTLoader": "LingBot-World NF4 DiT Loader",
+    "LingBotWorldDiTLoader": "LingBot-World NF4 DiT Loader (also bf16)",
     "LingBotWorldCamera": "LingBot-World Camera Plücker Conditioning",
     "LingBotWorldVAEEncode": "LingBot-World Wan VAE Encode",
     "LingBotWorldSampler": "LingBot-World Dual-Expert Sampler",

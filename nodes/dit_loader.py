@@ -1,4 +1,4 @@
-"""LingBot-World NF4 DiT Loader: names the two experts; nothing heavy is read until sampling."""
+"""LingBot-World NF4 DiT Loader (also bf16): names the two experts; nothing heavy is read until sampling."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +18,8 @@ from .host.model_files import EXPERT_KINDS, default_expert_pair, list_expert_fol
 log = logging.getLogger(__name__)
 
 MAX_BLOCK_SWAP = 40  # the A14B experts have 40 blocks; a larger count means "all on the GPU"
+# "NF4" stays in the name: saved workflows carry it as the node's title, and messages name it.
+DISPLAY_NAME = "LingBot-World NF4 DiT Loader (also bf16)"
 
 
 def placement_for(devices: str) -> Placement | None:
@@ -44,14 +46,15 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         high, low = default_expert_pair(experts)
         return io.Schema(
             node_id="LingBotWorldDiTLoader",
-            display_name="LingBot-World NF4 DiT Loader",
+            display_name=DISPLAY_NAME,
             category=inputs.CATEGORY,
             description=(
                 "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
                 "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
                 "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
-                "or when ComfyUI needs the memory. block_swap lets a smaller GPU run them: only the first "
-                "N blocks stay on the GPU, the rest stream in from pinned RAM as they are needed."
+                "or when ComfyUI needs the memory. A smaller GPU runs them with fewer blocks on the GPU "
+                "(block_swap): only the first N blocks stay on the GPU, the rest stream in from pinned RAM as "
+                "they are needed."
             ),
             inputs=[
                 io.Combo.Input("high_noise", options=experts, default=high,
@@ -64,8 +67,11 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 io.Combo.Input("bf16_quantize", options=list(QUANTIZE_CHOICES), default="none",
                                tooltip="For official bf16 experts only: nf4 quantizes each expert while it loads "
                                "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are."),
-                io.Int.Input("block_swap", default=0, min=0, max=MAX_BLOCK_SWAP, step=1,
-                             tooltip="0 = off: every transformer block stays on the GPU. N > 0 keeps only the "
+                # The id stays "block_swap" (saved workflows and API prompts use it); the number is
+                # the blocks KEPT on the GPU, as the label says.
+                io.Int.Input("block_swap", display_name="blocks on GPU (0 = all)", default=0, min=0,
+                             max=MAX_BLOCK_SWAP, step=1,
+                             tooltip="Blocks kept on the GPU; 0 = all (no block swap). N > 0 keeps only the "
                              "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
                              "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
                              "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
@@ -93,10 +99,11 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         if bf16_quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
         if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
-            raise ValueError(f"block_swap: {block_swap!r} is not a block count from 0 (off) to {MAX_BLOCK_SWAP}")
+            raise ValueError(f"block_swap: {block_swap!r} is not a count of blocks kept on the GPU from 0 (all) to "
+                             f"{MAX_BLOCK_SWAP}")
         placement = placement_for(devices)  # before any file is read: a missing GPU fails at once
         options = ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize,
-                                    block_swap=block_swap or None)
+                                    blocks_on_gpu=block_swap or None)  # the widget's 0 = all blocks
         folders = {
             "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),
             "low": resolve_model_path(low_noise, EXPERT_KINDS, "low_noise", want_dir=True),

@@ -116,7 +116,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         source_vae, vae_size = vae_source(vae, vae_model)
         device = mm.get_torch_device()
         make_room(device, vae_size, VAE_WORKSPACE)
-        params = SamplingParams(steps=steps, shift=shift, guide_high=cfg_high, guide_low=cfg_low,
+        params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler)
         pt, ph, pw = dit.config.patch_size
         f_lat, lat_h, lat_w = latent_shape(plan[0].frames, height, width)

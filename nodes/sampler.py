@@ -215,7 +215,7 @@ class LingBotWorldSampler(io.ComfyNode):
         if not 0.0 <= cfg_truncate <= 1.0:
             raise ValueError(f"cfg_truncate: {cfg_truncate} is outside 0..1 (a fraction of the steps)")
         check_camera_matches(camera, i2v)  # before any expert is loaded
-        params = SamplingParams(steps=steps, shift=shift, guide_high=cfg_high, guide_low=cfg_low,
+        params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler, cache_threshold=cache_threshold,
                                 cfg_truncate=cfg_truncate, attention=attention_choice(attention))
         params = apply_preset(preset, params)

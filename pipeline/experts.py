@@ -17,16 +17,16 @@ from .placement import Placement
 
 
 def load_expert(folder: str | Path, device: torch.device | str, quantize: str | None = None,
-                block_swap: int | None = None) -> nn.Module:
+                blocks_on_gpu: int | None = None) -> nn.Module:
     """NF4 folders (layout A) load as they are; bf16 folders (layout B) optionally quantize.
 
-    ``block_swap``: blocks kept wholly on a CUDA device, the rest streamed from pinned RAM
+    ``blocks_on_gpu``: blocks kept wholly on a CUDA device, the rest streamed from pinned RAM
     (None: all on the device; see ``wan.runtime.block_swap``).
     """
     folder = Path(folder)
     if detect_expert_layout(folder) == "nf4":
-        return build_or_release(lambda: load_nf4_expert(folder, device, block_swap=block_swap))
-    return build_or_release(lambda: load_bf16_expert(folder, device, quantize=quantize, block_swap=block_swap))
+        return build_or_release(lambda: load_nf4_expert(folder, device, blocks_on_gpu=blocks_on_gpu))
+    return build_or_release(lambda: load_bf16_expert(folder, device, quantize=quantize, blocks_on_gpu=blocks_on_gpu))
 
 
 class DiskExperts:
@@ -38,11 +38,11 @@ class DiskExperts:
     """
 
     def __init__(self, high: str | Path, low: str | Path, device: torch.device | str | None = None,
-                 quantize: str | None = None, block_swap: int | None = None, keep_resident: bool = False) -> None:
+                 quantize: str | None = None, blocks_on_gpu: int | None = None, keep_resident: bool = False) -> None:
         self.folders = {"high": Path(high), "low": Path(low)}
         self.device = resolve_device(device)
         self.quantize = quantize
-        self.block_swap = block_swap  # blocks kept on the GPU; None: all
+        self.blocks_on_gpu = blocks_on_gpu  # blocks kept on the GPU; None: all
         self.keep_resident = keep_resident
         self._resident: dict[str, nn.Module] = {}
 
@@ -52,7 +52,7 @@ class DiskExperts:
                 for other in list(self._resident):
                     self.release(other)
             self._resident[name] = load_expert(self.folders[name], self.device, self.quantize,
-                                               block_swap=self.block_swap)
+                                               blocks_on_gpu=self.blocks_on_gpu)
         return self._resident[name]
 
     def release(self, name: str) -> None:
@@ -76,11 +76,11 @@ class PlacedDiskExperts:
     """
 
     def __init__(self, high: str | Path, low: str | Path, placement: Placement, quantize: str | None = None,
-                 block_swap: int | None = None) -> None:
+                 blocks_on_gpu: int | None = None) -> None:
         self.folders = {"high": Path(high), "low": Path(low)}
         self.placement = placement
         self.quantize = quantize
-        self.block_swap = block_swap
+        self.blocks_on_gpu = blocks_on_gpu
         self._resident: dict[tuple[str, int], nn.Module] = {}
 
     @property
@@ -98,7 +98,7 @@ class PlacedDiskExperts:
         key = (name, slot)
         if key not in self._resident:
             self._resident[key] = load_expert(self.folders[name], self.placement.devices[slot], self.quantize,
-                                              block_swap=self.block_swap)
+                                              blocks_on_gpu=self.blocks_on_gpu)
         return self._resident[key]
 
     def acquire(self, name: str) -> nn.Module:

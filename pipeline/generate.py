@@ -44,8 +44,8 @@ def generate(
     quantize: str | None = None,
     decode_tile: int | None = None,
     fps: int = 16,
-    keep_experts: bool = False,
-    block_swap: int | None = None,
+    keep_resident: bool = False,
+    blocks_on_gpu: int | None = None,
     loras: list[LoraSpec] | None = None,
     on_step: Callable[[int, int], None] | None = None,
     on_window: Callable[[int, int], None] | None = None,
@@ -56,14 +56,16 @@ def generate(
     ``out``: an .mp4 path (written with PyAV at ``fps``; a cancel leaves a playable file with
     every finished window), or a callable that receives each window's new frames
     [3, n, H, W] in [-1, 1], in order. ``loras``: adapters applied to the experts while they
-    sample (unmerged).
+    sample (unmerged). ``blocks_on_gpu``: DiT blocks kept on the GPU (None: all; the rest
+    stream from pinned RAM). ``keep_resident``: both experts stay loaded across windows.
     """
     files = find_package(package)
     device = resolve_device(device)
     plan_windows(frames, windows.window, windows.overlap)  # fail early on bad sizes
     windowed = WindowedCamera(camera, frames, height, width, windows.scale_quantile) if camera else None
     text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
-    experts = DiskExperts(files.high, files.low, device, quantize, block_swap=block_swap, keep_resident=keep_experts)
+    experts = DiskExperts(files.high, files.low, device, quantize, blocks_on_gpu=blocks_on_gpu,
+                          keep_resident=keep_resident)
     adapted = LoraExperts(experts, loras) if loras else experts
 
     def run(write: Callable[[torch.Tensor], None]) -> LongVideoResult:

@@ -25,7 +25,7 @@ def lightning_4step(base: SamplingParams = SamplingParams()) -> SamplingParams:
     """``base`` with the Wan2.2-Lightning I2V 4-step settings; seed, batch_cfg and attention kept.
 
     Step caching and CFG truncation are switched off: there is nothing left to skip."""
-    return replace(base, steps=LIGHTNING_STEPS, shift=LIGHTNING_SHIFT, guide_high=1.0, guide_low=1.0,
+    return replace(base, steps=LIGHTNING_STEPS, shift=LIGHTNING_SHIFT, cfg_high=1.0, cfg_low=1.0,
                    boundary=LIGHTNING_BOUNDARY, sampler=LIGHTNING_SAMPLER, cache_threshold=0.0, cfg_truncate=0.0)
 
 

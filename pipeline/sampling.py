@@ -38,8 +38,8 @@ class ExpertSource(Protocol):
 class SamplingParams:
     steps: int = 40
     shift: float = 10.0
-    guide_high: float = 5.0
-    guide_low: float = 5.0
+    cfg_high: float = 5.0  # guidance scale while the high-noise expert runs (1: no negative pass)
+    cfg_low: float = 5.0  # the same for the low-noise expert
     boundary: float = 0.947
     seed: int = 0
     sampler: str = "unipc"
@@ -54,13 +54,11 @@ class SamplingParams:
     attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
 
     def __post_init__(self) -> None:
-        for field, on_node in (("shift", "shift"), ("guide_high", "cfg_high"), ("guide_low", "cfg_low"),
-                               ("boundary", "boundary"), ("cache_threshold", "cache_threshold"),
-                               ("cfg_truncate", "cfg_truncate")):
+        # The fields carry the names of the node inputs they come from, so a message names both.
+        for field in ("shift", "cfg_high", "cfg_low", "boundary", "cache_threshold", "cfg_truncate"):
             value = getattr(self, field)
             if not math.isfinite(value):  # NaN passes every < / > test below (and ComfyUI's min/max)
-                name = field if field == on_node else f"{on_node} ({field})"
-                raise ValueError(f"{name} must be a finite number, got {value}")
+                raise ValueError(f"{field} must be a finite number, got {value}")
         if self.cache_threshold < 0:
             raise ValueError(f"cache_threshold must be 0 (off) or positive, got {self.cache_threshold}")
         if not 0.0 <= self.cfg_truncate <= 1.0:
@@ -207,7 +205,8 @@ def non_finite_message(step: int, steps: int, expert: str, condition: I2VConditi
             "The run was stopped instead of decoding a black video.")
 
 
-OOM_HINT = "reduce width/height/frames, or enable block swap in the LingBot-World NF4 DiT Loader"
+OOM_HINT = ("reduce width/height/frames, or enable block swap in the LingBot-World NF4 DiT Loader (fewer blocks on "
+            "the GPU)")
 
 
 def out_of_memory_message(condition: I2VCondition, detail: str | None) -> str:
@@ -313,7 +312,7 @@ def _denoise(
                 latent = latent.to(active.device)
                 policy.expert_changed()
                 in_expert = 0
-            guide = params.guide_high if name == "high" else params.guide_low
+            guide = params.cfg_high if name == "high" else params.cfg_low
             last_in_expert = index + 1 == len(names) or names[index + 1] != name
             velocity = policy.velocity(active, latent, timestep, guide, index, in_expert, last_in_expert)
             in_expert += 1

@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise cli.UsageError("--" + str(exc).split(" ", 1)[0], str(exc)) from None
     camera = camera_path(args, frames, height, width)  # cheap: a bad pose file fails now
     try:
-        params = SamplingParams(steps=args.steps, shift=args.shift, guide_high=args.cfg[0], guide_low=args.cfg[1],
+        params = SamplingParams(steps=args.steps, shift=args.shift, cfg_high=args.cfg[0], cfg_low=args.cfg[1],
                                 boundary=args.boundary, seed=args.seed, sampler=args.sampler,
                                 cache_threshold=args.cache_threshold, cfg_truncate=args.cfg_truncate,
                                 attention=args.attention)
@@ -221,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = generate(
             args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
             windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
-            decode_tile=args.decode_tile or None, fps=args.fps, keep_experts=args.keep_experts,
-            block_swap=args.block_swap or None, loras=loras,
+            decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
+            blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
             on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
     except KeyboardInterrupt:

@@ -52,7 +52,7 @@ class ExpertLoadOptions:
     quantize: str | None = None  # "nf4": quantize a bf16 (layout B) expert while loading
     # Blocks kept wholly on the GPU; the others' linear weights stream from pinned RAM
     # during each forward (wan/runtime/block_swap.py). None: every block on the GPU.
-    block_swap: int | None = None
+    blocks_on_gpu: int | None = None
 
 
 class ExpertSlot(nn.Module):
@@ -111,7 +111,7 @@ class ExpertPatcher(ModelPatcher):
         load_device = load_device if load_device is not None else mm.get_torch_device()
         offload_device = offload_device if offload_device is not None else torch.device("cpu")
         # The loaders ignore block swap off CUDA, so it changes no size there.
-        swap = options.block_swap if torch.device(load_device).type == "cuda" else None
+        swap = options.blocks_on_gpu if torch.device(load_device).type == "cuda" else None
         on_device, host = expert_memory(folder, options.quantize, swap)  # one read of the headers
         slot = ExpertSlot(name, folder, options, host_bytes=host)
         return cls(slot, load_device, offload_device, size=on_device)
@@ -148,7 +148,7 @@ class ExpertPatcher(ModelPatcher):
             self._drop()  # never move an expert between devices: that makes a second copy
         log.info("LingBot: loading the %s-noise expert from %s to %s", self.model.name, self.model.folder, device)
         options = self.model.options
-        module = load_expert(self.model.folder, device, options.quantize, block_swap=options.block_swap)
+        module = load_expert(self.model.folder, device, options.quantize, blocks_on_gpu=options.blocks_on_gpu)
         module.eval()
         self.model.put(module)
         self.model.device = device

@@ -1,4 +1,4 @@
-"""Block swap (wan/runtime/block_swap.py and the loaders' block_swap argument).
+"""Block swap (wan/runtime/block_swap.py and the loaders' blocks_on_gpu argument).
 
 CPU tests drive the swapper with ``SyncTransfer`` (same bookkeeping, no streams) and run
 the loaders' host-memory path with the CUDA-only parts swapped for CPU stand-ins. Tests
@@ -328,7 +328,7 @@ def test_loaders_ignore_block_swap_on_cpu(folders, caplog) -> None:
         plain = disable_cpu_repack(load())
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            swapped = disable_cpu_repack(load(block_swap=2))
+            swapped = disable_cpu_repack(load(blocks_on_gpu=2))
         assert "block_swap=2 ignored" in caplog.text
         assert BlockSwapper.of(swapped) is None
         assert all(p.device.type == "cpu" for p in swapped.parameters())
@@ -348,8 +348,8 @@ class CpuStandIns:
             monkeypatch.setattr(module, "BlockSwapper", self.swapper)
 
     @staticmethod
-    def resident_blocks(block_swap, num_layers, device):
-        return None if block_swap is None or block_swap >= num_layers else block_swap
+    def resident_blocks(blocks_on_gpu, num_layers, device):
+        return None if blocks_on_gpu is None or blocks_on_gpu >= num_layers else blocks_on_gpu
 
     def host_weights_for(self, model, resident, spec, pin=True):
         self.host = bs.host_weights_for(model, resident, spec, pin=False)
@@ -372,7 +372,7 @@ def test_loader_block_swap_path_on_cpu(folders, monkeypatch, kind) -> None:
     }[kind]
     plain = disable_cpu_repack(load())
     stand_ins = CpuStandIns(monkeypatch)
-    model = disable_cpu_repack(load(block_swap=3))
+    model = disable_cpu_repack(load(blocks_on_gpu=3))
     swapper = BlockSwapper.of(model)
     assert swapper is not None and swapper.resident == 3
     assert stand_ins.filled_in_place, "the loader did not put the swapped weights into the host tensors"
@@ -392,17 +392,17 @@ def test_expert_sizes_split_between_gpu_and_ram(folders) -> None:
         meta = LingBotDiT(SMALL)
     for resident in (0, 2, 4):
         keys = [k for block in swapped_weight_keys(meta, resident) for k in block]
-        assert expert_host_bytes(nf4, block_swap=resident) == sum(stored[k] for k in keys)  # uint8: 1 byte each
-        assert expert_size_bytes(nf4, block_swap=resident) + expert_host_bytes(nf4, block_swap=resident) \
+        assert expert_host_bytes(nf4, blocks_on_gpu=resident) == sum(stored[k] for k in keys)  # uint8: 1 byte each
+        assert expert_size_bytes(nf4, blocks_on_gpu=resident) + expert_host_bytes(nf4, blocks_on_gpu=resident) \
             == expert_size_bytes(nf4)
         numels = [math.prod(meta.state_dict()[k].shape) for k in keys]
-        assert expert_host_bytes(bf16, block_swap=resident) == 2 * sum(numels)
-        assert expert_host_bytes(bf16, "nf4", block_swap=resident) == sum((n + 1) // 2 for n in numels)
+        assert expert_host_bytes(bf16, blocks_on_gpu=resident) == 2 * sum(numels)
+        assert expert_host_bytes(bf16, "nf4", blocks_on_gpu=resident) == sum((n + 1) // 2 for n in numels)
         packed = sum((n + 1) // 2 for n in numels)
         assert expert_size_bytes(bf16, "nf4", resident) == expert_size_bytes(bf16, "nf4") - packed
     for off in (None, SMALL.num_layers, 99):
-        assert expert_host_bytes(nf4, block_swap=off) == 0
-        assert expert_size_bytes(nf4, block_swap=off) == expert_size_bytes(nf4)
+        assert expert_host_bytes(nf4, blocks_on_gpu=off) == 0
+        assert expert_size_bytes(nf4, blocks_on_gpu=off) == expert_size_bytes(nf4)
 
 
 # --------------------------------------------------------------------------- CUDA
@@ -455,7 +455,7 @@ def _check_against_resident(folder: Path, config: DiTConfig, residents: list[int
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        model = load(folder, CUDA, block_swap=resident)
+        model = load(folder, CUDA, blocks_on_gpu=resident)
         load_peak = torch.cuda.max_memory_allocated() - base
         weights = torch.cuda.memory_allocated() - base
         swapper = BlockSwapper.of(model)
@@ -535,7 +535,7 @@ def test_cuda_swapper_on_a_resident_model_moves_weights_to_pinned_ram() -> None:
 
 @pytest.mark.gpu
 def test_cuda_error_inside_a_block_frees_the_gpu_copies(folders) -> None:
-    model = load_nf4_expert(folders["nf4"], CUDA, block_swap=1)
+    model = load_nf4_expert(folders["nf4"], CUDA, blocks_on_gpu=1)
     x = inputs(SMALL, 1, CUDA)
     want = model(**x)
     torch.cuda.synchronize()

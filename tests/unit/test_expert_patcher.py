@@ -179,7 +179,7 @@ def test_block_swap_sizes_for_a_cuda_load(folders):
 
     cuda = torch.device("cuda")
     full = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(), load_device=cuda)
-    swapped = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(block_swap=1), load_device=cuda)
+    swapped = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(blocks_on_gpu=1), load_device=cuda)
     host = expert_host_bytes(folders["high"], None, 1)
     assert 0 < host < full.model_size()
     assert swapped.model_size() == full.model_size() - host and swapped.model.host_bytes == host
@@ -188,5 +188,5 @@ def test_block_swap_sizes_for_a_cuda_load(folders):
     swapped.model.device = cuda
     assert swapped.get_ram_usage() == host
     # The loaders ignore block swap off CUDA, so on a CPU device the sizes do not change.
-    on_cpu = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(block_swap=1), load_device=CPU)
+    on_cpu = ExpertPatcher.for_folder("high", folders["high"], ExpertLoadOptions(blocks_on_gpu=1), load_device=CPU)
     assert on_cpu.model_size() == full.model_size() and on_cpu.model.host_bytes == 0

@@ -64,7 +64,7 @@ def picture() -> Image.Image:
 # --------------------------------------------------------------------------- 5. non-finite
 
 
-@pytest.mark.parametrize("field", ["shift", "guide_high", "guide_low", "boundary"])
+@pytest.mark.parametrize("field", ["shift", "cfg_high", "cfg_low", "boundary"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_non_finite_sampling_params_are_refused(field, value):
     with pytest.raises(ValueError, match=rf"{field}\)? must be a finite number"):

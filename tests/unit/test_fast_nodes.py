@@ -116,7 +116,7 @@ def test_all_off_is_the_old_sampler_bit_for_bit(installed):
     # What the node ran before these inputs existed: the process-default attention, no policy options.
     source = ComfyExpertSource(dit, inference_memory=0)
     try:
-        old = sample(source, text, i2v, None, SamplingParams(steps=3, shift=5.0, guide_high=5.0, guide_low=4.0,
+        old = sample(source, text, i2v, None, SamplingParams(steps=3, shift=5.0, cfg_high=5.0, cfg_low=4.0,
                                                              boundary=0.9, seed=1, sampler="unipc"))
     finally:
         source.close()

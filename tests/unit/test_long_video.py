@@ -251,7 +251,7 @@ def test_generate_long_writes_every_frame(package, image, tmp_path) -> None:
     result = generate(package, image, "a walk", "", 25, H, W, out,
                       camera=cam.path_from_actions("w-10,l-10,w-4", 25, H, W), params=PARAMS,
                       windows=lv.WindowParams(9, 1), device="cpu", cache_dir=tmp_path / "cache",
-                      keep_experts=True)
+                      keep_resident=True)
     assert result.windows_done == 3 and result.frames_written == 25
     with av.open(str(out)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]

@@ -50,9 +50,9 @@ def loads(monkeypatch) -> list[str]:
     seen: list[str] = []
     real_load = patcher_mod.load_expert
 
-    def counting_load(folder, device, quantize=None, block_swap=None):
+    def counting_load(folder, device, quantize=None, blocks_on_gpu=None):
         seen.append(Path(folder).name.split("_")[0])
-        return real_load(folder, device, quantize, block_swap=block_swap)
+        return real_load(folder, device, quantize, blocks_on_gpu=blocks_on_gpu)
 
     monkeypatch.setattr(patcher_mod, "load_expert", counting_load)
     return seen

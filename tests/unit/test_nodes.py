@@ -474,8 +474,8 @@ def test_dit_loader_block_swap_input(installed):
     assert spec[0] == "INT" and (spec[1]["default"], spec[1]["min"], spec[1]["max"]) == (0, 0, 40)
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
     swapped = LingBotWorldDiTLoader.execute(high, low, "none", 1)[0]
-    assert swapped.high.model.options.block_swap == 1 and swapped.low.model.options.block_swap == 1
-    assert LingBotWorldDiTLoader.execute(high, low, "none", 0)[0].high.model.options.block_swap is None  # 0 = off
+    assert swapped.high.model.options.blocks_on_gpu == 1 and swapped.low.model.options.blocks_on_gpu == 1
+    assert LingBotWorldDiTLoader.execute(high, low, "none", 0)[0].high.model.options.blocks_on_gpu is None  # 0 = off
     for bad in (-1, 41, 2.0):
         with pytest.raises(ValueError, match="block_swap"):
             LingBotWorldDiTLoader.execute(high, low, "none", bad)

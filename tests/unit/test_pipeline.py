@@ -64,9 +64,9 @@ def test_one_expert_resident_at_a_time(packages, image, monkeypatch):
     peak = 0
     real_load = experts_mod.load_expert
 
-    def tracking_load(folder, device, quantize=None, block_swap=None):
+    def tracking_load(folder, device, quantize=None, blocks_on_gpu=None):
         nonlocal peak
-        module = real_load(folder, device, quantize, block_swap)
+        module = real_load(folder, device, quantize, blocks_on_gpu)
         resident.append(str(folder))
         alive = [r for r in refs if r() is not None and any(p is not None for p in r().parameters())]
         peak = max(peak, len(alive) + 1)

@@ -171,7 +171,7 @@ def test_cfg_split_with_truncation_and_cache_skips_the_second_device():
 def test_cfg_split_guide_one_runs_only_the_first_device():
     text, condition = _inputs()
     split = TinySource(split=True)
-    sample(split, text, condition, None, SamplingParams(steps=4, shift=5.0, seed=3, guide_high=1.0, guide_low=1.0))
+    sample(split, text, condition, None, SamplingParams(steps=4, shift=5.0, seed=3, cfg_high=1.0, cfg_low=1.0))
     assert sum(m.calls for m in split.copies.values()) == 0 and sum(m.calls for m in split.models.values()) == 4
 
 
@@ -221,9 +221,9 @@ def test_real_dit_expert_per_gpu_matches_and_frees_nothing_at_the_boundary(files
     loads: list[str] = []
     real_load = experts_mod.load_expert
 
-    def counting_load(folder, device, quantize=None, block_swap=None):
+    def counting_load(folder, device, quantize=None, blocks_on_gpu=None):
         loads.append(Path(folder).name)
-        return real_load(folder, device, quantize, block_swap)
+        return real_load(folder, device, quantize, blocks_on_gpu)
 
     monkeypatch.setattr(experts_mod, "load_expert", counting_load)
     params = SamplingParams(steps=4, shift=5.0, seed=3)

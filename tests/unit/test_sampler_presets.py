@@ -11,7 +11,7 @@ from comfyui_lingbot_world.wan.scheduler import make_sampler
 
 def test_lightning_preset_matches_the_distillation_schedule():
     p = lightning_4step(SamplingParams(seed=11, cache_threshold=0.05, attention="sdpa"))
-    assert (p.steps, p.shift, p.guide_high, p.guide_low, p.sampler) == (4, 5.0, 1.0, 1.0, "euler")
+    assert (p.steps, p.shift, p.cfg_high, p.cfg_low, p.sampler) == (4, 5.0, 1.0, 1.0, "euler")
     assert p.seed == 11 and p.attention == "sdpa" and p.cache_threshold == 0.0
     sampler = make_sampler(p.sampler, p.steps, p.shift)
     # lightx2v: [1000, 750, 500, 250] shifted by 5 -> sigmas 1, .9375, .8333, .625

@@ -141,7 +141,7 @@ def _exact_reference(experts, text, condition, params, device="cpu"):
     for index, t in enumerate(sampler.timesteps.tolist()):
         name = expert_for(t, params.boundary)
         model = experts.acquire(name)
-        guide = params.guide_high if name == "high" else params.guide_low
+        guide = params.cfg_high if name == "high" else params.cfg_low
         x, tt = latent[None], torch.tensor([t], device=device)
         with torch.inference_mode():
             both = model(x.expand(2, -1, -1, -1, -1), tt.expand(2), [positive, negative],

@@ -69,25 +69,26 @@ def swapped_weight_keys(model: nn.Module, resident: int) -> list[list[str]]:
             for index in range(max(resident, 0), len(blocks))]
 
 
-def resident_blocks(block_swap: int | None, num_layers: int, device: torch.device | str) -> int | None:
-    """How many blocks stay on ``device`` for a loader's ``block_swap`` argument.
+def resident_blocks(blocks_on_gpu: int | None, num_layers: int, device: torch.device | str) -> int | None:
+    """How many blocks stay on ``device`` for a loader's ``blocks_on_gpu`` argument.
 
-    None means "no block swap" (everything on the device): ``block_swap`` is None or at
+    None means "no block swap" (everything on the device): ``blocks_on_gpu`` is None or at
     least ``num_layers``, or the device is not CUDA (block swap only pays off, and only
-    works, with a GPU and pinned host memory; a warning says it was ignored).
+    works, with a GPU and pinned host memory; a warning says it was ignored). Messages name
+    the DiT Loader's widget (``block_swap``), the number users set.
     """
-    if block_swap is None:
+    if blocks_on_gpu is None:
         return None
-    if isinstance(block_swap, bool) or not isinstance(block_swap, int) or block_swap < 0:
-        raise ValueError(f"block_swap={block_swap!r}: expected the number of blocks to keep on the GPU (0 or more)")
-    if block_swap >= num_layers:
+    if isinstance(blocks_on_gpu, bool) or not isinstance(blocks_on_gpu, int) or blocks_on_gpu < 0:
+        raise ValueError(f"block_swap={blocks_on_gpu!r}: expected the number of blocks to keep on the GPU (0 or more)")
+    if blocks_on_gpu >= num_layers:
         return None
     device = torch.device(device)
     if device.type != "cuda":
         log.warning("LingBot: block_swap=%d ignored: block swap needs a CUDA device, the expert loads on %s",
-                    block_swap, device)
+                    blocks_on_gpu, device)
         return None
-    return block_swap
+    return blocks_on_gpu
 
 
 # --------------------------------------------------------------------------- host memory
