@@ -6,8 +6,6 @@ import numpy as np
 import torch
 from comfy_api.latest import io
 
-from pathlib import Path
-
 from ..loaders.errors import CheckpointError
 from ..loaders.trajectory import read_intrinsics
 from ..pipeline.camera import (CameraCondition, CameraPath, camera_condition, path_from_actions, path_from_export,
@@ -18,7 +16,8 @@ from ..wan.camera_presets import CAMERA_PRESETS
 from ..wan.camera_actions import EXAMPLE as DEFAULT_ACTIONS
 from ..wan.long_video import MAX_FRAMES, plan_windows, window_cuts
 from . import inputs
-from .host.model_files import NO_FILE, _walk, file_stamp, input_root, list_input_files, resolve_input_file
+from .host.model_files import (NO_FILE, file_stamp, list_input_files, list_pose_exports, resolve_input_file,
+                               resolve_pose_export)
 
 SOURCES = ("preset", "files", "actions", "import")
 DEFAULT_PRESET = "dolly_in"
@@ -27,61 +26,6 @@ ACTIONS_TOOLTIP = (
     "When source is actions: KEYS-FRAMES tokens, comma-separated. W/S forward/back, A/D left/right, I/K look "
     "up/down, J/L turn left/right; none = hold still; keys combine, e.g. wj-10 walks forward while turning left."
 )
-
-
-# Size and length inputs shared with the VAE Encode node; both must agree.
-def width_input() -> io.Int.Input:
-    return io.Int.Input("width", default=832, min=16, max=4096, step=16,
-                        tooltip="Video width in pixels (a multiple of 16). Must match the VAE Encode node.")
-
-
-def height_input() -> io.Int.Input:
-    return io.Int.Input("height", default=480, min=16, max=4096, step=16,
-                        tooltip="Video height in pixels (a multiple of 16). Must match the VAE Encode node.")
-
-
-def frames_input(maximum: int = 1601, tooltip: str = "Must match the VAE Encode node.") -> io.Int.Input:
-    return io.Int.Input("frames", default=81, min=1, max=maximum, step=4,
-                        tooltip=f"Frames to generate: 4n+1 (81 = 5 s at 16 fps). {tooltip}")
-
-
-def window_inputs(default_window: int = 81, optional: bool = False) -> list[io.Int.Input]:
-    """The window plan of a long video (wan/long_video.py), shared with the Long Video node."""
-    return [
-        io.Int.Input("window", default=default_window, min=5, max=MAX_FRAMES, step=4, optional=optional,
-                     tooltip="Frames per window of a long video (4n+1; 81 is what the model was trained on)."),
-        io.Int.Input("overlap", default=1, min=1, max=MAX_FRAMES - 4, step=4, optional=optional,
-                     tooltip="Frames each window takes over from the previous one (4j+1; 1 = the model's "
-                     "usual single start frame)."),
-    ]
-
-
-def list_pose_exports() -> list[str]:
-    """Pose exports in ComfyUI's input folder: ViPE output folders (with pose/), folders and
-    files named poses.npy, and .npz files (posix names relative to the input folder)."""
-    root = input_root()
-    found = []
-    for here, dirnames, filenames in _walk(root):
-        rel = here.relative_to(root).as_posix()
-        if rel != "." and ("pose" in dirnames or "poses.npy" in filenames):
-            found.append(rel)
-        for name in filenames:
-            if name.lower().endswith(".npz") or name == "poses.npy":
-                found.append(name if rel == "." else f"{rel}/{name}")
-    return sorted(found, key=str.lower)
-
-
-def resolve_pose_export(name: str) -> Path:
-    """The input-folder file or folder a pose_export value names (never outside it)."""
-    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
-        raise ValueError("pose_export: choose a ViPE output folder, an .npz or a poses.npy from ComfyUI's input folder")
-    root = input_root().resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"pose_export: {name!r} is outside ComfyUI's input folder {root}")
-    if not path.exists():
-        raise ValueError(f"pose_export: {name!r} not found in ComfyUI's input folder {root}")
-    return path
 
 
 def preview_image(poses: np.ndarray, cuts: tuple[int, ...] = ()) -> torch.Tensor:
@@ -141,9 +85,9 @@ class LingBotWorldCamera(io.ComfyNode):
                                tooltip="intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of "
                                "832x480. Required for files; for actions and import, (none) means default "
                                "intrinsics for the output size (or the export's own)."),
-                width_input(),
-                height_input(),
-                frames_input(MAX_FRAMES, "Must match the VAE Encode node (one pass) or the Long Video node."),
+                inputs.width_input(),
+                inputs.height_input(),
+                inputs.frames_input(MAX_FRAMES, "Must match the VAE Encode node (one pass) or the Long Video node."),
                 # Optional widgets, so API prompts saved before they existed still validate.
                 io.String.Input("actions", default=DEFAULT_ACTIONS, optional=True, tooltip=ACTIONS_TOOLTIP),
                 io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(), optional=True,
@@ -152,7 +96,7 @@ class LingBotWorldCamera(io.ComfyNode):
                 io.Boolean.Input("normalize_scale", default=True, optional=True,
                                  tooltip="For import: rescale the translations so the median step per frame is the "
                                  "action step (tracker units are arbitrary)."),
-                *window_inputs(optional=True),
+                *inputs.window_inputs(optional=True),
             ],
             outputs=[
                 inputs.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),

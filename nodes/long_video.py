@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from comfy_api.latest import InputImpl, io, ui
 
 import comfy.model_management as mm
@@ -25,12 +24,10 @@ from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import latent_shape
 from ..wan.long_video import MAX_FRAMES, plan_windows
 from . import inputs
-from .camera import height_input, width_input, window_inputs
 from .host.devices import VAE_WORKSPACE, check_interrupt, make_room
 from .host.expert_patcher import ComfyExpertSource, DiTExperts
-from .sampler import (SAMPLERS, LivePreview, check_input, conditioning_inputs, guidance_inputs, model_inputs,
-                      pick_text)
-from .vae import vae_file_inputs, vae_model_input, vae_source
+from .host.progress import LivePreview
+from .inputs import check_input, pick_text, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
 
@@ -58,23 +55,23 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 "stays that of one window and a Cancel keeps the finished windows. Outputs the saved VIDEO."
             ),
             inputs=[
-                *model_inputs(),
-                io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used)."),
-                *vae_file_inputs(),
+                *inputs.model_inputs(),
+                inputs.image_input(),
+                *inputs.vae_file_inputs(),
                 inputs.CameraPathType.Input("camera_path", optional=True,
                                            tooltip="The whole camera path from LingBot-World Camera Plücker "
                                            "Conditioning (camera_path output). Without it the camera layers are "
                                            "skipped."),
-                width_input(),
-                height_input(),
+                inputs.width_input(),
+                inputs.height_input(),
                 io.Int.Input("frames", default=321, min=5, max=MAX_FRAMES, step=4,
                              tooltip="Frames of the whole video: 4n+1 (321 = 20 s, 961 = 60 s at 16 fps)."),
-                *window_inputs(),
+                *inputs.window_inputs(),
                 io.Float.Input("scale_quantile", default=1.0, min=0.5, max=1.0, step=0.01,
                                tooltip="Translation unit of the whole path: 1 = its largest step (as one pass). "
                                "Below 1, that quantile of the steps, for tracked paths with rare jumps."),
                 io.Int.Input("steps", default=40, min=1, max=200, tooltip="Denoising steps per window."),
-                *guidance_inputs("Seed of the first window's noise; window k uses seed + k."),
+                *inputs.guidance_inputs("Seed of the first window's noise; window k uses seed + k."),
                 io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,
                              tooltip="0 decodes whole frames. Otherwise the latent tile size (e.g. 32): lower "
                              "VRAM for large videos, a little slower."),
@@ -84,8 +81,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 io.Int.Input("fps", default=16, min=1, max=120, tooltip="Frame rate of the .mp4 (the model's is 16)."),
                 io.String.Input("filename_prefix", default=DEFAULT_PREFIX,
                                 tooltip="Where the .mp4 goes in ComfyUI's output folder (as Save Video's prefix)."),
-                vae_model_input(),
-                *conditioning_inputs(),
+                inputs.vae_model_input(),
+                *inputs.conditioning_inputs(),
             ],
             outputs=[io.Video.Output("video", display_name="video",
                                      tooltip="The saved .mp4 (for Save Video, Get Video Components, ...).")],
@@ -102,11 +99,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
                 text=None, camera_path=None, vae_model=None, positive=None, negative=None) -> io.NodeOutput:
         check_input(dit, DiTExperts, "dit", "LingBot-World NF4 DiT Loader")
         text = pick_text(text, positive, negative, dit.config.text_dim)
-        if not isinstance(image, torch.Tensor) or image.dim() != 4 or image.shape[0] < 1 or image.shape[-1] not in (1, 3, 4):
-            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-            raise ValueError(f"image: expected a ComfyUI IMAGE batch [B, H, W, 3], got {shape}")
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        inputs.check_image(image)
+        inputs.check_sampler(sampler)
         plan = plan_windows(frames, window, overlap)  # bad frames/window/overlap fail before any load
         camera = None
         if camera_path is not None:

@@ -5,13 +5,7 @@ import importlib.util
 import logging
 import os
 
-import torch
 from comfy_api.latest import io
-
-import comfy.latent_formats
-import comfy.model_management as mm
-import comfy.utils
-import latent_preview
 
 from ..pipeline.camera import CameraCondition
 from ..pipeline.image import I2VCondition
@@ -20,23 +14,14 @@ from ..pipeline.lora import LoraExperts, lora_device_bytes
 from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
-from ..pipeline.text import TextEmbeddings
-from ..pipeline.text_conditioning import text_from_conditioning
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import inputs
 from .host.devices import check_interrupt
 from .host.expert_patcher import ComfyExpertSource, DiTExperts
+from .host.progress import LivePreview
+from .inputs import check_input, pick_text
 
 log = logging.getLogger(__name__)
-
-SAMPLERS = ("unipc", "euler")
-MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
-PREVIEW_FORMAT = "JPEG"
-
-
-def check_input(value, kind: type, field: str, source: str) -> None:
-    if not isinstance(value, kind):
-        raise ValueError(f"{field}: expected the output of {source}, got {type(value).__name__}")
 
 
 def sage_installed() -> bool:
@@ -66,87 +51,6 @@ def stats_line(stats: StepStats) -> str:
             f"truncation; cached steps: {stats.cached_steps or 'none'})")
 
 
-def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
-    """The prompt embeddings from exactly one source: the pack's T5 node or core CONDITIONING."""
-    core = positive is not None or negative is not None
-    if text is not None and core:
-        raise ValueError("text and positive/negative are both connected; connect either LingBot-World T5 Encode "
-                         "+ Unload to text, or CLIP Text Encode nodes to positive and negative")
-    if text is None and not core:
-        raise ValueError("no prompt: connect LingBot-World T5 Encode + Unload to text, or CLIP Text Encode "
-                         "(CLIPLoader type wan) to positive and negative")
-    if text is not None:
-        check_input(text, TextEmbeddings, "text", "LingBot-World T5 Encode + Unload")
-        return text
-    if positive is None:
-        raise ValueError("positive: connect a CLIP Text Encode with the prompt next to negative")
-    embeddings = text_from_conditioning(positive, negative)
-    if embeddings.positive.shape[-1] != text_dim:
-        raise ValueError(
-            f"positive: the text encoder gives {embeddings.positive.shape[-1]} features per token but the DiT takes "
-            f"{text_dim}; load umt5_xxl with CLIPLoader type wan"
-        )
-    return embeddings
-
-
-
-def model_inputs() -> list:
-    """The experts and the pack's own prompt embeddings, first on both sampling nodes."""
-    return [
-        inputs.DiT.Input("dit", tooltip="Both experts, from the LingBot-World NF4 DiT Loader."),
-        inputs.Text.Input("text", optional=True,
-                         tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload. Leave empty when "
-                         "positive and negative are connected."),
-    ]
-
-
-def guidance_inputs(seed_tooltip: str) -> list:
-    """shift, CFG per expert, boundary, seed, sampler: the settings the sampler and the Long
-    Video node share (same names, defaults and ranges, so graphs move between them)."""
-    return [
-        io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
-                       tooltip="Flow-matching sigma shift; higher spends more steps at high noise."),
-        io.Float.Input("cfg_high", default=5.0, min=1.0, max=30.0, step=0.1,
-                       tooltip="Guidance scale while the high-noise expert runs (1 = no negative pass)."),
-        io.Float.Input("cfg_low", default=5.0, min=1.0, max=30.0, step=0.1,
-                       tooltip="Guidance scale while the low-noise expert runs (1 = no negative pass)."),
-        io.Float.Input("boundary", default=0.947, min=0.0, max=1.0, step=0.001,
-                       tooltip="Switch from the high- to the low-noise expert when the timestep "
-                       "falls below boundary x 1000."),
-        io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True, tooltip=seed_tooltip),
-        io.Combo.Input("sampler", options=list(SAMPLERS), default="unipc",
-                       tooltip="unipc: the reference solver; euler: plain flow-matching steps."),
-    ]
-
-
-def conditioning_inputs() -> list:
-    """The optional core CONDITIONING inputs, an alternative to the pack's text input."""
-    return [
-        io.Conditioning.Input("positive", optional=True,
-                              tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl "
-                              "loaded by CLIPLoader (type wan)."),
-        io.Conditioning.Input("negative", optional=True,
-                              tooltip="With positive: the negative prompt from CLIP Text Encode."),
-    ]
-
-
-class LivePreview:
-    """ComfyUI's progress bar with a latent preview each step, through ComfyUI's own
-    previewer: it follows the user's preview setting (none, latent2rgb, or the TAE video
-    decoder lighttaew2_1 from models/vae_approx)."""
-
-    def __init__(self, total_steps: int) -> None:
-        self.previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
-        self.progress = comfy.utils.ProgressBar(total_steps)
-
-    def on_step(self, done: int, total: int) -> None:
-        if self.previewer is None:  # with previews, on_preview moves the bar
-            self.progress.update_absolute(done, total)
-
-    def on_preview(self, done: int, total: int, x0: torch.Tensor) -> None:
-        image = self.previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if self.previewer else None
-        self.progress.update_absolute(done, total, image)
-
 class LingBotWorldSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -162,15 +66,15 @@ class LingBotWorldSampler(io.ComfyNode):
                 "it the camera layers are skipped."
             ),
             inputs=[
-                *model_inputs(),
+                *inputs.model_inputs(),
                 inputs.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode."),
                 io.Int.Input("steps", default=40, min=1, max=200,
                              tooltip="Denoising steps (the reference uses 70; 40 is common)."),
-                *guidance_inputs("Seed of the starting noise."),
+                *inputs.guidance_inputs("Seed of the starting noise."),
                 inputs.Camera.Input("camera", optional=True,
                                    tooltip="Camera path from LingBot-World Camera Plücker Conditioning. "
                                    "Its width, height and frames must match the VAE Encode node."),
-                *conditioning_inputs(),
+                *inputs.conditioning_inputs(),
                 # Fast mode. Optional with "off" defaults, after every older widget: saved
                 # workflows keep their widget order, and API graphs without them run exactly.
                 io.Float.Input("cache_threshold", default=0.0, min=0.0, max=1.0, step=0.005, optional=True,
@@ -206,8 +110,7 @@ class LingBotWorldSampler(io.ComfyNode):
         check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         if camera is not None:
             check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        inputs.check_sampler(sampler)
         if preset not in SAMPLER_PRESETS:
             raise ValueError(f"preset: {preset!r} is not one of {', '.join(SAMPLER_PRESETS)}")
         if not 0.0 <= cache_threshold <= 1.0:

@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..pipeline.text import TextEmbeddings, encode_text
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from . import inputs
-from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP, TEXT_WORKSPACE, check_interrupt, make_room, pick_device
+from .host.devices import TEXT_WORKSPACE, check_interrupt, make_room, pick_device
 from .host.model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
 
 CACHE_USER = "lingbot_world"
@@ -57,7 +57,7 @@ class LingBotWorldTextEncode(io.ComfyNode):
                                 tooltip="What the video shows and how the scene moves."),
                 io.String.Input("negative_prompt", multiline=True, default=DEFAULT_NEGATIVE_PROMPT,
                                 tooltip="What to steer away from. The default is the one the model was tuned with."),
-                io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=DEVICE_TOOLTIP),
+                inputs.device_input(),
             ],
             outputs=[inputs.Text.Output("text", display_name="text",
                                        tooltip="The prompt embeddings for the LingBot sampler.")],

@@ -6,7 +6,8 @@ kind is a ComfyUI model folder name: ``lingbot`` (this pack's own ``models/lingb
 when the same file name exists in two kinds, and a kind may have several roots
 (``extra_model_paths.yaml``): the first root holding the path wins, as in ComfyUI.
 
-Camera trajectories (.npy) come from ComfyUI's input folder and may not leave it.
+Camera trajectories (.npy) and pose exports come from ComfyUI's input folder and may not
+leave it.
 """
 from __future__ import annotations
 
@@ -254,6 +255,34 @@ def resolve_input_file(name: str, field: str, suffix: str) -> Path:
         raise ValueError(f"{field}: {name!r} is not a {suffix} file")
     if not path.is_file():
         raise ValueError(f"{field}: {name!r} not found in ComfyUI's input folder {root}")
+    return path
+
+
+def list_pose_exports() -> list[str]:
+    """Pose exports in ComfyUI's input folder: ViPE output folders (with pose/), folders and
+    files named poses.npy, and .npz files (posix names relative to the input folder)."""
+    root = input_root()
+    found = []
+    for here, dirnames, filenames in _walk(root):
+        rel = here.relative_to(root).as_posix()
+        if rel != "." and ("pose" in dirnames or "poses.npy" in filenames):
+            found.append(rel)
+        for name in filenames:
+            if name.lower().endswith(".npz") or name == "poses.npy":
+                found.append(name if rel == "." else f"{rel}/{name}")
+    return sorted(found, key=str.lower)
+
+
+def resolve_pose_export(name: str) -> Path:
+    """The input-folder file or folder a pose_export value names (never outside it)."""
+    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
+        raise ValueError("pose_export: choose a ViPE output folder, an .npz or a poses.npy from ComfyUI's input folder")
+    root = input_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"pose_export: {name!r} is outside ComfyUI's input folder {root}")
+    if not path.exists():
+        raise ValueError(f"pose_export: {name!r} not found in ComfyUI's input folder {root}")
     return path
 
 

@@ -1,0 +1,29 @@
+"""ComfyUI's progress bar and latent previews for the sampling nodes."""
+from __future__ import annotations
+
+import torch
+
+import comfy.latent_formats
+import comfy.model_management as mm
+import comfy.utils
+import latent_preview
+
+PREVIEW_FORMAT = "JPEG"
+
+
+class LivePreview:
+    """ComfyUI's progress bar with a latent preview each step, through ComfyUI's own
+    previewer: it follows the user's preview setting (none, latent2rgb, or the TAE video
+    decoder lighttaew2_1 from models/vae_approx)."""
+
+    def __init__(self, total_steps: int) -> None:
+        self.previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
+        self.progress = comfy.utils.ProgressBar(total_steps)
+
+    def on_step(self, done: int, total: int) -> None:
+        if self.previewer is None:  # with previews, on_preview moves the bar
+            self.progress.update_absolute(done, total)
+
+    def on_preview(self, done: int, total: int, x0: torch.Tensor) -> None:
+        image = self.previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if self.previewer else None
+        self.progress.update_absolute(done, total, image)
