@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from bench_pipeline import base_record, sync  # noqa: E402
 
 from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert  # noqa: E402

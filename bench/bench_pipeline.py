@@ -27,12 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402

@@ -14,17 +14,11 @@ import argparse
 import collections
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.loaders.nf4 import quantize_linears_  # noqa: E402
 from comfyui_lingbot_world.tools.synthetic.dit import fill_synthetic_  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B  # noqa: E402

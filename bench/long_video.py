@@ -34,12 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline import long_video as lv  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import path_from_actions  # noqa: E402

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import PROMPT, StepTimer, base_record, sync  # noqa: E402  (also makes the pack importable)
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
+from bench_pipeline import PROMPT, StepTimer, base_record, sync  # noqa: E402
 from time_to_video import rel_err  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402

@@ -26,11 +26,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.pipeline.guards import is_finite  # noqa: E402
 
 SIZES = {"480p": (81, 480, 832), "720p": (81, 720, 1280), "tiny": (5, 32, 48)}

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from bench_pipeline import PROMPT, StepTimer, TimedExperts, base_record, cap_vram, sampling_record, sync  # noqa: E402
 from memwatch import MemoryWatch  # noqa: E402
 

@@ -25,11 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.tools.synthetic.vae import write_vae_checkpoint  # noqa: E402
 from comfyui_lingbot_world.loaders.vae_loader import load_vae  # noqa: E402
 from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402

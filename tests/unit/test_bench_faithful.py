@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))  # as when a script in bench/ runs: its `import _pack` finds bench/_pack.py
 
 
 def _load(name: str):
