@@ -7,7 +7,7 @@ Cases already covered elsewhere (not repeated here):
   ::test_size_checks;
 - poses of the wrong shape, NaN/inf, not rotations, zero/negative focal lengths, count
   mismatches: test_camera.py::test_validation_names_the_field; fewer poses than frames:
-  test_nodes.py::test_camera_from_input_files;
+  test_node_camera.py::test_camera_from_input_files;
 - empty prompts (encoded, as the reference does), lone surrogates:
   test_pipeline.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default; missing tokenizer:
   test_t5.py::test_tokenizer_errors_name_folder_and_files; tokenizer truncation:
@@ -32,7 +32,6 @@ import pytest
 import torch
 from PIL import Image
 
-import tiny_package
 from comfy_host import comfy_state_reset, use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
@@ -59,11 +58,6 @@ from comfyui_lingbot_world.wan.tokenizer import PromptTruncatedWarning  # noqa: 
 H, W, FRAMES = 32, 48, 5
 PKG = "lingbot/pkg"
 HIGH, LOW = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> Path:
-    return tiny_package.build(tmp_path_factory.mktemp("bad_inputs_pkg"), "nf4")
 
 
 @pytest.fixture

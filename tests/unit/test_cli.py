@@ -10,15 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import tiny_package
 from comfyui_lingbot_world.tools import cli, generate, make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> Path:
-    return tiny_package.build(tmp_path_factory.mktemp("cli"), "nf4")
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from comfy_host import use_comfy_in_process
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
-import tiny_package  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.nodes.host.expert_patcher import (  # noqa: E402
     ComfyExpertSource,
@@ -24,11 +23,6 @@ from comfyui_lingbot_world.nodes.host.expert_patcher import (  # noqa: E402
 from comfyui_lingbot_world.wan.model import LingBotDiT  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> Path:
-    return tiny_package.build(tmp_path_factory.mktemp("expert_pkg"), "nf4")
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import pytest
 import torch
 from PIL import Image
 
-import tiny_package
 from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.json_file import read_json_object
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, read_quantization_meta
@@ -44,11 +43,6 @@ from comfyui_lingbot_world.wan.camera import CameraError, build_camera, validate
 from comfyui_lingbot_world.wan.config import TINY
 
 H, W = 32, 48
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> Path:
-    return tiny_package.build(tmp_path_factory.mktemp("failsafe"), "nf4")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import pytest
 import torch
 from PIL import Image
 
-import tiny_package
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.loaders.vae_loader import load_vae
 from comfyui_lingbot_world.pipeline import camera as cam
@@ -141,11 +140,6 @@ def test_windowed_camera_checks_coverage() -> None:
 
 
 # --------------------------------------------------------------------------- runs (tiny package)
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory):
-    return tiny_package.build(tmp_path_factory.mktemp("long"), "nf4")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from comfy_host import use_comfy_in_process
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
-import tiny_package  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.nodes.host import expert_patcher as patcher_mod  # noqa: E402
 from comfyui_lingbot_world.nodes.host.expert_patcher import (  # noqa: E402
@@ -32,9 +31,8 @@ from comfyui_lingbot_world.pipeline.text import TextEmbeddings  # noqa: E402
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    package = tiny_package.build(tmp_path_factory.mktemp("multi_gpu_pkg"), "nf4")
+@pytest.fixture
+def folders(package) -> dict[str, Path]:
     return {"high": package / "high_noise_model_bnb_nf4", "low": package / "low_noise_model_bnb_nf4"}
 
 

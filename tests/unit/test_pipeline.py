@@ -8,7 +8,6 @@ import pytest
 import torch
 from PIL import Image
 
-import tiny_package
 from whole_run import generate_video as generate
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
@@ -20,12 +19,6 @@ from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 
 H, W = 32, 48
 PARAMS = SamplingParams(steps=4, shift=5.0, seed=7)
-
-
-@pytest.fixture(scope="session")
-def packages(tmp_path_factory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("packages")
-    return {layout: tiny_package.build(root, layout) for layout in ("nf4", "bf16")}
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny_package
 from stand_in_dit import TinyDiT
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
@@ -195,9 +194,9 @@ def test_an_interrupt_aborts_the_source_and_stops_the_worker():
 
 # --------------------------------------------------------------------------- the real tiny DiT from disk
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return find_package(tiny_package.build(tmp_path_factory.mktemp("placement_pkg"), "nf4"))
+@pytest.fixture
+def files(package):
+    return find_package(package)
 
 
 @pytest.mark.parametrize("batch_cfg", [False, True])

@@ -1,8 +1,8 @@
 """No pickled code runs, node paths stay inside ComfyUI's folders, nothing is fetched at run time.
 
 Covered elsewhere: input-folder .npy names with '..', absolute paths and symlinks to files
-outside (test_nodes.py::test_input_npy_files_cannot_escape_the_input_folder); model names
-with '..' (test_nodes.py::test_resolve_model_path).
+outside (test_host_model_files.py::test_input_npy_files_cannot_escape_the_input_folder); model names
+with '..' (test_host_model_files.py::test_resolve_model_path).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import pytest
 import torch
 from PIL import Image
 
-import tiny_package
 from whole_run import generate_video
 from comfy_host import comfy_root
 
@@ -57,11 +56,6 @@ class WritesMarker:
 
     def __reduce__(self):
         return (pathlib.Path.write_text, (self.marker, "pickled code ran"))
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> Path:
-    return tiny_package.build(tmp_path_factory.mktemp("security_pkg"), "nf4")
 
 
 @pytest.fixture

@@ -176,13 +176,12 @@ def test_sample_with_cache_and_truncation_computes_fewer_forwards():
 
 
 @pytest.mark.gpu
-def test_all_off_is_bit_identical_on_cuda(tmp_path):
+def test_all_off_is_bit_identical_on_cuda(package):
     """The real DiT of a tiny package (CUDA kernels) through sample() vs the exact loop."""
-    import tiny_package
     from comfyui_lingbot_world.loaders.package import find_package
     from comfyui_lingbot_world.pipeline.experts import DiskExperts
 
-    files = find_package(tiny_package.build(tmp_path, "nf4"))
+    files = find_package(package)
     _, condition = _inputs()
     g = torch.Generator().manual_seed(1)
     text = TextEmbeddings(positive=torch.randn(6, 32, generator=g), negative=torch.randn(5, 32, generator=g),

@@ -5,7 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-import tiny_package
 import torch
 from safetensors.torch import save_file
 
@@ -17,8 +16,7 @@ KEYS = {"gpu", "date", "command", "size", "frames", "steps", "block_swap", "s_pe
         "latent_rel_err_vs_exact", "video_psnr_vs_exact", "skipped_forwards"}
 
 
-def test_exact_and_fast_rows(tmp_path):
-    package = tiny_package.build(tmp_path, "nf4")
+def test_exact_and_fast_rows(tmp_path, package):
     lora = tmp_path / "lora.safetensors"  # the tiny expert: dim 64
     save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.randn(4, 64) * 0.1,
                "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.randn(64, 4) * 0.1,

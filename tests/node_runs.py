@@ -1,0 +1,70 @@
+"""The pack's nodes run in-process on the tiny package, for the node tests.
+
+Use after ``comfy_host.use_comfy_in_process()`` and with the ``installed`` fixture
+(tests/unit/conftest.py): the package is models/lingbot/pkg. The node classes are imported
+inside the functions, so this module itself imports nothing of ComfyUI.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+H, W, FRAMES = 32, 48, 5
+PKG = "lingbot/pkg"
+HIGH, LOW = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+T5_FILE, TOKENIZER, VAE_FILE = f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", f"{PKG}/Wan2.1_VAE.pth"
+
+
+def start_image(h: int = 40, w: int = 60) -> torch.Tensor:
+    """A ComfyUI IMAGE batch [1, h, w, 3] of noise (the same every call)."""
+    rng = np.random.default_rng(0)
+    return torch.from_numpy(rng.random((1, h, w, 3), dtype=np.float32))
+
+
+def encode_prompt():
+    from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode
+
+    return LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, "a castle in the clouds", "blurry", "auto")[0]
+
+
+def encode_start(frames: int = FRAMES):
+    from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEEncode
+
+    return LingBotWorldVAEEncode.execute(start_image(), VAE_FILE, W, H, frames, "auto")[0]
+
+
+def load_dit():
+    from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader
+
+    return LingBotWorldDiTLoader.execute(HIGH, LOW, "none")[0]
+
+
+def run_sampler(dit, text, i2v, camera=None, steps: int = 3, seed: int = 1, **inputs) -> dict:
+    """The sampler node with shift 4 and boundary 0.9: the LATENT dict it returns."""
+    from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler
+
+    return LingBotWorldSampler.execute(dit, i2v, steps, 5.0, 5.0, 4.0, 0.9, seed, "unipc", text=text,
+                                       camera=camera, **inputs)[0]
+
+
+def not_resident(dit) -> bool:
+    """Neither expert loaded, and neither in ComfyUI's list of loaded models."""
+    import comfy.model_management as mm
+
+    return dit.high.expert is None and dit.low.expert is None and \
+        not any(m is dit.high or m is dit.low for m in mm.loaded_models())
+
+
+def options(spec) -> list:
+    """A combo's choices, in the V1 form ([...], {...}) or V3's ("COMBO", {"options": [...]})."""
+    return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+
+
+def core_conditioning(embedding: torch.Tensor, pad_to: int = 512, mask: bool = False) -> list:
+    """What core CLIP Text Encode gives for a umT5 prompt: [[emb [1, 512, dim], extras]], zero-padded."""
+    padded = torch.zeros(1, max(pad_to, len(embedding)), embedding.shape[-1])
+    padded[0, : len(embedding)] = embedding
+    extras = {"pooled_output": None}
+    if mask:
+        extras["attention_mask"] = (torch.arange(padded.shape[1]) < len(embedding)).long()[None]
+    return [[padded, extras]]

@@ -1,0 +1,136 @@
+"""nodes/host/model_files.py: the model combos (experts, T5 and VAE files told apart by their
+tensor names, tokenizers), combo values back to paths, the lingbot model folder, and names
+that may not leave ComfyUI's input folder."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from comfy_host import use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+import folder_paths  # noqa: E402
+
+from node_runs import options  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
+
+
+def _fake_expert(folder: Path, layout: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    if layout == "nf4":
+        (folder / "quantization_meta.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"0")
+    else:
+        (folder / "diffusion_pytorch_model.safetensors.index.json").write_text("{}")
+        (folder / "diffusion_pytorch_model-00001-of-00001.safetensors").write_bytes(b"0")
+
+
+def test_model_combos_list_files_folders_and_experts(comfy_dirs):
+    root = comfy_dirs["lingbot"] / "pack"
+    _fake_expert(root / "high_noise_model_bnb_nf4", "nf4")
+    _fake_expert(root / "low_noise_model_bnb_nf4", "nf4")
+    _fake_expert(comfy_dirs["diffusion_models"] / "official" / "high_noise_model", "bf16")
+    (root / "not_an_expert").mkdir()
+    (root / "not_an_expert" / "config.json").write_text("{}")
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "Wan2.1_VAE.pth", "notes.txt"):
+        (root / name).write_bytes(b"0")
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer.json").write_text("{}")
+    (comfy_dirs["text_encoders"] / "umt5_xxl_fp8.safetensors").write_bytes(b"0")
+    (comfy_dirs["vae"] / "wan_2.1_vae.safetensors").write_bytes(b"0")
+    (comfy_dirs["lingbot"] / ".hidden").mkdir()
+    (comfy_dirs["lingbot"] / ".hidden" / "t5.pth").write_bytes(b"0")
+
+    assert model_files.list_expert_folders() == [
+        "diffusion_models/official/high_noise_model",
+        "lingbot/pack/high_noise_model_bnb_nf4",
+        "lingbot/pack/low_noise_model_bnb_nf4",
+    ]
+    # Files whose names say nothing, told apart by their tensor names (header / pickle index only).
+    save_file({"decoder.conv1.weight": torch.zeros(1), "encoder.conv1.weight": torch.zeros(1)},
+              str(root / "weights_a.safetensors"))
+    save_file({"shared.weight": torch.zeros(1), "encoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(1)},
+              str(comfy_dirs["text_encoders"] / "weights_b.safetensors"))
+    torch.save({"token_embedding.weight": torch.zeros(1), "blocks.0.attn.q.weight": torch.zeros(1)},
+               root / "weights_c.pth")
+    (root / "weights_d.pth").write_bytes(b"0")  # unreadable, no hint in the name: offered in both
+
+    assert model_files.list_expert_folders() == [
+        "diffusion_models/official/high_noise_model",
+        "lingbot/pack/high_noise_model_bnb_nf4",
+        "lingbot/pack/low_noise_model_bnb_nf4",
+    ]
+    # Likely matches first (t5 / vae in the name); expert weights and the other model are never offered.
+    assert model_files.list_t5_files() == [
+        "lingbot/pack/models_t5_umt5-xxl-enc-bf16.pth", "text_encoders/umt5_xxl_fp8.safetensors",
+        "lingbot/pack/weights_c.pth", "lingbot/pack/weights_d.pth", "text_encoders/weights_b.safetensors",
+    ]
+    assert model_files.list_vae_files() == [
+        "lingbot/pack/Wan2.1_VAE.pth", "vae/wan_2.1_vae.safetensors",
+        "lingbot/pack/weights_a.safetensors", "lingbot/pack/weights_d.pth",
+    ]
+    assert model_files.list_tokenizer_folders() == ["lingbot/pack/tokenizer"]
+    dit = LingBotWorldDiTLoader.INPUT_TYPES()["required"]
+    assert options(dit["high_noise"]) == options(dit["low_noise"]) == model_files.list_expert_folders()
+    # A fresh node gets the high/low pair of one package, not the same folder twice.
+    assert dit["high_noise"][1]["default"] == "lingbot/pack/high_noise_model_bnb_nf4"
+    assert dit["low_noise"][1]["default"] == "lingbot/pack/low_noise_model_bnb_nf4"
+
+
+def test_default_expert_pair():
+    pair = model_files.default_expert_pair
+    assert pair([]) == (None, None)
+    assert pair(["a/x"]) == ("a/x", "a/x")
+    assert pair(["a/high_noise_model", "b/high_noise_model", "b/low_noise_model"]) == (
+        "b/high_noise_model", "b/low_noise_model")
+    assert pair(["a/high_noise_model", "c/low_noise_q"]) == ("a/high_noise_model", "c/low_noise_q")
+    assert pair(["lingbot/High_Noise_Model", "lingbot/low_noise_model"]) == (
+        "lingbot/High_Noise_Model", "lingbot/low_noise_model")
+
+
+def test_resolve_model_path(comfy_dirs):
+    (comfy_dirs["vae"] / "sub").mkdir()
+    target = comfy_dirs["vae"] / "sub" / "wan.pth"
+    target.write_bytes(b"0")
+    assert model_files.resolve_model_path("vae/sub/wan.pth", model_files.VAE_KINDS, "vae", want_dir=False) == target
+    for bad, words in (("vae/../vae/sub/wan.pth", "'..'"), ("checkpoints/wan.pth", "not in a"),
+                       ("vae/sub/missing.pth", "not found"), ("vae/sub", "not found"), ("", "no file")):
+        with pytest.raises(ValueError, match="vae: .*") as err:
+            model_files.resolve_model_path(bad, model_files.VAE_KINDS, "vae", want_dir=False)
+        assert words in str(err.value)
+
+
+def test_register_model_folder_adds_lingbot_kind(monkeypatch, tmp_path):
+    monkeypatch.delitem(folder_paths.folder_names_and_paths, "lingbot", raising=False)
+    monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
+    default = model_files.register_model_folder()
+    paths, extensions = folder_paths.folder_names_and_paths["lingbot"]
+    assert paths[0] == str(tmp_path / "lingbot") == str(default)
+    assert {".pth", ".safetensors"} <= set(extensions)
+    model_files.register_model_folder()
+    assert folder_paths.folder_names_and_paths["lingbot"][0].count(str(default)) == 1
+
+
+def test_input_npy_files_cannot_escape_the_input_folder(comfy_dirs, tmp_path):
+    (comfy_dirs["input"] / "a" / "b").mkdir(parents=True)
+    np.save(comfy_dirs["input"] / "a" / "b" / "poses.npy", np.eye(4)[None])
+    np.save(comfy_dirs["input"] / "top.npy", np.zeros(3))
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros(3))
+    (comfy_dirs["input"] / "link.npy").symlink_to(outside)
+    assert model_files.list_input_files(".npy") == ["a/b/poses.npy", "link.npy", "top.npy"]
+    assert model_files.resolve_input_file("a/b/poses.npy", "poses_file", ".npy") == (
+        comfy_dirs["input"] / "a" / "b" / "poses.npy").resolve()
+    for name in ("../outside.npy", str(outside), "link.npy", "a/../../outside.npy"):
+        with pytest.raises(ValueError, match="poses_file: .*outside ComfyUI's input folder"):
+            model_files.resolve_input_file(name, "poses_file", ".npy")
+    with pytest.raises(ValueError, match="poses_file: choose"):
+        model_files.resolve_input_file(model_files.NO_FILE, "poses_file", ".npy")
+    with pytest.raises(ValueError, match="not found"):
+        model_files.resolve_input_file("a/missing.npy", "poses_file", ".npy")

@@ -1,0 +1,152 @@
+"""nodes/camera.py: LingBot-World Camera Plücker Conditioning inside the ComfyUI host (CPU):
+every source (preset, files, actions, import), the one-pass camera, the whole path for
+Long Video, the path drawing and the refusals."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from comfy_host import comfy_state_reset, use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+from node_runs import H, W  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera, _output_connected  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import CameraCondition, CameraPath, camera_condition, path_from_preset  # noqa: E402
+from comfyui_lingbot_world.wan.camera import camera_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.camera_actions import action_poses, default_intrinsics  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory  # noqa: E402
+
+NONE = model_files.NO_FILE
+
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
+
+
+def test_camera_preset_outputs_plucker_and_preview(comfy_dirs):
+    camera, preview, _ = LingBotWorldCamera.execute("preset", "pan_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    assert isinstance(camera, CameraCondition)
+    assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
+    assert (camera.frames, camera.height, camera.width) == (9, H, W)
+    assert preview.dtype == torch.float32 and tuple(preview.shape) == (1, 512, 512, 3)
+    assert 0.0 <= float(preview.min()) and float(preview.max()) <= 1.0 and float(preview.std()) > 0
+
+
+def test_camera_from_input_files(installed, trajectory):
+    node = LingBotWorldCamera
+    camera, preview, _ = node.execute("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 9)
+    assert tuple(camera.plucker.shape) == (1, 384, 3, H // 8, W // 8)
+    reference, _, _ = node.execute("preset", "orbit_left", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H, 9)
+    torch.testing.assert_close(camera.plucker, reference.plucker)
+    with pytest.raises(ValueError, match="intrinsics_file: choose"):
+        node.execute("files", "static", 1.0, "traj/poses.npy", model_files.NO_FILE, W, H, 9)
+    with pytest.raises(ValueError, match="13"):  # 9 poses cannot drive 13 frames
+        node.execute("files", "static", 1.0, "traj/poses.npy", "traj/intrinsics.npy", W, H, 13)
+
+
+def test_camera_is_changed_follows_file_contents(installed, trajectory):
+    before = LingBotWorldCamera.fingerprint_inputs(source="files", poses_file="traj/poses.npy", intrinsics_file="traj/intrinsics.npy")
+    assert LingBotWorldCamera.fingerprint_inputs(source="files", poses_file="traj/poses.npy",
+                                    intrinsics_file="traj/intrinsics.npy") == before
+    poses, _ = preset_trajectory("dolly_in", 13)
+    np.save(installed["input"] / "traj" / "poses.npy", poses)
+    assert LingBotWorldCamera.fingerprint_inputs(source="files", poses_file="traj/poses.npy",
+                                    intrinsics_file="traj/intrinsics.npy") != before
+
+
+# --------------------------------------------------------------------------- sources and the long-video path
+
+
+def _camera(source="preset", preset="pan_left", poses=NONE, intrinsics=NONE, frames=9, actions="w-20,j-10,w-30",
+            export=NONE, normalize=True, window=81, overlap=1, width=W, height=H):
+    return LingBotWorldCamera.execute(source, preset, 1.0, poses, intrinsics, width, height, frames, actions, export,
+                                      normalize, window, overlap)
+
+
+def test_preset_and_files_cameras_are_unchanged(installed):
+    camera, preview, path = _camera("preset", "pan_left", frames=9)
+    torch.testing.assert_close(camera.plucker, camera_condition(path_from_preset("pan_left", 1.0, 9), 9, H, W).plucker, rtol=0, atol=0)
+    # The defaults of the new widgets give the same picture as the old node (no window cuts).
+    old = LingBotWorldCamera.execute("preset", "pan_left", 1.0, NONE, NONE, W, H, 9)
+    torch.testing.assert_close(preview, old[1], rtol=0, atol=0)
+    assert isinstance(path, CameraPath) and len(path.poses) == 9
+    np.testing.assert_allclose(path.poses, preset_trajectory("pan_left", 9)[0])
+    traj = installed["input"] / "traj"
+    traj.mkdir()
+    poses, k = preset_trajectory("orbit_left", 9)
+    np.save(traj / "poses.npy", poses)
+    np.save(traj / "intrinsics.npy", k)
+    from_files, _, path = _camera("files", poses="traj/poses.npy", intrinsics="traj/intrinsics.npy", frames=9)
+    torch.testing.assert_close(from_files.plucker, camera_tensor(poses, k, 9, H, W, dtype=torch.float32))
+    np.testing.assert_allclose(path.poses, poses)
+
+
+def test_actions_source_gives_the_engines_poses(installed):
+    camera, preview, path = _camera("actions", frames=17, actions="w-8,l-8")
+    np.testing.assert_allclose(path.poses, action_poses("w-8,l-8", 17))
+    np.testing.assert_allclose(path.intrinsics, default_intrinsics(H, W))
+    expected = camera_tensor(action_poses("w-8,l-8", 17), np.tile(default_intrinsics(H, W), (17, 1)), 17, H, W,
+                             dtype=torch.float32)
+    torch.testing.assert_close(camera.plucker, expected)
+    assert tuple(preview.shape) == (1, 512, 512, 3)
+
+
+def test_actions_with_an_intrinsics_file(installed):
+    np.save(installed["input"] / "k.npy", np.array([[400.0, 410.0, 416.0, 240.0]] * 3))
+    _, _, path = _camera("actions", intrinsics="k.npy", frames=9, actions="w-8")
+    np.testing.assert_allclose(path.intrinsics, [400.0, 410.0, 416.0, 240.0])
+
+
+def test_bad_action_string_names_the_token(installed):
+    with pytest.raises(ValueError, match=r"actions: .*'wq-5'"):
+        _camera("actions", frames=9, actions="w-4,wq-5")
+    with pytest.raises(ValueError, match="actions: .*empty"):
+        _camera("actions", frames=9, actions="  ")
+
+
+def test_import_source_reads_a_pose_export(installed):
+    poses = action_poses("w-12,j-8", 21)
+    poses[:, :3, 3] *= 3.0  # tracker units
+    np.savez(installed["input"] / "walk.npz", poses=poses)
+    assert "walk.npz" in LingBotWorldCamera.define_schema().inputs[9].options
+    _, _, path = _camera("import", export="walk.npz", frames=21)
+    np.testing.assert_allclose(path.poses, action_poses("w-12,j-8", 21), atol=1e-9)  # scale normalized back
+    np.testing.assert_allclose(path.intrinsics, default_intrinsics(H, W))
+    _, _, raw = _camera("import", export="walk.npz", frames=21, normalize=False)
+    np.testing.assert_allclose(raw.poses, poses)
+    with pytest.raises(ValueError, match="pose_export: choose"):
+        _camera("import", frames=21)
+    with pytest.raises(ValueError, match="outside"):
+        _camera("import", export="../x.npz", frames=21)
+
+
+def test_long_path_has_no_one_pass_camera_and_shows_the_cuts(installed, monkeypatch):
+    camera, preview, path = _camera("actions", frames=25, window=9, overlap=1, actions="w-30")
+    assert camera is None and len(path.poses) == 25
+    one_window, _, _ = _camera("actions", frames=9, window=9, overlap=1, actions="w-30")
+    whole, _, _ = _camera("actions", frames=25, window=81, overlap=1, actions="w-30")
+    assert one_window is not None and whole is not None
+    _, uncut, _ = _camera("actions", frames=25, window=81, actions="w-30")
+    assert float((preview - uncut).abs().max()) > 0  # the window bars are drawn
+    # Used in a prompt with the one-pass sampler: a clear error instead of GBs of tensor.
+    prompt = {"1": {"class_type": "LingBotWorldCamera", "inputs": {}},
+              "2": {"class_type": "LingBotWorldSampler", "inputs": {"camera": ["1", 0]}}}
+    assert _output_connected(SimpleNamespace(prompt=prompt, unique_id="1"), 0)
+    assert not _output_connected(SimpleNamespace(prompt=prompt, unique_id="1"), 2)
+    assert not _output_connected(None, 0)
+    # What the host sets on the class it runs (its hidden inputs); the clone API differs between hosts.
+    monkeypatch.setattr(LingBotWorldCamera, "hidden", SimpleNamespace(prompt=prompt, unique_id="1"))
+    with pytest.raises(ValueError, match="camera_path to LingBot-World Long Video"):
+        LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, 25, "w-30", NONE, True, 9, 1)
+
+
+def test_path_shorter_than_the_video_is_refused(installed):
+    traj = installed["input"] / "short"
+    traj.mkdir()
+    poses, k = preset_trajectory("dolly_in", 9)
+    np.save(traj / "poses.npy", poses)
+    np.save(traj / "intrinsics.npy", k)
+    with pytest.raises(ValueError, match="cover only"):
+        _camera("files", poses="short/poses.npy", intrinsics="short/intrinsics.npy", frames=25, window=9)

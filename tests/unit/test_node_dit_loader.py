@@ -1,0 +1,86 @@
+"""nodes/dit_loader.py: LingBot-World NF4 DiT Loader (also bf16) inside the ComfyUI host (CPU):
+nothing loads, folders and geometries are checked, block swap and devices options, and
+the DiT handle frees everything when dropped."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from comfy_host import comfy_state_reset, use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+import comfy.model_management as mm  # noqa: E402
+
+from node_runs import PKG, encode_prompt, encode_start, load_dit, options, run_sampler  # noqa: E402
+from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.host.expert_patcher import DiTExperts  # noqa: E402
+
+
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
+
+
+def test_dit_loader_loads_nothing_and_checks_folders(installed):
+    dit = load_dit()
+    assert isinstance(dit, DiTExperts)
+    for patcher in (dit.high, dit.low):
+        assert patcher.expert is None and patcher.loaded_size() == 0 and patcher.model_size() > 0
+    assert dit.get_ram_usage() == 0
+    with pytest.raises(CheckpointError, match="not an expert folder"):
+        LingBotWorldDiTLoader.execute(f"{PKG}/tokenizer", f"{PKG}/low_noise_model_bnb_nf4", "none")
+    with pytest.raises(ValueError, match="low_noise: folder"):
+        LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/missing", "none")
+
+
+def test_dit_loader_block_swap_input(installed):
+    spec = LingBotWorldDiTLoader.INPUT_TYPES()["required"]["block_swap"]
+    assert spec[0] == "INT" and (spec[1]["default"], spec[1]["min"], spec[1]["max"]) == (0, 0, 40)
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    swapped = LingBotWorldDiTLoader.execute(high, low, "none", 1)[0]
+    assert swapped.high.model.options.blocks_on_gpu == 1 and swapped.low.model.options.blocks_on_gpu == 1
+    assert LingBotWorldDiTLoader.execute(high, low, "none", 0)[0].high.model.options.blocks_on_gpu is None  # 0 = off
+    for bad in (-1, 41, 2.0):
+        with pytest.raises(ValueError, match="block_swap"):
+            LingBotWorldDiTLoader.execute(high, low, "none", bad)
+    # A CPU host ignores block swap: same sizes, and sampling gives the same latent.
+    plain = load_dit()
+    assert swapped.high.model_size() == plain.high.model_size()
+    text, i2v = encode_prompt(), encode_start()
+    assert torch.equal(run_sampler(swapped, text, i2v, steps=2)["samples"], run_sampler(plain, text, i2v, steps=2)["samples"])
+
+
+def test_dit_loader_devices_option(installed, monkeypatch):
+    spec = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"]
+    assert options(spec) == ["single", "expert_per_gpu", "cfg_split"] and spec[1]["default"] == "single"
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    plain = LingBotWorldDiTLoader.execute(high, low, "none", 0, "single")[0]
+    assert plain.placement is None and plain.copies == {}  # today's value, unchanged
+    with pytest.raises(ValueError, match="devices=cfg_split needs 2 CUDA GPUs.*computes on cpu"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "cfg_split")
+    with pytest.raises(ValueError, match="devices: 'many' is not one of"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "many")
+    # A host with one GPU, then with two (sizes only: nothing is loaded by the loader).
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"devices=expert_per_gpu needs 2 CUDA GPUs, but torch.cuda.device_count\(\) is 1"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "expert_per_gpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    split = LingBotWorldDiTLoader.execute(high, low, "none", 0, "expert_per_gpu")[0]
+    assert split.high.load_device == torch.device("cuda", 0) and split.low.load_device == torch.device("cuda", 1)
+    assert split.placement.mode == "expert_per_gpu" and split.get_ram_usage() == 0
+
+
+def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
+    dit = load_dit()
+    mm.load_models_gpu([dit.high], force_full_load=True)
+    assert dit.get_ram_usage() == dit.high.model_size()  # resident in RAM on a CPU host
+    ref = weakref.ref(next(dit.high.expert.parameters()))
+    del dit
+    gc.collect()
+    mm.cleanup_models_gc()
+    assert ref() is None
+    assert all(m is not None for m in mm.loaded_models())

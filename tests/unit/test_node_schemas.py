@@ -1,0 +1,127 @@
+"""nodes/__init__.py and nodes/inputs.py: every node registered with its id, display name,
+inputs in the order saved workflows store them, tooltips, shared defaults, and the pack's
+own check of its combo values (inside the ComfyUI host, on the CPU)."""
+from __future__ import annotations
+
+import pytest
+
+from comfy_host import comfy_state_reset, use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+from comfy_api.latest import ComfyExtension, io  # noqa: E402
+
+from comfy_host import run_async  # noqa: E402
+from node_runs import PKG, options  # noqa: E402
+from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
+from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
+from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode  # noqa: E402
+from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
+from comfyui_lingbot_world.wan.camera_presets import CAMERA_PRESETS  # noqa: E402
+from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT  # noqa: E402
+
+
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
+
+
+# The input order of every node: the UI format stores widget values in this order.
+EXPECTED_INPUTS = {
+    "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"]),
+    # New inputs appended after the original eight, optional: older workflows keep their
+    # widget values and older API prompts (without them) still validate.
+    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
+    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
+    "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
+                            ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
+                             "attention", "preset"]),
+    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model", "precision"]),
+    "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], []),
+    "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
+                               "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
+                               "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
+                              ["text", "camera_path", "vae_model", "positive", "negative"]),
+}
+
+EXPECTED_OUTPUTS = {
+    "LingBotWorldTextEncode": ("LINGBOT_TEXT",),
+    "LingBotWorldDiTLoader": ("LINGBOT_DIT",),
+    "LingBotWorldCamera": ("LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"),
+    "LingBotWorldVAEEncode": ("LINGBOT_I2V",),
+    "LingBotWorldSampler": ("LATENT",),
+    "LingBotWorldVAEDecode": ("IMAGE",),
+    "LingBotWorldLoraLoader": ("LINGBOT_DIT",),
+    "LingBotWorldLongVideo": ("VIDEO",),
+}
+
+
+def test_mappings_register_every_node_with_display_names():
+    assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(EXPECTED_INPUTS)
+    assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(EXPECTED_INPUTS)
+    for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items():
+        assert issubclass(cls, io.ComfyNode)
+        schema = cls.GET_SCHEMA()
+        assert schema.node_id == name and name.startswith("LingBotWorld")
+        assert schema.display_name == pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name]
+        assert schema.display_name.startswith("LingBot-World ")
+        assert schema.category == "LingBot-World"
+        assert schema.description.strip()
+
+
+def test_comfy_entrypoint_lists_the_same_nodes():
+    extension = run_async(pack_nodes.comfy_entrypoint())
+    assert isinstance(extension, ComfyExtension)
+    assert run_async(extension.get_node_list()) == list(pack_nodes.NODE_CLASS_MAPPINGS.values())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_INPUTS))
+def test_input_and_return_types(name, comfy_dirs):
+    cls = pack_nodes.NODE_CLASS_MAPPINGS[name]
+    schema = cls.INPUT_TYPES()
+    required, optional = EXPECTED_INPUTS[name]
+    assert list(schema["required"]) == required
+    assert list(schema.get("optional", {})) == optional
+    for spec in [*schema["required"].values(), *schema.get("optional", {}).values()]:
+        assert spec[1]["tooltip"].strip()
+    outputs = cls.GET_SCHEMA().outputs
+    assert tuple(o.get_io_type() for o in outputs) == EXPECTED_OUTPUTS[name]
+    assert all(o.display_name and o.tooltip.strip() for o in outputs)
+
+
+def test_widget_defaults():
+    text = LingBotWorldTextEncode.INPUT_TYPES()["required"]
+    assert text["negative_prompt"][1]["default"] == DEFAULT_NEGATIVE_PROMPT
+    assert options(text["device"]) == ["auto", "gpu", "cpu"]
+    sampler = LingBotWorldSampler.INPUT_TYPES()["required"]
+    defaults = {k: sampler[k][1]["default"] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")}
+    assert defaults == {"steps": 40, "shift": 10.0, "cfg_high": 5.0, "cfg_low": 5.0, "boundary": 0.947, "sampler": "unipc"}
+    assert sampler["seed"][1]["control_after_generate"] is True
+    assert options(sampler["sampler"]) == ["unipc", "euler"]
+    optional = LingBotWorldSampler.INPUT_TYPES()["optional"]
+    assert [optional[k][0] for k in ("text", "camera", "positive", "negative")] == [
+        "LINGBOT_TEXT", "LINGBOT_CAMERA", "CONDITIONING", "CONDITIONING"]
+    for node in (LingBotWorldVAEEncode, LingBotWorldVAEDecode):
+        assert node.INPUT_TYPES()["optional"]["vae_model"][0] == "VAE"
+    camera = LingBotWorldCamera.INPUT_TYPES()["required"]
+    assert options(camera["preset"]) == list(CAMERA_PRESETS)
+    for node in (camera, LingBotWorldVAEEncode.INPUT_TYPES()["required"]):
+        assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
+        assert node["width"][1]["step"] == node["height"][1]["step"] == 16
+        assert node["frames"][1]["step"] == 4
+
+
+def test_file_combos_are_validated_by_the_pack(installed, trajectory):
+    assert LingBotWorldVAEEncode.validate_inputs(vae=f"{PKG}/Wan2.1_VAE.pth") is True
+    assert LingBotWorldVAEDecode.validate_inputs(vae=model_files.NO_FILE) is True
+    problem = LingBotWorldVAEDecode.validate_inputs(vae="vae/missing.pth")
+    assert isinstance(problem, str) and problem.startswith("vae: 'vae/missing.pth' is not offered")
+    assert LingBotWorldDiTLoader.validate_inputs(high_noise=f"{PKG}/high_noise_model_bnb_nf4",
+                                                 low_noise=f"{PKG}/low_noise_model_bnb_nf4") is True
+    assert "low_noise" in LingBotWorldDiTLoader.validate_inputs(high_noise=f"{PKG}/high_noise_model_bnb_nf4",
+                                                                low_noise=f"{PKG}/tokenizer")
+    assert LingBotWorldTextEncode.validate_inputs(t5_file=f"{PKG}/Wan2.1_VAE.pth", tokenizer=f"{PKG}/tokenizer") \
+        .startswith("t5_file:")  # the VAE is not offered as a T5 file
+    assert LingBotWorldCamera.validate_inputs(poses_file="traj/poses.npy", intrinsics_file=model_files.NO_FILE) is True

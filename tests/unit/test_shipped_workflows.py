@@ -1,0 +1,144 @@
+"""The shipped workflows against the node schemas (inside the ComfyUI host, on the CPU): the
+API prompts of workflows/api/, the UI templates of example_workflows/ and their thumbnails,
+and the same files as they were before (tests/data/legacy_workflows/), which must still load."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from comfy_host import use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+from shipped_workflows import TEMPLATES  # noqa: E402
+from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
+
+# Widget values the frontend stores right after an input's own value.
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
+
+
+def _widget_names(class_type: str) -> list[str] | None:
+    cls = pack_nodes.NODE_CLASS_MAPPINGS.get(class_type)
+    if cls is None:
+        return None
+    schema = cls.INPUT_TYPES()
+    names = []
+    for section in ("required", "optional"):
+        for name, spec in schema.get(section, {}).items():
+            kind = spec[0]
+            if isinstance(kind, list) or kind in ("COMBO", "INT", "FLOAT", "STRING", "BOOLEAN"):
+                names.append(name)
+    return names
+
+
+def cls_optional(class_type: str) -> set[str]:
+    return set(pack_nodes.NODE_CLASS_MAPPINGS[class_type].INPUT_TYPES().get("optional", {}))
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_api_workflow_matches_node_schemas(name, comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    classes = [node["class_type"] for node in graph.values()]
+    assert classes.count("LingBotWorldSampler") == 1 and "SaveVideo" in classes and "CreateVideo" in classes
+    assert ("LingBotWorldCamera" in classes) == (name != "lingbot_no_camera")
+    if name == "lingbot_fast":
+        fast = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")["inputs"]
+        assert {k: fast[k] for k in ("cache_threshold", "cfg_truncate", "attention", "preset")} == \
+            {"cache_threshold": 0.05, "cfg_truncate": 0.2, "attention": "auto", "preset": "none"}
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        assert set(schema["required"]) <= set(node["inputs"]), node_id
+        assert set(node["inputs"]) <= set(schema["required"]) | set(schema.get("optional", {})), node_id
+        for key, value in node["inputs"].items():
+            if isinstance(value, list):
+                assert value[0] in graph, f"{node_id}.{key} links to a missing node"
+    fps = [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"]
+    assert fps == [16.0]
+    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")
+    encode = next(n for n in graph.values() if n["class_type"] == "LingBotWorldVAEEncode")
+    for camera in (n for n in graph.values() if n["class_type"] == "LingBotWorldCamera"):
+        assert [camera["inputs"][k] for k in ("width", "height", "frames")] == \
+            [encode["inputs"][k] for k in ("width", "height", "frames")]
+        assert sampler["inputs"]["camera"][0] in graph
+
+
+def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_long_walk.json").read_text(encoding="utf-8"))
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        assert set(schema["required"]) <= set(node["inputs"]) <= set(schema["required"]) | set(schema.get("optional", {}))
+    camera = next(n for n in graph.values() if n["class_type"] == "LingBotWorldCamera")["inputs"]
+    long = next(n for n in graph.values() if n["class_type"] == "LingBotWorldLongVideo")["inputs"]
+    assert camera["source"] == "actions" and camera["frames"] == long["frames"] == 961
+    assert [camera[k] for k in ("width", "height", "window", "overlap")] == [long[k] for k in ("width", "height", "window", "overlap")]
+    assert (long["window"], long["overlap"], long["steps"]) == (81, 1, 40)
+    assert long["camera_path"] == [next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldCamera"), 2]
+    assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
+    """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
+    ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
+    api = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    assert (REPO / "example_workflows" / f"{TEMPLATES[name]}.jpg").is_file()
+    # Opens at a zoom where the frontend draws node bodies (it simplifies them below ~0.6).
+    assert 0.6 <= ui["extra"]["ds"]["scale"] <= 1.5
+    assert ui["version"] == 0.4
+    links = {link[0]: link for link in ui["links"]}
+    nodes = {str(n["id"]): n for n in ui["nodes"] if n["type"] != "MarkdownNote"}
+    assert set(nodes) == set(api)
+    for node_id, node in nodes.items():
+        expected = api[node_id]
+        assert node["type"] == expected["class_type"]
+        for slot in node["inputs"]:
+            source = expected["inputs"].get(slot["name"])
+            if slot["link"] is None:
+                assert source is None
+                continue
+            _, origin, origin_slot, target, target_slot, _ = links[slot["link"]]
+            assert [str(origin), origin_slot] == source and str(target) == node_id
+            assert node["inputs"][target_slot] is slot
+        names = _widget_names(node["type"])
+        if names is None:
+            continue
+        values = list(node["widgets_values"])
+        optional = cls_optional(node["type"])
+        for input_name in names:
+            if not values and input_name in optional and input_name not in expected["inputs"]:
+                continue  # a widget added after the graph was saved: the frontend and the node use its default
+            assert values.pop(0) == expected["inputs"][input_name], f"{node_id}.{input_name}"
+            for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
+                values.pop(0)
+        assert values == []
+    seed_widgets = next(n for n in nodes.values()
+                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"))["widgets_values"]
+    assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
+
+
+def test_templates_are_the_workflows_with_distinct_thumbnails():
+    folder = REPO / "example_workflows"
+    assert sorted(p.stem for p in folder.glob("*.json")) == sorted(TEMPLATES.values())
+    assert sorted(p.stem for p in (REPO / "workflows" / "api").glob("*.json")) == sorted(TEMPLATES)
+    thumbs = {name: np.asarray(Image.open(folder / f"{title}.jpg").convert("L"), dtype=np.float32)
+              for name, title in TEMPLATES.items()}
+    for first, second in [(a, b) for a in thumbs for b in thumbs if a < b]:
+        # The camera graphs differ only in a few widgets, the note's heading and the path
+        # drawing: at least 0.2% of the pixels must differ clearly (the first thumbnails,
+        # which differed in one widget, had 0.12%).
+        changed = (np.abs(thumbs[first] - thumbs[second]) > 30).mean()
+        assert changed > 0.002, f"{first} and {second} have the same thumbnail ({changed:.4%} differs)"
