@@ -1,4 +1,5 @@
-"""The whole pipeline (pipeline/generate.py) on tiny synthetic packages, on the CPU, stage by stage."""
+"""pipeline/generate.py: the whole run outside ComfyUI on the tiny synthetic packages (CPU),
+both layouts, with and without a camera."""
 from __future__ import annotations
 
 import weakref
@@ -9,13 +10,9 @@ import torch
 from PIL import Image
 
 from whole_run import generate_video as generate
-from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline import experts as experts_mod
-from comfyui_lingbot_world.pipeline import image as image_stage
-from comfyui_lingbot_world.pipeline import text as text_stage
 from comfyui_lingbot_world.pipeline.camera import path_from_preset
-from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for
-from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
+from comfyui_lingbot_world.pipeline.sampling import SamplingParams
 
 H, W = 32, 48
 PARAMS = SamplingParams(steps=4, shift=5.0, seed=7)
@@ -72,59 +69,6 @@ def test_one_expert_resident_at_a_time(packages, image, monkeypatch):
     generate(packages["nf4"], image, "mountains", "", 5, H, W, None, PARAMS, device="cpu")
     assert len(resident) == 2 and "high" in resident[0] and "low" in resident[1]
     assert peak == 1
-
-
-def test_expert_choice_follows_boundary():
-    assert expert_for(950.0, 0.947) == "high"
-    assert expert_for(947.0, 0.947) == "high"
-    assert expert_for(946.9, 0.947) == "low"
-
-
-def test_text_stage_frees_encoder_and_caches(packages, tmp_path, monkeypatch):
-    files = find_package(packages["nf4"])
-    loaded: list[weakref.ref] = []
-    real_load = text_stage.load_t5
-
-    def tracking(path, device, dtype):
-        module = real_load(path, device, dtype)
-        loaded.append(weakref.ref(module))
-        return module
-
-    monkeypatch.setattr(text_stage, "load_t5", tracking)
-    first = text_stage.encode_text(files.t5, files.tokenizer, "a red fox", "blurry", "cpu", cache_dir=tmp_path)
-    assert not first.from_cache and len(loaded) == 1
-    module = loaded[0]()
-    assert module is None or all(p is None for p in module._parameters.values())
-
-    def refuse(*a, **k):
-        raise AssertionError("the encoder must not load for a cached prompt")
-
-    monkeypatch.setattr(text_stage, "load_t5", refuse)
-    again = text_stage.encode_text(files.t5, files.tokenizer, "a red fox", "blurry", "cpu", cache_dir=tmp_path)
-    assert again.from_cache
-    assert torch.equal(again.positive, first.positive) and torch.equal(again.negative, first.negative)
-
-
-def test_empty_prompt_is_encoded_and_empty_negative_is_the_default(packages):
-    """The reference encodes an empty prompt like any other (just </s>) and replaces an
-    empty negative prompt by the config's default one (SPEC §10)."""
-    files = find_package(packages["nf4"])
-    empty = text_stage.encode_text(files.t5, files.tokenizer, "", "", "cpu")
-    default = text_stage.encode_text(files.t5, files.tokenizer, "", DEFAULT_NEGATIVE_PROMPT, "cpu")
-    assert empty.positive.shape[0] == 1  # the end-of-sequence token alone
-    torch.testing.assert_close(empty.negative, default.negative)
-    assert empty.negative.shape[0] > 50  # the long default prompt, not an empty one
-    with pytest.raises(ValueError, match="negative_prompt: character 1 is a lone surrogate"):
-        text_stage.encode_text(files.t5, files.tokenizer, "x", "a\udfff", "cpu")
-
-
-@pytest.mark.parametrize("mode", ["L", "LA", "P", "RGBA", "I;16", "CMYK"])
-def test_image_stage_accepts_every_mode(packages, mode):
-    files = find_package(packages["nf4"])
-    picture = Image.new("RGB", (64, 40), (200, 120, 30)).convert(mode) if mode != "I;16" else Image.new("I;16", (64, 40), 40000)
-    cond = image_stage.encode_image(files.vae, picture, 5, H, W, "cpu")
-    assert cond.y.shape == (20, 2, H // 8, W // 8)
-    assert torch.isfinite(cond.y).all()
 
 
 def test_batched_cfg_equals_two_passes(packages, image):
