@@ -1,5 +1,6 @@
-"""The issue-10 benchmark scripts run end to end on the CPU with their tiny presets (the
-GPU numbers come from the same code with the real sizes)."""
+"""bench/nonfinite_cost.py and bench/vae_precision.py run end to end on the CPU with their
+tiny presets (the GPU numbers come from the same code with the real sizes).
+bench/time_to_video.py: test_bench_time_to_video.py."""
 from __future__ import annotations
 
 import importlib.util
