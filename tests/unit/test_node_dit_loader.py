@@ -3,6 +3,7 @@ nothing loads, folders and geometries are checked, block swap and devices option
 the DiT handle frees everything when dropped."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -18,6 +19,8 @@ from node_runs import PKG, encode_prompt, encode_start, load_dit, options, run_s
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.host.expert_patcher import DiTExperts  # noqa: E402
+from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_nf4_expert  # noqa: E402
+from comfyui_lingbot_world.wan.config import TINY  # noqa: E402
 
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
@@ -84,3 +87,15 @@ def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
     mm.cleanup_models_gc()
     assert ref() is None
     assert all(m is not None for m in mm.loaded_models())
+
+
+def test_experts_of_different_shapes_are_refused_naming_the_folders(installed):
+    """Both experts must come from one model: a low-noise expert of another geometry (here 3
+    blocks instead of 2) fails in the loader, before anything is loaded."""
+    other = installed["lingbot"] / "other" / "low_noise_model_bnb_nf4"
+    write_synthetic_nf4_expert(other, dataclasses.replace(TINY, num_layers=3), seed=5)
+    with pytest.raises(CheckpointError, match=r"low_noise_model_bnb_nf4: low_noise has another geometry than "
+                                              r"high_noise .*num_layers=3.* both experts must come from the same model"):
+        LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", "lingbot/other/low_noise_model_bnb_nf4", "none")
+    assert LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4",
+                                         "none")[0].config == TINY  # the package's own pair loads

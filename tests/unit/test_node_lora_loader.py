@@ -97,3 +97,19 @@ def test_malformed_lora_fails_naming_file_and_key_and_releases_the_expert(instal
     assert str(bad) in message and "lora_unet_blocks_0_ffn_0" in message
     assert not_resident(dit)
     assert torch.isfinite(_latent(dit, text, i2v)).all()  # the next run is clean
+
+
+def test_a_lora_file_gone_since_the_loader_ran_is_refused_before_any_expert_loads(installed, monkeypatch):
+    """The LoRA Loader only names the file; if it is deleted before the sampler runs, the
+    sampler says so (naming the file) before ComfyUI loads an expert for nothing."""
+    import comfy.model_management as mm
+
+    text, i2v, dit = _inputs()
+    lora = write_kohya_lora(installed["loras"] / "gone.safetensors", installed["package"] / "high_noise_model_bnb_nf4")
+    with_lora = LingBotWorldLoraLoader.execute(dit, "gone.safetensors", 1.0, "none", 1.0)[0]
+    lora.unlink()
+    loads = []
+    monkeypatch.setattr(mm, "load_models_gpu", lambda models, *a, **k: loads.append(models))
+    with pytest.raises(FileNotFoundError, match=rf"LoRA file {lora} no longer exists; pick another in the LoRA Loader"):
+        _latent(with_lora, text, i2v)
+    assert loads == [] and not_resident(dit)
