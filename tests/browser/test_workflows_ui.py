@@ -31,6 +31,7 @@ from shipped_workflows import TEMPLATES
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
+LEGACY_DIR = ROOT / "tests" / "data" / "legacy_workflows"  # the same graphs as shipped before
 EXAMPLES = sorted(TEMPLATES)
 SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"
@@ -268,6 +269,17 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
                    "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
     frontend.page.evaluate(_JS_SET_WIDGETS, restore)
     shoot_thumbnail(frontend, name)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_workflow_saved_before_converts_to_its_prompt_in_the_page(
+        frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
+    """A user's copy of a shipped workflow as it was before: the frontend loads it with
+    today's node definitions and converts it to the API prompt shipped with it."""
+    frontend.load_workflow(json.loads((LEGACY_DIR / "ui" / f"{TEMPLATES[name]}.json").read_text()))
+    assert frontend.missing_node_types() == []
+    page_prompt_matches(frontend, comfy_server, json.loads((LEGACY_DIR / "api" / f"{name}.json").read_text()))
+    assert not frontend.page_errors, frontend.page_errors
 
 
 def shoot_thumbnail(frontend: ComfyFrontend, name: str) -> Path:

@@ -3,7 +3,8 @@
 One server per module, with the pack installed and a tiny synthetic NF4 package where the
 shipped workflows expect the real one (tests/tiny_package.py). Every API workflow in
 workflows/api/ is queued (shrunk to a few frames of 48x32), followed over the websocket to
-success, and its SaveVideo file is opened with PyAV. Then the failure paths a user meets:
+success, and its SaveVideo file is opened with PyAV; so are the API prompts as they were
+shipped before (tests/data/legacy_workflows/api/), which users have saved. Then the failure paths a user meets:
 a prompt that fails validation, a node that raises, Cancel during sampling; and what the
 pack leaves in memory, seen through its own GET /lingbot/status route.
 """
@@ -21,6 +22,7 @@ from comfy_server import ComfyServer, PromptRejected, video_info
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
 # The one-pass graphs (sampler, decode, Save Video); the long walk has its own test file.
 ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem != "lingbot_long_walk"]
+LEGACY_API_WORKFLOWS = sorted((ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json"))
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
@@ -142,6 +144,21 @@ def test_shipped_workflow_saves_a_video(comfy_server: ComfyServer, workflow: Pat
     has_camera = any(n["class_type"] == "LingBotWorldCamera" for n in graph.values())
     previews = [f for f in comfy_server.output_files(result) if f.suffix == ".png"]
     assert len(previews) == (1 if has_camera else 0), previews  # the camera path drawing
+
+
+@pytest.mark.parametrize("workflow", LEGACY_API_WORKFLOWS, ids=lambda p: p.stem)
+def test_an_api_prompt_saved_before_still_runs(comfy_server: ComfyServer, workflow: Path) -> None:
+    """Queued as saved (only shrunk like every graph here): it validates, runs, saves a video."""
+    assert len(LEGACY_API_WORKFLOWS) == len(API_WORKFLOWS)
+    graph = tiny_package.small_workflow(json.loads(workflow.read_text()), frames=5, width=WIDTH, height=HEIGHT,
+                                        steps=2)
+    comfy_server.free()  # drop cached outputs: the same graph may have run above
+    result = comfy_server.run(graph, timeout=180)
+    assert "execution_success" in [kind for kind, _ in result.events], result.describe()
+    videos = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    assert len(videos) == 1, comfy_server.output_files(result)
+    video = video_info(videos[0])
+    assert (video.frames, video.width, video.height) == (5, WIDTH, HEIGHT), video
 
 
 # ------------------------------------------------------------------------------ failures

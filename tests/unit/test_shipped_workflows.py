@@ -17,6 +17,11 @@ from shipped_workflows import TEMPLATES  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_workflows"
+# Combos that list the user's files: what the old graphs name is checked in a real server
+# with the tiny package installed under those names (tests/integration/test_workflows.py).
+FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_file", "intrinsics_file",
+               "pose_export", "lora_high_noise", "lora_low_noise"}
 
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
@@ -90,15 +95,8 @@ def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
     assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
-def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
-    """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
-    ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
-    api = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
-    assert (REPO / "example_workflows" / f"{TEMPLATES[name]}.jpg").is_file()
-    # Opens at a zoom where the frontend draws node bodies (it simplifies them below ~0.6).
-    assert 0.6 <= ui["extra"]["ds"]["scale"] <= 1.5
-    assert ui["version"] == 0.4
+def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
+    """Widget values follow INPUT_TYPES order, links follow the API graph."""
     links = {link[0]: link for link in ui["links"]}
     nodes = {str(n["id"]): n for n in ui["nodes"] if n["type"] != "MarkdownNote"}
     assert set(nodes) == set(api)
@@ -130,6 +128,18 @@ def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
 
 
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_ui_workflow_is_the_api_workflow(name, comfy_dirs):
+    """Widget values follow INPUT_TYPES order, links follow the API graph, a thumbnail exists."""
+    ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
+    api = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    assert (REPO / "example_workflows" / f"{TEMPLATES[name]}.jpg").is_file()
+    # Opens at a zoom where the frontend draws node bodies (it simplifies them below ~0.6).
+    assert 0.6 <= ui["extra"]["ds"]["scale"] <= 1.5
+    assert ui["version"] == 0.4
+    assert_ui_is_the_api_graph(ui, api)
+
+
 def test_templates_are_the_workflows_with_distinct_thumbnails():
     folder = REPO / "example_workflows"
     assert sorted(p.stem for p in folder.glob("*.json")) == sorted(TEMPLATES.values())
@@ -142,3 +152,50 @@ def test_templates_are_the_workflows_with_distinct_thumbnails():
         # which differed in one widget, had 0.12%).
         changed = (np.abs(thumbs[first] - thumbs[second]) > 30).mean()
         assert changed > 0.002, f"{first} and {second} have the same thumbnail ({changed:.4%} differs)"
+
+
+# --------------------------------------------------------------------------- workflows saved before
+
+
+def test_the_legacy_copies_are_the_shipped_set():
+    """tests/data/legacy_workflows/ holds every shipped graph as it was: saved workflows and
+    API prompts of users, which must keep loading whatever the nodes become."""
+    assert sorted(p.stem for p in (LEGACY / "api").glob("*.json")) == sorted(TEMPLATES)
+    assert sorted(p.stem for p in (LEGACY / "ui").glob("*.json")) == sorted(TEMPLATES.values())
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_a_legacy_ui_workflow_converts_to_its_api_prompt(name, comfy_dirs):
+    """Read with today's node schemas, the old UI file gives the old API prompt, value for value."""
+    ui = json.loads((LEGACY / "ui" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
+    api = json.loads((LEGACY / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    assert_ui_is_the_api_graph(ui, api)
+
+
+def _offered(spec) -> list | None:
+    kind = spec[0]
+    return kind if isinstance(kind, list) else spec[1].get("options") if kind == "COMBO" and len(spec) > 1 else None
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_a_legacy_api_prompt_validates_against_the_node_schemas(name, comfy_dirs):
+    """Every input of the old prompt exists, every required one is given, numbers sit in
+    their ranges and fixed choices are still offered (file combos list the user's files)."""
+    graph = json.loads((LEGACY / "api" / f"{name}.json").read_text(encoding="utf-8"))
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        specs = {**schema["required"], **schema.get("optional", {})}
+        assert set(schema["required"]) <= set(node["inputs"]) <= set(specs), node_id
+        for key, value in node["inputs"].items():
+            spec = specs[key]
+            if isinstance(value, list):  # a link
+                assert value[0] in graph, f"{node_id}.{key} links to a missing node"
+                continue
+            options = _offered(spec)
+            if options is not None and key not in FILE_COMBOS:
+                assert value in options, f"{node_id}.{key}={value!r}"
+            if spec[0] in ("INT", "FLOAT"):
+                assert spec[1].get("min", value) <= value <= spec[1].get("max", value), f"{node_id}.{key}={value!r}"
