@@ -1,4 +1,4 @@
-"""bf16 experts (SPEC §2 layout B): diffusers-style safetensors shards plus an index.
+"""bf16 experts (layout B, docs/conventions.md#checkpoint-layouts): diffusers-style safetensors shards plus an index.
 
 Reading opens every shard as a memory map and streams each tensor onto the target device.
 With ``quantize="nf4"`` each linear layer is quantized the moment its weight arrives, so the

@@ -1,4 +1,4 @@
-"""NF4 experts (SPEC §2 layout A): every nn.Linear in bitsandbytes' 4-bit serialization, the rest bf16.
+"""NF4 experts (layout A, docs/conventions.md#checkpoint-layouts): every nn.Linear in bitsandbytes' 4-bit serialization, the rest bf16.
 
 Reading builds the DiT on the meta device and fills it tensor by tensor from the memory map
 of ``model.safetensors`` (or a legacy ``model.pt``) straight onto the target device; each
@@ -46,7 +46,7 @@ NF4_FORMAT = "bnb_nf4"
 VALID_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes accepts
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
-# Per 4-bit layer, the keys bitsandbytes writes after "<layer>." (SPEC §2 layout A).
+# Per 4-bit layer, the keys bitsandbytes writes after "<layer>." (docs/conventions.md#checkpoint-layouts).
 QUANT_STATE_KEY = "weight.quant_state.bitsandbytes__nf4"
 QUANT_KEYS = ("weight", "weight.absmax", "weight.quant_map", QUANT_STATE_KEY)
 NESTED_QUANT_KEYS = ("weight.nested_absmax", "weight.nested_quant_map")
@@ -245,7 +245,7 @@ def save_nf4_expert(
     compute_dtype: torch.dtype = torch.bfloat16,
     provenance: dict | None = None,
 ) -> Path:
-    """Write ``model`` as an NF4 expert folder (SPEC §2 layout A).
+    """Write ``model`` as an NF4 expert folder (layout A).
 
     Quantizes one nn.Linear at a time on the device it lives on; RAM holds the packed
     tensors (about a quarter of the bf16 size) on top of the caller's model.

@@ -1,4 +1,5 @@
-"""Find the files of a LingBot-World package (SPEC §2 layout A or B) under one root folder."""
+"""Find the files of a LingBot-World package (layout A or B, docs/conventions.md#checkpoint-layouts) under one
+root folder."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-# The VAE precisions a user can pick; float32 is what the reference runs (SPEC §10).
+# The VAE precisions a user can pick; float32 is what the reference runs (docs/conventions.md#reference-behaviours).
 VAE_PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -1,4 +1,5 @@
-"""Write a synthetic (random-weight) LingBot-World package in SPEC §2 layout A (NF4) or B (bf16).
+"""Write a synthetic (random-weight) LingBot-World package in layout A (NF4) or B (bf16)
+(docs/conventions.md#checkpoint-layouts).
 
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda

@@ -1,5 +1,5 @@
 """Keyboard-style camera authoring: an action string → camera-to-world poses, and the
-default intrinsics for a frame of any size (SPEC §4 conventions).
+default intrinsics for a frame of any size (docs/conventions.md#camera-path).
 
 An action string is a comma-separated list of tokens ``KEYS-FRAMES``, e.g.
 ``w-20,j-10,w-30`` or ``iw-15,none-10``: the keys are held for that many video frames.

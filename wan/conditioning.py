@@ -1,4 +1,5 @@
-"""Image-to-video conditioning: output size, first-frame tensor, mask and condition y (SPEC §5).
+"""Image-to-video conditioning: output size, first-frame tensor, mask and condition y
+(docs/conventions.md#image-to-video-conditioning).
 
 The first frame is resized to h×w and scaled to [-1, 1]; the clip the VAE encodes is that
 frame followed by F−1 frames of zeros (zero in [-1, 1] space, as the reference does). The
@@ -188,7 +189,7 @@ def image_to_tensor(image: ImageInput, h: int, w: int, clamp: bool = False) -> t
 
     Resampling is what the reference does: bicubic ``torch.nn.functional.interpolate`` on
     the [-1, 1] tensor (align_corners=False, no antialias). Bicubic overshoots a little at
-    sharp edges and the reference hands that overshoot to the VAE as it is (SPEC §10), so
+    sharp edges and the reference hands that overshoot to the VAE as it is (docs/conventions.md#reference-behaviours), so
     by default nothing is clamped; ``clamp`` pulls the values back into [-1, 1]. A PIL picture of more than
     ``MAX_FULL_RES_PIXELS`` is box-reduced first (``_shrink_huge``) to bound the memory.
     """

@@ -3,7 +3,7 @@
 The model predicts the flow ``v`` of the straight path x_σ = (1-σ)·x0 + σ·noise, so a clean
 estimate is ``x0 = x - σ·v``. Both samplers walk the same shifted schedule from σ≈1 to 0.
 
-The schedule follows the LingBot-World reference exactly (SPEC §6): the training range
+The schedule follows the LingBot-World reference exactly (docs/conventions.md#sampling-schedule): the training range
 σ ∈ [1 - 1/T, 0] (T = 1000 training timesteps, the top value stored as float32) is cut into
 ``steps`` equal pieces, the last point (0) is dropped, every σ is shifted with
 σ' = s·σ / (1 + (s-1)·σ), and a final σ = 0 is appended. The reference hands the DiT integer

@@ -82,7 +82,7 @@ def _broken_copies(models: Path, package: Path) -> None:
 
 
 def _hostile_copies(models: Path, package: Path) -> None:
-    """Issue 10's hostile files: geometry that must be refused before anything is built,
+    """Hostile files: geometry that must be refused before anything is built,
     a stride-0 .pth, a config nested 100k levels, and an expert whose weights hold NaN."""
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -310,7 +310,7 @@ def test_server_serves_and_memory_is_back_after_bad_inputs(comfy_server: ComfySe
     assert comfy_server.run(workflow(), timeout=120).ok
     assert_nothing_alive(comfy_server, "after a normal run")
     assert_memory_back(comfy_server, idle, "after the bad inputs")
-    assert settled_rss_anon(comfy_server) <= idle + 64 * 2**20  # issue 10: within 64 MB of idle
+    assert settled_rss_anon(comfy_server) <= idle + 64 * 2**20  # within 64 MB of idle
 
 
 def test_empty_prompts_run_like_the_reference(comfy_server: ComfyServer) -> None:

@@ -1,15 +1,16 @@
-"""Bad inputs and faults at the node and pipeline level: a clear error, nothing left loaded.
+"""Themed (hostile inputs): bad inputs and faults at the node and pipeline level, a clear
+error and nothing left loaded.
 
 Cases already covered elsewhere (not repeated here):
 - image modes L, LA, P, RGBA, I;16, CMYK, ... -> RGB: test_conditioning.py::test_every_mode_converts,
-  test_pipeline.py::test_image_stage_accepts_every_mode;
+  test_image.py::test_image_stage_accepts_every_mode;
 - frames not 4n+1, sizes not multiples of 16: test_conditioning.py::test_frame_count_checks,
   ::test_size_checks;
 - poses of the wrong shape, NaN/inf, not rotations, zero/negative focal lengths, count
   mismatches: test_camera.py::test_validation_names_the_field; fewer poses than frames:
   test_node_camera.py::test_camera_from_input_files;
 - empty prompts (encoded, as the reference does), lone surrogates:
-  test_pipeline.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default; missing tokenizer:
+  test_text.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default; missing tokenizer:
   test_t5.py::test_tokenizer_errors_name_folder_and_files; tokenizer truncation:
   test_t5.py::test_tokenizer_truncates_with_warning;
 - missing / wrong-layout expert folders, truncated safetensors, corrupt headers, config.json

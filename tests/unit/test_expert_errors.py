@@ -1,4 +1,10 @@
-"""Every way an expert folder can be wrong gives a CheckpointError naming the file and the problem."""
+"""Themed (hostile inputs, expert folders): every way an expert folder can be wrong gives a
+CheckpointError naming the file and the problem (loaders/layout.py, dit_weights.py, nf4.py,
+bf16.py, package.py). Index, by section: the folder itself (missing, a file, empty,
+unrelated files, the other layout); damaged files (truncated safetensors, shards and
+model.pt, corrupt headers, a shard the index names but lacks); keys and shapes (missing,
+unexpected, config.json against the weights); quantization_meta.json; an incomplete
+package. Experts of two geometries: test_node_dit_loader.py."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,19 @@
-"""Issue 10, items 5-11 at the pipeline and loader level: no silent or process-killing failure.
+"""Themed (hostile inputs, pipeline and loader level): no silent or process-killing failure.
 
 Each hostile input gives an error naming the file or field (or, for the prompt cache, a
 warning and an uncached run); a Cancel acts within one transformer block, VAE chunk or T5
 layer. The node-level pieces (symlink loops in the listings, the status route) are in
-test_fail_safe_nodes.py.
+test_fail_safe_nodes.py. Index, by section:
+
+5. non-finite values: NaN/inf sampling settings, NaN weights, an extreme focal length, a
+   non-finite text embedding or VAE output stop with the step, expert or stage named.
+6. bounded geometry: a huge num_layers, a block count that contradicts the weights, a
+   stride-0 .pth and sizes that cannot fit are refused before anything is allocated.
+7. prompt cache: write failures warn and leave nothing; a failing cache never stops the
+   text stage; entries are used only for their key and when sound.
+8. cancel: acts within one block (sampling), one layer (T5), one chunk (VAE encode/decode).
+10. failed builds: a half-built model is freed before the error is seen.
+11. the smaller ones: deeply nested JSON, lone surrogates, complex-valued poses.
 """
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
-"""Issue 10, items 9 and 11 at the node level (inside the ComfyUI host, on the CPU):
-symlink loops in the model and input listings, and GET /lingbot/status off the event loop
-with no absolute paths."""
+"""Themed (hostile inputs, node level; inside the ComfyUI host, on the CPU). Index:
+
+11. symlink loops in the model and input listings visit each real folder once
+    (test_symlink_loops_visit_each_real_folder_once).
+9. GET /lingbot/status (nodes/host/routes.py): folders relative to their model folder, never
+   stalling the event loop, counting tracked models until released.
+The pipeline and loader level: test_fail_safe.py.
+"""
 from __future__ import annotations
 
 import asyncio

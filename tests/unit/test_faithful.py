@@ -1,8 +1,15 @@
-"""Issue 10, items 1-4: the pack does what the reference does (SPEC §10), checked against
-values written from the reference's documented behaviour.
+"""Themed: the pack does what the reference does where that is easy to miss
+(docs/conventions.md#reference-behaviours), checked against values written from the
+reference's documented behaviour. Across wan/conditioning.py, wan/camera.py, the VAE stages.
 
-Item 4 (empty prompt encoded, empty negative prompt = the default one) is in
-test_pipeline.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default.
+1. resize: the first frame is bicubic and not clamped (test_first_frame_is_bicubic_without_clamp).
+2. camera precision: keyframes and relative poses in float32 as upstream
+   (test_pose_interpolation_returns_float32, test_relative_poses_are_composed_in_float32_like_the_reference,
+   test_camera_tensor_follows_the_float32_chain).
+3. VAE precision: float32 on every device unless bf16 is asked
+   (test_vae_runs_in_float32_on_every_device_unless_asked,
+   test_encode_and_decode_load_the_vae_in_the_asked_precision).
+Empty prompt and negative prompt: test_text.py::test_empty_prompt_is_encoded_and_empty_negative_is_the_default.
 """
 from __future__ import annotations
 
@@ -53,7 +60,7 @@ def _poses(n: int) -> np.ndarray:
 
 
 def _reference_relative_float32(c2ws: torch.Tensor) -> torch.Tensor:
-    """The documented reference chain (SPEC §4/§10): float32 poses, relative to the first
+    """The documented reference chain (docs/conventions.md#camera-path, #reference-behaviours): float32 poses, relative to the first
     (first set to identity), then frame to frame, then translations over the largest norm."""
     def inverse(t: torch.Tensor) -> torch.Tensor:
         out = torch.eye(4, dtype=t.dtype).repeat(t.shape[0], 1, 1)

@@ -1,6 +1,6 @@
 """LingBotDiT: official key names, meta construction, and numerical agreement with
 independent implementations (ComfyUI's own Wan model and a functional restatement of the
-camera path written here from SPEC §3). Tiny geometry, CPU, float32 unless noted."""
+camera path written here from docs/conventions.md#dit-forward). Tiny geometry, CPU, float32 unless noted."""
 from __future__ import annotations
 
 import copy
@@ -23,7 +23,7 @@ GRID = (3, 4, 6)  # latent F, H, W -> 3 x 2 x 3 = 18 tokens
 
 # ----------------------------------------------------------------------------- helpers
 def official_shapes(cfg: DiTConfig) -> dict[str, tuple[int, ...]]:
-    """State-dict keys and shapes of an official expert, written from SPEC §2 / config."""
+    """State-dict keys and shapes of an official expert, written from docs/conventions.md#checkpoint-layouts / config."""
     d, pt, ph, pw = cfg.dim, *cfg.patch_size
 
     def linear(name: str, n_in: int, n_out: int) -> dict[str, tuple[int, ...]]:
@@ -93,7 +93,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ------------------------------------------------------------- functional restatement
 def functional_forward(sd: dict[str, torch.Tensor], cfg: DiTConfig, x, t, context, y, plucker=None):
-    """The DiT forward of SPEC §3 in plain torch ops, float32, from the state dict alone.
+    """The DiT forward of docs/conventions.md#dit-forward in plain torch ops, float32, from the state dict alone.
     RoPE via complex numbers, camera patchify via einops, attention as explicit softmax."""
     dim, heads, eps = cfg.dim, cfg.num_heads, cfg.eps
     hd = dim // heads
@@ -180,7 +180,7 @@ def test_meta_construction_is_free_and_keys_are_official():
     sd = model.state_dict()
     assert sorted(sd) == sorted(expected)
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected
-    # SPEC §1: ~18.5 B parameters per expert.
+    # docs/conventions.md#the-model: ~18.5 B parameters per expert.
     assert 18.0e9 < sum(p.numel() for p in params.values()) < 19.0e9
     # Loaders swap linears by name: each official linear must be exactly nn.Linear.
     for key in expected:

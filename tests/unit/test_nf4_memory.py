@@ -1,4 +1,4 @@
-"""Loading an NF4 expert must not copy it into anonymous memory (SPEC §9).
+"""Loading an NF4 expert must not copy it into anonymous memory (docs/conventions.md#memory).
 
 A ~1.1 GB synthetic NF4 expert is written once per session; a fresh Python process (so that
 nothing of this process counts) then loads it onto the CPU with ``load_nf4_expert`` while a

@@ -1,4 +1,8 @@
-"""No pickled code runs, node paths stay inside ComfyUI's folders, nothing is fetched at run time.
+"""Themed (hostile inputs, security): no pickled code runs, node paths stay inside ComfyUI's
+folders, nothing is fetched at run time. Index: pickles in .pth, .pt and .npy files are
+refused (the payload really runs when unpickled unsafely); model and input names cannot
+leave their folders (an owner's folder link is followed); a whole run needs no network;
+a scan of the shipped source finds no unsafe load and no download.
 
 Covered elsewhere: input-folder .npy names with '..', absolute paths and symlinks to files
 outside (test_host_model_files.py::test_input_npy_files_cannot_escape_the_input_folder); model names
