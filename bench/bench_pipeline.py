@@ -32,7 +32,7 @@ from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import CameraPath, camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
@@ -112,6 +112,26 @@ class TimedExperts(DiskExperts):
         self.events.append(("release", name, time.perf_counter() - started))
 
 
+def add_run_arguments(p: argparse.ArgumentParser, steps: int) -> None:
+    """The options of one generation that every benchmark of a whole run shares."""
+    p.add_argument("--size", default="480x832")
+    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--vram-cap-gb", type=float, default=None)
+    p.add_argument("--block-swap", type=int, default=0, help="DiT blocks kept on the GPU (0 = all)")
+    p.add_argument("--decode-tile", type=int, default=0)
+    p.add_argument("--image")
+    p.add_argument("--camera-dir", help="folder with poses.npy and intrinsics.npy (default: an orbit preset)")
+
+
+def bench_camera_path(args: argparse.Namespace) -> CameraPath:
+    """--camera-dir's poses.npy and intrinsics.npy, or the orbit preset."""
+    if args.camera_dir:
+        return path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
+    return path_from_preset("orbit_left", 1.0, args.frames)
+
+
 def run_pipeline(args: argparse.Namespace) -> dict:
     height, width = (int(v) for v in args.size.split("x"))
     files = find_package(args.package)
@@ -138,11 +158,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
         with watch.phase("vae_encode"):
             condition = encode_image(files.vae, image, args.frames, height, width, device)
         with watch.phase("camera"):
-            if args.camera_dir:
-                path = path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
-            else:
-                path = path_from_preset("orbit_left", 1.0, args.frames)
-            camera = camera_condition(path, args.frames, height, width)
+            camera = camera_condition(bench_camera_path(args), args.frames, height, width)
         experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None)
         timer = StepTimer()
         params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
@@ -272,8 +288,7 @@ def run_soak(args: argparse.Namespace) -> dict:
 
     height, width = (int(v) for v in args.size.split("x"))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
-    camera = (path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
-              if args.camera_dir else path_from_preset("orbit_left", 1.0, args.frames))
+    camera = bench_camera_path(args)
     record = base_record(args) | {"mode": "soak", "size": args.size, "frames": args.frames, "steps": args.steps,
                                   "runs": []}
     for run in range(args.runs):
@@ -300,15 +315,7 @@ def main() -> int:
     p.add_argument("mode", choices=("pipeline", "load-expert", "naive-load", "soak"))
     p.add_argument("--package", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--size", default="480x832")
-    p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--shift", type=float, default=10.0)
-    p.add_argument("--vram-cap-gb", type=float, default=None)
-    p.add_argument("--block-swap", type=int, default=0)
-    p.add_argument("--decode-tile", type=int, default=0)
-    p.add_argument("--image")
-    p.add_argument("--camera-dir")
+    add_run_arguments(p, steps=4)
     p.add_argument("--kernel-floor", action="store_true")
     p.add_argument("--runs", type=int, default=5, help="soak: number of whole runs")
     p.add_argument("--no-batch-cfg", action="store_true", help="run the two CFG branches as separate passes")

@@ -46,11 +46,12 @@ import numpy as np
 import torch
 
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
-from bench_pipeline import PROMPT, StepTimer, TimedExperts, base_record, cap_vram, sampling_record, sync  # noqa: E402
+from bench_pipeline import (PROMPT, StepTimer, TimedExperts, add_run_arguments, base_record, bench_camera_path,  # noqa: E402
+                            cap_vram, sampling_record, sync)
 from memwatch import MemoryWatch  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_files, path_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_condition  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
@@ -136,11 +137,7 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
             condition = encode_image(files.vae, image, args.frames, height, width, device,
                                      precision=options.get("vae", "fp32"))
         with watch.phase("camera"):
-            if args.camera_dir:
-                path = path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
-            else:
-                path = path_from_preset("orbit_left", 1.0, args.frames)
-            camera = camera_condition(path, args.frames, height, width)
+            camera = camera_condition(bench_camera_path(args), args.frames, height, width)
         experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None)
         source = experts
         if "lora" in options:
@@ -216,16 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", required=True)
     p.add_argument("--variant", action="append", help="NAME or NAME=key=value,... (repeat); default: exact")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--size", default="480x832")
-    p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--steps", type=int, default=40, help="steps of every variant (fewer for long geometries)")
-    p.add_argument("--shift", type=float, default=10.0)
+    add_run_arguments(p, steps=40)  # steps of every variant (fewer for long geometries)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vram-cap-gb", type=float, default=None)
-    p.add_argument("--block-swap", type=int, default=0)
-    p.add_argument("--decode-tile", type=int, default=0)
-    p.add_argument("--image")
-    p.add_argument("--camera-dir")
     p.add_argument("--reference", help="folder with a saved reference (latent.pt, video.pt, name.txt)")
     p.add_argument("--save-reference", help="write the first variant's latent and video here")
     p.add_argument("--synthetic-lora", help="write a random LoRA here first (if absent), for lora=PATH rows")

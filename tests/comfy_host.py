@@ -47,6 +47,13 @@ def comfy_root() -> Path | None:
     return host
 
 
+def safe_name(text: str) -> str:
+    """A test's name as a folder name (the servers' base folders, logs)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[-80:]
+
+
 def artifacts_dir(*parts: str) -> Path:
     """A folder under the run's artifact directory, created on demand."""
     base = Path(os.environ.get("LINGBOT_TEST_ARTIFACTS", ROOT / "test-artifacts"))

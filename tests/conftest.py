@@ -24,6 +24,20 @@ def examples_dir() -> Path:
     return EXAMPLES
 
 
+@pytest.fixture(scope="module")
+def comfy_models():
+    """Override in a module of integration/ or browser/: a callable that fills the server's
+    models/ folder before it starts (``tiny_package.comfy_models_builder``). None: nothing."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def comfy_server_options() -> dict:
+    """Override in a module of integration/ or browser/: extra ``ComfyServer`` keyword
+    arguments (``extra_args``, ``env``)."""
+    return {}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
     config.addinivalue_line("markers", "comfy: starts a real ComfyUI server")

@@ -8,15 +8,14 @@ of that page is saved to test-artifacts/browser/.
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from comfy_host import artifacts_dir  # noqa: E402
+from comfy_host import artifacts_dir, safe_name  # noqa: E402
 from frontend import CHROMIUM_ARGS, ComfyFrontend, chromium_path, prepare_user_settings  # noqa: E402
 from comfy_server import ComfyServer, require_host  # noqa: E402
 
@@ -37,10 +36,6 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     setattr(item, f"lingbot_report_{report.when}", report)
 
 
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[-80:]
-
-
 @pytest.fixture(scope="session")
 def browser():
     """Debian's Chromium through Playwright, shared by the whole run."""
@@ -59,25 +54,13 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def comfy_models() -> Callable[[Path], None] | None:
-    """Override in a module: a callable that fills models/ before the server starts."""
-    return None
-
-
-@pytest.fixture(scope="module")
-def comfy_server_options() -> dict:
-    """Override in a module: extra ``ComfyServer`` keyword arguments."""
-    return {}
-
-
-@pytest.fixture(scope="module")
 def comfy_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                  comfy_models, comfy_server_options: dict) -> Iterator[ComfyServer]:
     """A running ComfyUI that serves the frontend, with the pack installed."""
     host = require_host()
     if importlib.util.find_spec("comfyui_frontend_package") is None:
         pytest.skip("pip install comfyui-frontend-package==1.32.9 (scripts/test.sh does)")
-    name = _safe_name(request.module.__name__)
+    name = safe_name(request.module.__name__)
     server = ComfyServer(tmp_path_factory.mktemp(name), host_root=host, name=name,
                          frontend=True, **comfy_server_options)
     prepare_user_settings(server)
@@ -109,7 +92,7 @@ def frontend(frontend_page: ComfyFrontend, request: pytest.FixtureRequest) -> It
     finally:
         report = getattr(request.node, "lingbot_report_call", None)
         if report is None or report.failed:
-            shot = artifacts_dir("browser") / f"{_safe_name(request.node.name)}-failed.png"
+            shot = artifacts_dir("browser") / f"{safe_name(request.node.name)}-failed.png"
             try:
                 frontend_page.page.screenshot(path=str(shot))
             except Exception:  # the page may be gone; the failure itself is what matters

@@ -1,8 +1,8 @@
 """Fixtures that start the real ComfyUI host with this pack installed.
 
 One server per test module (``comfy_server``). A module that needs files in the server's
-models folder overrides ``comfy_models`` to return a callable; it runs BEFORE the server
-starts, with the server's models/ folder:
+models folder overrides ``comfy_models`` (its default, None, is in tests/conftest.py) to
+return a callable; it runs BEFORE the server starts, with the server's models/ folder:
 
     @pytest.fixture(scope="module")
     def comfy_models():
@@ -16,7 +16,6 @@ own use ``comfy_server_factory``.
 """
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Callable, Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comfy_host import safe_name  # noqa: E402
 from comfy_server import ComfyServer, require_host  # noqa: E402
 
 ModelsBuilder = Callable[[Path], None]
@@ -37,28 +37,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
             item.add_marker(pytest.mark.comfy)
 
 
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[-80:]
-
-
-@pytest.fixture(scope="module")
-def comfy_models() -> ModelsBuilder | None:
-    """Override in a module: a callable that fills models/ before the server starts."""
-    return None
-
-
-@pytest.fixture(scope="module")
-def comfy_server_options() -> dict:
-    """Override in a module: extra ``ComfyServer`` keyword arguments."""
-    return {}
-
-
 @pytest.fixture(scope="module")
 def comfy_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                  comfy_models: ModelsBuilder | None, comfy_server_options: dict) -> Iterator[ComfyServer]:
     """A running ComfyUI with the pack, shared by the tests of one module."""
     host = require_host()
-    name = _safe_name(request.module.__name__)
+    name = safe_name(request.module.__name__)
     server = ComfyServer(tmp_path_factory.mktemp(name), host_root=host, name=name,
                          **comfy_server_options)
     if comfy_models is not None:
@@ -76,7 +60,7 @@ def comfy_server_factory(request: pytest.FixtureRequest,
 
     def start(models: ModelsBuilder | None = None, **options) -> ComfyServer:
         host = require_host()
-        name = _safe_name(f"{request.node.name}-{len(started)}")
+        name = safe_name(f"{request.node.name}-{len(started)}")
         server = ComfyServer(tmp_path_factory.mktemp(name), host_root=host, name=name, **options)
         if models is not None:
             models(server.models_dir)
