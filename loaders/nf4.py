@@ -1,4 +1,5 @@
-"""NF4 experts (layout A, docs/conventions.md#checkpoint-layouts): every nn.Linear in bitsandbytes' 4-bit serialization, the rest bf16.
+"""NF4 experts (layout A, docs/conventions.md#checkpoint-layouts): every nn.Linear in
+bitsandbytes' 4-bit serialization, the rest bf16.
 
 Reading builds the DiT on the meta device and fills it tensor by tensor from the memory map
 of ``model.safetensors`` (or a legacy ``model.pt``) straight onto the target device; each

@@ -313,7 +313,8 @@ def test_the_one_condition_builder_is_the_reference_chain(tmp_path) -> None:
     np.save(tmp_path / "poses.npy", poses)
     np.save(tmp_path / "intrinsics.npy", k)
     expected = camera_tensor(poses, k, 9, 32, 48, dtype=torch.float32)
-    for path in (path_from_preset("orbit_left", 1.0, 13), path_from_files(tmp_path / "poses.npy", tmp_path / "intrinsics.npy")):
+    from_files = path_from_files(tmp_path / "poses.npy", tmp_path / "intrinsics.npy")
+    for path in (path_from_preset("orbit_left", 1.0, 13), from_files):
         condition = camera_condition(path, 9, 32, 48)
         assert torch.equal(condition.plucker, expected)
         assert (condition.frames, condition.height, condition.width) == (9, 32, 48) and len(condition.poses) == 9

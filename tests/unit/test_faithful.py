@@ -60,7 +60,8 @@ def _poses(n: int) -> np.ndarray:
 
 
 def _reference_relative_float32(c2ws: torch.Tensor) -> torch.Tensor:
-    """The documented reference chain (docs/conventions.md#camera-path, #reference-behaviours): float32 poses, relative to the first
+    """The documented reference chain (docs/conventions.md#camera-path, #reference-behaviours):
+    float32 poses, relative to the first
     (first set to identity), then frame to frame, then translations over the largest norm."""
     def inverse(t: torch.Tensor) -> torch.Tensor:
         out = torch.eye(4, dtype=t.dtype).repeat(t.shape[0], 1, 1)

@@ -23,7 +23,8 @@ GRID = (3, 4, 6)  # latent F, H, W -> 3 x 2 x 3 = 18 tokens
 
 # ----------------------------------------------------------------------------- helpers
 def official_shapes(cfg: DiTConfig) -> dict[str, tuple[int, ...]]:
-    """State-dict keys and shapes of an official expert, written from docs/conventions.md#checkpoint-layouts / config."""
+    """State-dict keys and shapes of an official expert, written from
+    docs/conventions.md#checkpoint-layouts and config.json."""
     d, pt, ph, pw = cfg.dim, *cfg.patch_size
 
     def linear(name: str, n_in: int, n_out: int) -> dict[str, tuple[int, ...]]:

@@ -110,6 +110,7 @@ def test_a_lora_file_gone_since_the_loader_ran_is_refused_before_any_expert_load
     lora.unlink()
     loads = []
     monkeypatch.setattr(mm, "load_models_gpu", lambda models, *a, **k: loads.append(models))
-    with pytest.raises(FileNotFoundError, match=rf"LoRA file {lora} no longer exists; pick another in the LoRA Loader"):
+    refusal = rf"LoRA file {lora} no longer exists; pick another in the LoRA Loader"
+    with pytest.raises(FileNotFoundError, match=refusal):
         _latent(with_lora, text, i2v)
     assert loads == [] and not_resident(dit)
