@@ -122,6 +122,8 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
         # Without streaming decode the VAE goes once the image condition is proven constant.
         release = None if decoder is not None else (lambda: release_module(vae))
         source = StreamedI2V(vae, pixels.to(device), latent_frames, release_vae=release)
+        if args.prefetch_y:  # encode the condition up to its fixed point now: the encoder's state goes first
+            source.prefetch()
         with FastGenerator(model, text, source, params, latent_frames=latent_frames) as session:
             record["cache_bytes"] = None
             for c in range(latent_frames // 3):
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image")
     p.add_argument("--camera-dir", help="poses.npy + intrinsics.npy (default: an action path)")
     p.add_argument("--stream-decode", action="store_true", help="decode each chunk as it comes")
+    p.add_argument("--prefetch-y", action="store_true",
+                   help="encode the image condition before the first chunk instead of chunk by chunk")
     p.add_argument("--decode-tile", type=int, default=0)
     p.add_argument("--no-clip", action="store_true", help="skip the 81-frame end-to-end clip")
     args = p.parse_args(argv)
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "size": args.size, "frames": args.frames,
         "kv_policy": policy_name(policy), "kv_window": policy.window, "kv_sink": policy.sink,
         "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "block_swap": args.block_swap or None,
-        "stream_decode": args.stream_decode, "dit": str(dit),
+        "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
     }
     image = load_image(args.image, height, width)
     try:

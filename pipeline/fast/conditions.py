@@ -9,9 +9,11 @@ stream never holds a whole-video tensor:
   sampler gets from the ordinary image and camera stages).
 * ``StreamedI2V`` encodes the conditioning clip with the VAE's causal stream only as far as
   the chunks need, which is bitwise the whole-clip encode. The black frames after the
-  image drive the encoder's carried state to a fixed point (after ~30 latent frames);
-  once the state is proven bitwise unchanged by one more black group, every later latent
-  frame is that same frame, so it is reused and the VAE released.
+  image drive the encoder's carried state to a fixed point (after ~30 latent frames: the
+  encoder's reach back in time, a property of the architecture); once the state is proven
+  bitwise unchanged by one more black group, every later latent frame is that same frame,
+  so it is reused and the VAE released. Until then the state stays on the VAE's device
+  (2.24 GB at 480x832 in float32); ``prefetch()`` encodes ahead to release it early.
 * ``KeyframeCamera`` keeps only the path's per-latent-frame relative poses (the same
   float32 chain as the whole-video camera, normalized by the whole path's largest step)
   and makes each chunk's Plücker rays on demand: bitwise the slice of the whole tensor.
@@ -98,7 +100,8 @@ class StreamedI2V:
 
     ``image`` [3, H, W] in [-1, 1] (``wan.conditioning.image_to_tensor``); ``latent_frames``
     None for an open-ended session. ``release_vae`` is called once the VAE is no longer
-    needed (every later y frame proven constant, or ``close()``); e.g. to free its memory.
+    needed (every later y frame proven constant, the video's last frame encoded, or
+    ``close()``); e.g. to free its memory.
     ``check_interrupt`` runs before every encoded group of 4 frames.
     """
 
@@ -148,8 +151,8 @@ class StreamedI2V:
         del before
         self._armed = index >= 2 and torch.equal(latent, self._latents[-1])
         self._latents.append(latent)
-        if self.constant_from is not None:
-            self._free_vae()
+        if self.constant_from is not None or len(self._latents) == self.latent_frames:
+            self._free_vae()  # nothing more to encode
 
     def latent(self, index: int) -> torch.Tensor:
         """Normalized latent frame ``index`` [16, h/8, w/8] of the conditioning clip."""

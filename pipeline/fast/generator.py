@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +32,7 @@ from ..camera import CameraCondition
 from ..guards import NonFiniteError, is_finite
 from ..image import I2VCondition
 from ..memory import empty_device_cache
+from ..text import TextEmbeddings
 from .conditions import CAMERA_CHANNELS, CameraSource, I2VSource, as_camera_source, as_i2v_source
 from .noise import LATENT_CHANNELS, ChunkNoise, NoiseSource
 
@@ -80,7 +82,8 @@ class FastGenerator:
     """One Fast generation session: the model, the prompt, the image condition and a KV cache.
 
     ``model``: a LingBotDiT (the Fast transformer; any loaded layout, block swap included).
-    ``text``: the prompt's umT5 states [L, text_dim] (no negative prompt: no CFG).
+    ``text``: the prompt's umT5 states [L, text_dim], or ``TextEmbeddings`` (its positive
+    prompt; there is no negative prompt: no CFG).
     ``condition``: an ``I2VSource`` (``WholeI2V``, ``StreamedI2V``) or an ``I2VCondition``.
     ``latent_frames``: the video's length in latent frames (None: open-ended, e.g. Play;
     the full cache then cannot be used). ``noise``: default ``ChunkNoise(params.seed)``.
@@ -88,9 +91,11 @@ class FastGenerator:
     stop); any exception inside a chunk frees the cache and ends the session.
     """
 
-    def __init__(self, model: nn.Module, text: torch.Tensor, condition: I2VSource | I2VCondition,
+    def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, condition: I2VSource | I2VCondition,
                  params: FastParams = FastParams(), noise: NoiseSource | None = None,
                  latent_frames: int | None = None, check_interrupt: Callable[[], None] | None = None) -> None:
+        if isinstance(text, TextEmbeddings):
+            text = text.positive
         if text.dim() != 2:
             raise ValueError(f"text: expected the prompt's states [tokens, text_dim], got {tuple(text.shape)}")
         self.model, self.params = model, params
@@ -150,8 +155,12 @@ class FastGenerator:
         try:
             with _on_device(self.device), attention_backend(self.params.attention), torch.inference_mode():
                 x0 = self._run_chunk(c, n, camera, commit, on_step)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            # The traceback would keep the chunk's activations alive for as long as the error
+            # is kept (by ComfyUI: until the next prompt); the frames below this one are done.
+            if exc.__traceback__ is not None:
+                traceback.clear_frames(exc.__traceback__.tb_next)
             raise
         self.chunk_index += 1
         return x0
@@ -218,7 +227,7 @@ def non_finite_message(chunk: int, chunks: int) -> str:
 
 def sample_fast(
     model: nn.Module,
-    text: torch.Tensor,
+    text: torch.Tensor | TextEmbeddings,
     condition: I2VSource | I2VCondition,
     camera: CameraSource | CameraCondition | None,
     params: FastParams,

@@ -79,9 +79,14 @@ def test_open_ended_condition_and_prefetch(vae):
     far = lazy.chunk(300, 3)
     assert torch.equal(far[4:, 0], lazy.latent(lazy.constant_from)) and far[:4].abs().sum() == 0
     assert torch.equal(lazy.chunk(0, 3)[:4, 0], torch.ones(4, LAT_H, LAT_W))
-    bounded = StreamedI2V(vae, image(), 6)
+    released.clear()
+    bounded = StreamedI2V(vae, image(), 6, release_vae=lambda: released.append(True))
     with pytest.raises(ValueError, match="6 latent frames; frame 6"):
         bounded.chunk(6, 3)
-    bounded.close()
+    bounded.prefetch()
+    assert bounded.encoded == 6 and released == [True]  # the last frame encoded: the VAE is let go
+    assert torch.equal(bounded.chunk(3, 3)[4:], torch.stack([bounded.latent(i) for i in (3, 4, 5)], 1))
+    unused = StreamedI2V(vae, image(), 6)
+    unused.close()
     with pytest.raises(RuntimeError, match="released"):
-        bounded.chunk(0, 3)
+        unused.chunk(0, 3)

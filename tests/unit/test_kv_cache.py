@@ -97,11 +97,13 @@ def test_probe_shows_which_frames_each_chunk_attends_to(model, monkeypatch, wind
     params = FastParams(seed=5, policy=CachePolicy(window=window, sink=sink, dtype=dtype))
     plucker = whole_camera(video_frames(latent_frames))
     y = torch.randn(20, latent_frames, LAT_H, LAT_W, generator=torch.Generator().manual_seed(2))
+    bookkeeping = []
     with FastGenerator(model, prompt(), WholeI2V(y), params, latent_frames=latent_frames) as session:
         for c in range(latent_frames // 3):
+            bookkeeping += [sorted(session.cache.attended_frames())] * 5
             session.next_chunk(plucker[:, :, 3 * c:3 * c + 3])
-            assert session.cache is not None
     seen = probe.attended_frames(exact=dtype == "bf16")
+    assert bookkeeping == seen  # the cache's own account of its slots agrees with the keys
     assert len(seen) == 5 * (latent_frames // 3)
     for p, frames in enumerate(seen):
         assert frames == expected_frames(window, sink, p // 5), (p, frames)
