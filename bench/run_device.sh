@@ -3,6 +3,8 @@
 # (once per machine) and runs the benchmark modes given as arguments, writing JSON to $OUT.
 #   bash bench/run_device.sh load naive p480 p720 swap12 frames
 #   bash bench/run_device.sh long; bash bench/run_device.sh long961   (two calls: each < 10 min)
+#   bash bench/run_device.sh fast81 fast81_int8 fast81_full; bash bench/run_device.sh fast957 fast957_int8
+#   (LingBot-World Fast, bench/fast_chunks.py: the a14b expert has the Fast transformer's shapes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -d .whl ]]; then
@@ -20,6 +22,8 @@ ensure_package() {  # only the modes that read a checkpoint need it (~2.5 min to
     grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
 }
 bench() { ensure_package; python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
+fast() { ensure_package; python3 bench/fast_chunks.py --package "$PKG" --image "$CAM/image.jpg" "$@" 2>&1 \
+             | grep -v "^Failed to load" | tail -3; }
 for what in "$@"; do
     echo "=== $what"
     case "$what" in
@@ -56,6 +60,17 @@ for what in "$@"; do
                   --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" 2>&1 | tail -4 ;;
         longkeep) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 321 --steps "${LONG_STEPS:-3}" \
                   --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
+        # LingBot-World Fast: window 9 + sink 3 (the proposed default) in bf16 at 24 GB and int8 at 16 GB,
+        # the official full cache uncapped, and the 957-frame stream (961 does not fill whole chunks)
+        # with every chunk decoded as it comes.
+        fast81) fast --frames 81 --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_bf16_cap24.json" ;;
+        fast81_int8) fast --frames 81 --kv-dtype int8 --vram-cap-gb 16 --out "$OUT/fast_81_w9s3_int8_cap16.json" ;;
+        fast81_bf16_cap16) fast --frames 81 --vram-cap-gb 16 --no-clip --out "$OUT/fast_81_w9s3_bf16_cap16.json" ;;
+        fast81_full) fast --frames 81 --kv-window 0 --no-clip --out "$OUT/fast_81_full_bf16.json" ;;
+        fast957) fast --frames 957 --stream-decode --no-clip --vram-cap-gb 24 \
+                     --out "$OUT/fast_957_w9s3_bf16_cap24_stream.json" ;;
+        fast957_int8) fast --frames 957 --kv-dtype int8 --stream-decode --no-clip --vram-cap-gb 16 \
+                          --out "$OUT/fast_957_w9s3_int8_cap16_stream.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
         ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others

@@ -17,6 +17,12 @@ they are. Inference-oriented choices:
   each linear's weight is made dense once per block (`dense.py`, one dequantize per
   4-bit layer) and written into preallocated buffers; the elementwise chains between the
   matmuls are fused (`fused.py`).
+* Causal execution (LingBot-World Fast) is the same model run with a KV cache
+  (`runtime/kv_cache.py`, `forward(..., kv_cache=...)`): x is one chunk of latent frames,
+  RoPE's frame axis starts at the chunk's first frame, each block writes the chunk's
+  keys and values (after norm and RoPE) straight into the cache and attends to the
+  cache's contiguous slice of committed frames plus the chunk; the text keys and values
+  are computed once per session. Without a cache nothing of this runs.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import torch.nn.functional as F
 from .runtime import fused
 from .runtime.attention import attention
 from .runtime.dense import Dense, dense
+from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
 from .config import DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
@@ -77,15 +84,19 @@ def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
     return pairs - 2 * (pairs // 3), pairs // 3, pairs // 3
 
 
-def build_rope(grid: Sequence[int], head_dim: int, device: torch.device, theta: float = 10000.0) -> Rope:
-    """cos/sin tables [F*H*W, 1, head_dim // 2] for a token grid flattened frame-major."""
+def build_rope(grid: Sequence[int], head_dim: int, device: torch.device, theta: float = 10000.0,
+               frame_start: int = 0) -> Rope:
+    """cos/sin tables [F*H*W, 1, head_dim // 2] for a token grid flattened frame-major.
+
+    ``frame_start``: position of the grid's first frame on the frame axis (a causal chunk
+    continues the positions of the chunks before it)."""
     f, h, w = grid
     angles = []
-    for n_pairs, length, shape in zip(rope_axis_dims(head_dim), (f, h, w),
-                                      ((f, 1, 1), (1, h, 1), (1, 1, w))):
+    for n_pairs, length, shape, start in zip(rope_axis_dims(head_dim), (f, h, w),
+                                             ((f, 1, 1), (1, h, 1), (1, 1, w)), (frame_start, 0, 0)):
         inv_freq = 1.0 / torch.pow(theta, torch.arange(0, 2 * n_pairs, 2, dtype=torch.float64, device=device)
                                    / (2 * n_pairs))
-        axis = torch.outer(torch.arange(length, dtype=torch.float64, device=device), inv_freq)
+        axis = torch.outer(torch.arange(start, start + length, dtype=torch.float64, device=device), inv_freq)
         angles.append(axis.view(*shape, n_pairs).expand(f, h, w, n_pairs))
     phase = torch.cat(angles, dim=-1).reshape(f * h * w, 1, head_dim // 2)
     return torch.cos(phase).float(), torch.sin(phase).float()
@@ -202,6 +213,28 @@ class SelfAttention(_Attention):
             del h
         return self._attend(q, k, v)
 
+    def attend_cached(self, inputs: TokenSource, length: int, rope: Rope, spans: Sequence[tuple[int, int]],
+                      weights: tuple[Dense | None, Dense, Dense], cache: LayerKV) -> torch.Tensor | None:
+        """Causal attention of one chunk: its keys and values are written into the cache's
+        slots for the chunk, and its queries attend to the cache's committed frames plus the
+        chunk (one contiguous slice). None (and no q) on the last layer of a commit pass,
+        where only the keys and values are needed."""
+        wq, wk, wv = weights
+        k, v = cache.new_kv()
+        if k.shape[0] != length:
+            raise ValueError(f"the chunk has {length} tokens, the cache's chunk slots hold {k.shape[0]}")
+        q = None if cache.kv_only else torch.empty(length, k.shape[-1], dtype=wq.dtype, device=k.device)
+        for start, stop in spans:
+            h = inputs(start, stop)[0]
+            if q is not None:
+                self._project_norm_(wq, self.norm_q, h, q[start:stop], rope, start)
+            self._project_norm_(wk, self.norm_k, h, k[start:stop], rope, start)
+            wv(h, out=v[start:stop])
+            del h
+        out = None if q is None else self._attend(q, *cache.attended())
+        cache.stored()
+        return out
+
 
 class CrossAttention(_Attention):
     def attend(self, inputs: TokenSource, length: int, context: torch.Tensor, spans: Sequence[tuple[int, int]],
@@ -209,9 +242,19 @@ class CrossAttention(_Attention):
         """Attention output [length, dim] of one sample (before ``o``) to its text
         ``context`` [Lc, dim]; ``weights`` are the dense q, k, v."""
         wq, wk, wv = weights
+        k, v = self.context_kv(context, wk, wv)
+        return self.attend_kv(inputs, length, k, v, spans, wq)
+
+    def context_kv(self, context: torch.Tensor, wk: Dense, wv: Dense) -> tuple[torch.Tensor, torch.Tensor]:
+        """The text's keys (normed) and values [Lc, dim] for one sample's ``context`` [Lc, dim]."""
         k = torch.empty(context.shape[0], context.shape[-1], dtype=wk.dtype, device=context.device)
         self._project_norm_(wk, self.norm_k, context, k)
-        v = wv(context)
+        return k, wv(context)
+
+    def attend_kv(self, inputs: TokenSource, length: int, k: torch.Tensor, v: torch.Tensor,
+                  spans: Sequence[tuple[int, int]], wq: Dense) -> torch.Tensor:
+        """Attention output [length, dim] (before ``o``) of the tokens ``inputs`` gives to the
+        text keys ``k`` and values ``v``."""
         q = None
         for start, stop in spans:
             h = inputs(start, stop)[0]
@@ -258,10 +301,14 @@ class DiTBlock(nn.Module):
         self.cam_shift_layer = nn.Linear(dim, dim)
 
     @torch.no_grad()  # in-place updates and out= products: inference only
-    def forward(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor,
-                camera: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
+                camera: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
         """x [B, L, dim] float32 (updated in place and returned); e0 [B, 6, dim] float32;
-        context [B, text_len, dim]; camera [B or 1, L, dim] model-level camera tokens or None."""
+        context [B, text_len, dim]; camera [B or 1, L, dim] model-level camera tokens or None.
+        cache: this layer's KV cache for causal execution (one sample; context may then be
+        None once the cache holds the text's keys and values)."""
+        if cache is not None:
+            return self._forward_cached(x, e0, rope, context, camera, cache)
         batch, length = x.shape[:2]
         spans = list(token_spans(length, self.token_chunk))
         # Separate tensors, not views at six offsets of one buffer: a compiled kernel would
@@ -285,6 +332,38 @@ class DiTBlock(nn.Module):
                 for b in range(batch)]
         del weights
         self._cross_residual_and_ffn(x, outs, shift2, scale2, gate2, spans)
+        return x
+
+    def _forward_cached(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
+                        camera: torch.Tensor | None, cache: LayerKV) -> torch.Tensor:
+        """The block on one chunk with the causal cache: the same math as ``forward``; the
+        self-attention's keys/values go through the cache, the text's are computed once."""
+        if x.shape[0] != 1:
+            raise ValueError(f"causal execution runs one sample at a time (no CFG), got a batch of {x.shape[0]}")
+        length = x.shape[1]
+        spans = list(token_spans(length, self.token_chunk))
+        shift1, scale1, gate1, shift2, scale2, gate2 = (m.clone() for m in (self.modulation.float() + e0).unbind(1))
+        attn = self.self_attn
+        weights = (None if cache.kv_only else dense(attn.q), dense(attn.k), dense(attn.v))
+        dtype, eps1 = weights[1].dtype, self.norm1.eps
+        out = attn.attend_cached(lambda s, e: fused.run(fused.ln_modulate, x[:, s:e], shift1, scale1, eps1, dtype),
+                                 length, rope, spans, weights, cache)
+        del weights
+        if out is None:  # the last layer of a commit pass: its keys and values are stored
+            return x
+        self._attention_residual(x, [out], gate1, camera, spans)
+        del out
+        cross = self.cross_attn
+        text_kv = cache.cross()
+        if text_kv is None:
+            if context is None:
+                raise ValueError("context: the cache holds no text keys yet; pass the text on the first pass")
+            text_kv = cross.context_kv(context[0], dense(cross.k), dense(cross.v))
+            cache.set_cross(*text_kv)
+        wq = dense(cross.q)
+        out = cross.attend_kv(self._cross_input(x, 0, wq.dtype), length, *text_kv, spans, wq)
+        del wq
+        self._cross_residual_and_ffn(x, [out], shift2, scale2, gate2, spans)
         return x
 
     def _attention_residual(self, x: torch.Tensor, outs: list[torch.Tensor], gate: torch.Tensor,
@@ -465,20 +544,43 @@ class LingBotDiT(nn.Module):
         hidden = F.gelu(apply_linear(self.text_embedding[0], context), approximate="tanh")
         return apply_linear(self.text_embedding[2], hidden)
 
-    def rope_tables(self, grid: Sequence[int], device: torch.device) -> Rope:
-        """RoPE tables for a token grid, cached (one entry) by grid and device."""
-        key = (tuple(grid), str(device))
+    def rope_tables(self, grid: Sequence[int], device: torch.device, frame_start: int = 0) -> Rope:
+        """RoPE tables for a token grid whose first frame sits at ``frame_start``, cached (one
+        entry) by grid, start and device."""
+        key = (tuple(grid), str(device), frame_start)
         if key not in self._rope_cache:
             self._rope_cache.clear()
-            self._rope_cache[key] = build_rope(grid, self.config.head_dim, device)
+            self._rope_cache[key] = build_rope(grid, self.config.head_dim, device, frame_start=frame_start)
         return self._rope_cache[key]
 
+    def new_kv_cache(self, policy: CachePolicy, latent_height: int, latent_width: int,
+                     latent_frames: int | None = None, device: torch.device | str | None = None) -> KVCache:
+        """A causal KV cache for this model at a latent of ``latent_height`` x ``latent_width``,
+        in the self-attention's compute dtype (bf16 for NF4 or bf16 weights), on the device of
+        the model's resident weights unless ``device`` is given. ``latent_frames``: the
+        video's length (needed by the full cache; None for an open-ended session)."""
+        pt, ph, pw = self.config.patch_size
+        if pt != 1:
+            raise ValueError(f"the causal cache needs a temporal patch of 1, the model has {pt}")
+        if latent_height % ph or latent_width % pw:
+            raise ValueError(f"latent {latent_height}x{latent_width} is not a multiple of the patch {ph}x{pw}")
+        dtype = linear_compute_dtype(self.blocks[0].self_attn.k) or torch.float32
+        return KVCache(policy, layers=self.config.num_layers, heads=self.config.num_heads,
+                       head_dim=self.config.head_dim, frame_tokens=(latent_height // ph) * (latent_width // pw),
+                       dtype=dtype, device=device if device is not None else self.patch_embedding.weight.device,
+                       latent_frames=latent_frames)
+
     # ------------------------------------------------------------------ forward
-    def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor,
-                   camera: torch.Tensor | None) -> torch.Tensor:
-        """The transformer stack; a single place to wrap for block swapping / offloading."""
-        for block in self.blocks:
-            x = block(x, e0, rope, context, camera)
+    def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
+                   camera: torch.Tensor | None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """The transformer stack; a single place to wrap for block swapping / offloading.
+        ``kv_cache``: causal execution, each block gets its layer of the cache."""
+        if kv_cache is None:
+            for block in self.blocks:
+                x = block(x, e0, rope, context, camera)
+            return x
+        for index, block in enumerate(self.blocks):
+            x = block(x, e0, rope, context, camera, kv_cache.layer(index))
         return x
 
     def unpatchify(self, x: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
@@ -492,9 +594,10 @@ class LingBotDiT(nn.Module):
     # Inference only: the residual stream is updated in place, which autograd cannot replay,
     # and an accidental graph would keep every activation alive.
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | Sequence[torch.Tensor],
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | Sequence[torch.Tensor] | None,
                 y: torch.Tensor | None = None, camera_tokens: torch.Tensor | None = None,
-                camera: torch.Tensor | None = None, cancel: Callable[[], None] | None = None) -> torch.Tensor:
+                camera: torch.Tensor | None = None, cancel: Callable[[], None] | None = None,
+                kv_cache: KVCache | None = None, commit: bool = False) -> torch.Tensor | None:
         """Predict the flow for latent x [B, 16, F, H, W] at timesteps t [B] (0..1000).
 
         context: padded [B, Lc, text_dim] (Lc <= text_len) or a list of [L_i, text_dim].
@@ -503,8 +606,17 @@ class LingBotDiT(nn.Module):
         tensor as `camera` to compute them here. Neither: camera layers are skipped.
         cancel: called before every transformer block (it raises to stop), so a cancel acts
         within one block's time; a pre-hook, so block swapping's loop checks it too.
+        kv_cache: causal execution (LingBot-World Fast). x is the chunk that starts at latent
+        frame ``kv_cache.frame_start`` (B = 1, F = the cache's chunk); it attends to the
+        cache's committed frames and itself. context may be None once the cache holds the
+        text's keys and values (after the first pass of a session).
+        commit: with kv_cache, the pass at t = 0 on the chunk's final x0 that stores its keys
+        and values for the chunks after it; returns None (its output is not needed) and moves
+        the cache to the next chunk.
         Returns float32 [B, out_dim, F, H, W].
         """
+        if commit and kv_cache is None:
+            raise ValueError("commit=True needs a kv_cache")
         if camera is not None:
             if camera_tokens is not None:
                 raise ValueError("pass either camera (Plücker) or camera_tokens, not both")
@@ -529,6 +641,8 @@ class LingBotDiT(nn.Module):
                              f"for this latent, got {tuple(camera_tokens.shape)}")
 
         e, e0 = self._embed_time(t, batch, device)
+        if kv_cache is not None:
+            return self._forward_causal(tokens, e, e0, grid, context, camera_tokens, cancel, kv_cache, commit)
         text = self._embed_text(context, batch, device)
         rope = self.rope_tables(grid, device)
         hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
@@ -538,4 +652,35 @@ class LingBotDiT(nn.Module):
             for hook in hooks:
                 hook.remove()
         del text
+        return self.unpatchify(self.head(tokens, e), grid).float()
+
+    def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],
+                        context: torch.Tensor | Sequence[torch.Tensor] | None, camera_tokens: torch.Tensor | None,
+                        cancel: Callable[[], None] | None, kv_cache: KVCache, commit: bool) -> torch.Tensor | None:
+        """``forward``'s transformer and head for one chunk with the causal cache."""
+        cfg = self.config
+        kv_cache.check_geometry(grid[0], grid[1] * grid[2], cfg.num_heads, cfg.head_dim, cfg.num_layers,
+                                tokens.device)
+        if tokens.shape[0] != 1:
+            raise ValueError(f"x: causal execution runs one sample (no CFG), got a batch of {tokens.shape[0]}")
+        text = None
+        if not kv_cache.cross_ready:
+            if context is None:
+                raise ValueError("context: the cache holds no text keys yet; pass the text on the first pass")
+            text = self._embed_text(context, 1, tokens.device)
+        rope = self.rope_tables(grid, tokens.device, kv_cache.frame_start)
+        hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
+        kv_cache.begin_pass(commit)
+        try:
+            tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens, kv_cache=kv_cache)
+        except BaseException as exc:
+            kv_cache.abort_pass(type(exc).__name__)
+            raise
+        finally:
+            for hook in hooks:
+                hook.remove()
+        kv_cache.end_pass()
+        del text
+        if commit:
+            return None
         return self.unpatchify(self.head(tokens, e), grid).float()

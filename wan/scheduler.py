@@ -12,15 +12,19 @@ timesteps (σ'·T truncated towards zero); ``.timesteps`` holds those same value
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 __all__ = [
+    "FAST_TIMESTEP_INDICES",
+    "FastSchedule",
     "SAMPLERS",
     "FlowEulerSampler",
     "FlowUniPCSampler",
     "flow_sigmas",
+    "fast_schedule",
     "flow_timesteps",
     "make_sampler",
 ]
@@ -205,3 +209,62 @@ def make_sampler(name: str, steps: int, shift: float) -> FlowUniPCSampler | Flow
     if key == "euler":
         return FlowEulerSampler(steps, shift)
     raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+# --------------------------------------------------------------------------- LingBot-World Fast
+
+# The Fast model's 4 steps are these entries of a 1000-step schedule (SPEC §13).
+FAST_TIMESTEP_INDICES = (0, 179, 358, 679)
+FAST_TABLE_STEPS = 1000
+
+
+@dataclass(frozen=True)
+class FastSchedule:
+    """The few-step rule of LingBot-World Fast, per step i:
+
+    x0 = x_t − ``sigmas[i]``·v (float64, the result cast to float32); unless it is the last
+    step, x_next = (1 − σ')·x0 + σ'·ε with σ' = ``renoise_sigmas[i]`` (float32 arithmetic).
+    The model sees ``timesteps[i]`` (integer-valued); a final pass at t = 0 commits the chunk.
+    """
+
+    timesteps: tuple[int, ...]
+    sigmas: tuple[float, ...]  # the float32 table value, as a Python float
+    renoise_sigmas: tuple[float, ...]  # one fewer than the steps
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+
+def fast_schedule(shift: float = 10.0, indices: tuple[int, ...] = FAST_TIMESTEP_INDICES,
+                  num_train_timesteps: int = 1000) -> FastSchedule:
+    """The Fast model's timesteps and sigmas, computed as the official sampler does.
+
+    The official code builds a 1000-step flow schedule (the same formula as ``flow_sigmas``:
+    float32 top sigma, linspace, shift, integer timesteps by truncation, a float32 sigma
+    table ending in 0) and takes the timesteps at ``indices``. A timestep value repeats over
+    neighbouring table entries (978 is entries 176..182 at shift 10), and the two lookups it
+    makes pick different ones: flow → x0 uses the first entry with that value (an argmin),
+    re-noising to the next timestep uses the second one when there are several (the
+    scheduler's ``index_for_timestep``), else the only one.
+    """
+    sigmas64 = _shifted_schedule(FAST_TABLE_STEPS, shift, num_train_timesteps)
+    timesteps = (sigmas64 * num_train_timesteps).astype(np.int64)  # truncation, as the reference
+    table = np.append(sigmas64, 0.0).astype(np.float32)
+    indices = tuple(int(i) for i in indices)
+    if not indices or any(not 0 <= i < FAST_TABLE_STEPS for i in indices) or list(indices) != sorted(set(indices)):
+        raise ValueError(f"timestep indices must be increasing entries of 0..{FAST_TABLE_STEPS - 1}, got {indices}")
+    chosen = [int(timesteps[i]) for i in indices]
+
+    def first(value: int) -> int:
+        return int(np.flatnonzero(timesteps == value)[0])
+
+    def for_noise(value: int) -> int:
+        where = np.flatnonzero(timesteps == value)
+        return int(where[1] if len(where) > 1 else where[0])
+
+    return FastSchedule(
+        timesteps=tuple(chosen),
+        sigmas=tuple(float(table[first(t)]) for t in chosen),
+        renoise_sigmas=tuple(float(table[for_noise(t)]) for t in chosen[1:]),
+    )

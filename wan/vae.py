@@ -387,25 +387,19 @@ class WanVAE(nn.Module):
             raise ValueError(
                 f"video of {frames} frames at {height}x{width}: needs at least one frame and a height and width divisible by 8"
             )
-        z = self.geometry.z_dim
         latent_frames = 1 + (frames - 1) // TEMPORAL_FACTOR
-        device, dtype = self.device, self.dtype
-        mu_weight, mu_bias = self.conv1.weight[:z], self.conv1.bias[:z]  # the log-variance half is unused
-        latent = torch.empty(
-            (b, z, latent_frames, height // SPATIAL_FACTOR, width // SPATIAL_FACTOR), dtype=torch.float32, device=device
-        )
-        stream: Stream = {}
+        latent = torch.empty((b, self.geometry.z_dim, latent_frames, height // SPATIAL_FACTOR, width // SPATIAL_FACTOR),
+                             dtype=torch.float32, device=self.device)
+        stream = StreamEncoder(self)
         for i in range(latent_frames):
             if cancel is not None:
                 cancel()
             start, stop = (0, 1) if i == 0 else (1 + TEMPORAL_FACTOR * (i - 1), 1 + TEMPORAL_FACTOR * i)
-            chunk = video[:, :, start:stop].to(device=device, dtype=dtype)
-            moments = self.encoder(chunk, stream)
-            latent[:, :, i : i + 1] = F.conv3d(moments, mu_weight, mu_bias)
+            stream.encode_next(video[:, :, start:stop], out=latent[:, :, i : i + 1], normalize=False)
             if progress is not None:
                 progress(i + 1, latent_frames)
-        stream.clear()
-        mean, std = self._latent_stats(device)
+        stream.close()
+        mean, std = self._latent_stats(self.device)
         return latent.sub_(mean).div_(std)
 
     @torch.no_grad()
@@ -460,22 +454,173 @@ class WanVAE(nn.Module):
     def _decode_region(self, latent: torch.Tensor, counter: "_Counter") -> torch.Tensor:
         """One full temporal pass, one latent frame at a time; unclamped output."""
         b, _, frames, h, w = latent.shape
-        device, dtype = self.device, self.dtype
-        mean, std = self._latent_stats(device)
         s = SPATIAL_FACTOR
-        video = torch.empty((b, 3, 1 + TEMPORAL_FACTOR * (frames - 1), h * s, w * s), dtype=dtype, device=device)
-        stream: Stream = {}
+        video = torch.empty((b, 3, 1 + TEMPORAL_FACTOR * (frames - 1), h * s, w * s), dtype=self.dtype,
+                            device=self.device)
+        stream = _RegionDecoder(self)
         filled = 0
         for i in range(frames):
             counter.before()
-            z = latent[:, :, i : i + 1].to(device=device, dtype=torch.float32) * std + mean
-            x = self.decoder(self.conv2(z.to(dtype), stream), stream)
-            video[:, :, filled : filled + x.shape[2]] = x
-            filled += x.shape[2]
-            del x
+            filled += stream.decode_frame(latent[:, :, i : i + 1], video[:, :, filled:])
             counter.step()
-        stream.clear()
+        stream.close()
         return video
+
+    def stream_encoder(self) -> "StreamEncoder":
+        """A causal encoder fed one frame, then groups of 4 frames (see ``StreamEncoder``)."""
+        return StreamEncoder(self)
+
+    def stream_decoder(self, tile: int | None = None, tile_overlap: int | None = None) -> "StreamDecoder":
+        """A decoder fed latent frames a few at a time, equal to ``decode`` of the whole latent
+        (see ``StreamDecoder``)."""
+        return StreamDecoder(self, tile, tile_overlap)
+
+
+class StreamEncoder:
+    """The encoder as a stream: ``encode_next`` takes the first frame alone, then 4 frames at a
+    time, and returns their latent frame; the causal state is carried between calls.
+
+    ``WanVAE.encode`` runs through this class, so a clip encoded piece by piece is bitwise the
+    whole-clip encode. ``state()`` exposes the carried tensors (for a caller that proves the
+    stream has reached a fixed point, e.g. on black frames); ``close()`` frees them.
+    """
+
+    def __init__(self, vae: WanVAE) -> None:
+        self.vae = vae
+        self.index = 0  # latent frames produced so far
+        self._stream: Stream = {}
+        z = vae.geometry.z_dim
+        self._mu = (vae.conv1.weight[:z], vae.conv1.bias[:z])  # the log-variance half is unused
+
+    @torch.no_grad()
+    def encode_next(self, frames: torch.Tensor, out: torch.Tensor | None = None,
+                    normalize: bool = True) -> torch.Tensor:
+        """frames [B,3,T,H,W] in [-1,1] (T = 1 for the first call, 4 after) -> latent [B,16,1,H/8,W/8]
+        float32 (normalized unless ``normalize`` is False), written into ``out`` when given."""
+        expected = 1 if self.index == 0 else TEMPORAL_FACTOR
+        if frames.dim() != 5 or frames.shape[1] != 3 or frames.shape[2] != expected:
+            raise ValueError(f"stream encode call {self.index}: frames of shape {tuple(frames.shape)}; expected "
+                             f"[batch, 3, {expected}, height, width] (the first frame alone, then groups of 4)")
+        vae = self.vae
+        moments = vae.encoder(frames.to(device=vae.device, dtype=vae.dtype), self._stream)
+        mu = F.conv3d(moments, *self._mu)
+        if out is None:
+            out = torch.empty(mu.shape, dtype=torch.float32, device=mu.device)
+        out.copy_(mu)
+        if normalize:
+            mean, std = vae._latent_stats(out.device)
+            out.sub_(mean).div_(std)
+        self.index += 1
+        return out
+
+    def state(self) -> dict:
+        """The carried causal state (layer -> tensor or marker); read-only for callers."""
+        return self._stream
+
+    def close(self) -> None:
+        self._stream.clear()
+
+
+class _RegionDecoder:
+    """The decoder's causal state for one spatial region, fed one latent frame at a time."""
+
+    def __init__(self, vae: WanVAE) -> None:
+        self.vae = vae
+        self.frames_done = 0
+        self._stream: Stream = {}
+
+    def decode_frame(self, latent: torch.Tensor, out: torch.Tensor) -> int:
+        """Decode latent [B,16,1,h,w] (normalized) into the first frames of ``out``; returns how
+        many video frames it wrote (1 for the first latent frame, 4 after). Unclamped."""
+        vae = self.vae
+        mean, std = vae._latent_stats(vae.device)
+        z = latent.to(device=vae.device, dtype=torch.float32) * std + mean
+        x = vae.decoder(vae.conv2(z.to(vae.dtype), self._stream), self._stream)
+        out[:, :, : x.shape[2]] = x
+        self.frames_done += 1
+        return x.shape[2]
+
+    def close(self) -> None:
+        self._stream.clear()
+
+
+class StreamDecoder:
+    """Decode a latent a few frames at a time with the causal state carried between calls.
+
+    ``decode_next(latent [B,16,T,h,w])`` returns the video frames of those T latent frames
+    ([B,3,T',8h,8w] in [-1,1], T' = 1 + 4(T-1) for the first call and 4T after); the
+    concatenation of all calls is bitwise ``WanVAE.decode`` of the whole latent with the same
+    ``tile`` (each spatial tile keeps its own state and the tiles are blended in the same
+    order). Memory holds the state and one call's frames, whatever the video's length.
+    """
+
+    def __init__(self, vae: WanVAE, tile: int | None = None, tile_overlap: int | None = None) -> None:
+        if tile is not None and tile < 1:
+            raise ValueError(f"tile is {tile}; give a positive size in latent pixels, or None")
+        self.vae, self.tile, self.tile_overlap = vae, tile, tile_overlap
+        self._regions: list[tuple[tuple[int, int], tuple[int, int], _RegionDecoder]] | None = None
+        self._weights: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.latent_frames_done = 0
+
+    def _plan(self, h: int, w: int) -> None:
+        tile = self.tile
+        if tile is None or (tile >= h and tile >= w):
+            self._regions = [((0, h), (0, w), _RegionDecoder(self.vae))]
+            return
+        overlap = tile // 4 if self.tile_overlap is None else self.tile_overlap
+        if not 0 <= overlap < tile:
+            raise ValueError(f"tile_overlap is {overlap}; it must be at least 0 and less than tile ({tile})")
+        rows, cols = _tile_spans(h, tile, overlap), _tile_spans(w, tile, overlap)
+        device = self.vae.device
+        weight_rows = _blend_weights(rows, SPATIAL_FACTOR, device)
+        weight_cols = _blend_weights(cols, SPATIAL_FACTOR, device)
+        self._regions, self._weights = [], []
+        for ys, wy in zip(rows, weight_rows):
+            for xs, wx in zip(cols, weight_cols):
+                self._regions.append((ys, xs, _RegionDecoder(self.vae)))
+                self._weights.append((wy, wx))
+
+    @torch.no_grad()
+    def decode_next(self, latent: torch.Tensor, cancel: Callable[[], None] | None = None) -> torch.Tensor:
+        """Normalized latent frames [B,16,T,h,w] (the next T of the video) -> their video frames."""
+        vae = self.vae
+        if latent.dim() != 5 or latent.shape[1] != vae.geometry.z_dim or latent.shape[2] < 1:
+            raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [batch, {vae.geometry.z_dim}, "
+                             "frames >= 1, height/8, width/8]")
+        b, _, frames, h, w = latent.shape
+        if self._regions is None:
+            self._plan(h, w)
+            self._shape = (b, h, w)
+        elif (b, h, w) != self._shape:
+            raise ValueError(f"latent of batch {b} at {h}x{w} after {self._shape[0]} at {self._shape[1]}x"
+                             f"{self._shape[2]}: one stream decodes one video")
+        first = self.latent_frames_done == 0
+        out_frames = (1 + TEMPORAL_FACTOR * (frames - 1)) if first else TEMPORAL_FACTOR * frames
+        s = SPATIAL_FACTOR
+        tiled = len(self._regions) > 1
+        video = (torch.zeros if tiled else torch.empty)((b, 3, out_frames, h * s, w * s), dtype=vae.dtype,
+                                                        device=vae.device)
+        for index, ((y0, y1), (x0, x1), region) in enumerate(self._regions):
+            part = video if not tiled else torch.empty((b, 3, out_frames, (y1 - y0) * s, (x1 - x0) * s),
+                                                       dtype=vae.dtype, device=vae.device)
+            filled = 0
+            for i in range(frames):
+                if cancel is not None:
+                    cancel()
+                filled += region.decode_frame(latent[:, :, i : i + 1, y0:y1, x0:x1], part[:, :, filled:])
+            if tiled:
+                wy, wx = self._weights[index]
+                weighted = part.float().mul_(wy[:, None] * wx[None, :])
+                del part
+                video[:, :, :, y0 * s : y1 * s, x0 * s : x1 * s] += weighted
+                del weighted
+        self.latent_frames_done += frames
+        return video.clamp_(-1.0, 1.0)
+
+    def close(self) -> None:
+        for _, _, region in self._regions or []:
+            region.close()
+        self._regions = None
 
 
 class _Counter:

@@ -326,9 +326,10 @@ class BlockSwapper:
 
     # -- the transformer loop ----------------------------------------------------------
 
-    def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Any, context: torch.Tensor,
-                   camera: torch.Tensor | None) -> torch.Tensor:
-        """LingBotDiT.run_blocks with block i+1's weights arriving while block i computes."""
+    def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Any, context: torch.Tensor | None,
+                   camera: torch.Tensor | None, kv_cache: Any = None) -> torch.Tensor:
+        """LingBotDiT.run_blocks with block i+1's weights arriving while block i computes.
+        ``kv_cache`` (causal execution) is passed on: each block gets its layer of it."""
         blocks, first = self._blocks, self.resident
         try:
             if first < len(blocks):
@@ -338,7 +339,10 @@ class BlockSwapper:
                     self._install(index)
                     if index + 1 < len(blocks):
                         self._fetch(index + 1)
-                x = block(x, e0, rope, context, camera)
+                if kv_cache is None:
+                    x = block(x, e0, rope, context, camera)
+                else:
+                    x = block(x, e0, rope, context, camera, kv_cache.layer(index))
                 if index >= first:
                     self._drop(index)
         finally:

@@ -1,0 +1,300 @@
+"""Benchmark LingBot-World Fast: seconds per chunk, time to the first chunk, frames per
+second, memory, an 81-frame clip end to end, and the kernel floor of one chunk.
+
+    python bench/fast_chunks.py --package DIR --frames 81 --kv-window 9 --kv-sink 3 \
+        --kv-dtype bf16 --vram-cap-gb 24 --out $OUT/fast_81_w9s3_bf16_cap24.json
+
+The DiT is any expert-shaped folder (NF4 or bf16, ``--dit``; by default the package's
+low-noise folder): the synthetic A14B expert of ``python . make_checkpoint --preset a14b
+--layout nf4`` has the Fast transformer's exact shapes. The run, in one process:
+
+1. T5 encodes the prompt (a fresh text cache, so the encoder really loads), then the DiT loads;
+2. the measured stream: ``--frames`` frames chunk by chunk through ``FastGenerator`` with the
+   image condition encoded lazily by the VAE's causal stream (``StreamedI2V``) and the
+   camera made per chunk (``KeyframeCamera``; an action path, or ``--camera-dir``);
+   ``--stream-decode`` also decodes each chunk as it comes (the long-video streaming mode);
+3. unless ``--no-clip``: an 81-frame clip end to end with the DiT resident (T5 load and
+   encode of a new prompt → VAE encode → ``sample_fast`` → VAE decode);
+4. on CUDA, the kernel floor of one chunk: the block's bf16 GEMMs and SDPA timed alone at
+   the chunk's query tokens and the cache's key tokens, x blocks x 5 forwards (the text
+   keys/values are cached, so their projections are not counted).
+
+The JSON holds ``chunk_s`` (median and per chunk), ``time_to_first_chunk_s``, ``fps``
+(generated video frames per second of the chunk loop, the lazy image encode and, with
+``--stream-decode``, the decode included), ``peak_vram_allocated_gb`` (the chunk loop), ``peak_rss_anon_gb``, ``kv_policy``, ``kv_dtype``, ``frames``, ``cap_gb``,
+``cache_bytes``, ``clip81`` and ``kernel_floor``. Checked on the CPU with a tiny package:
+
+    python . make_checkpoint --preset tiny --layout nf4 --out /tmp/tiny
+    python bench/fast_chunks.py --package /tmp/tiny --device cpu --size 32x48 --frames 21 --out /tmp/fast.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _standalone import import_pack  # noqa: E402
+
+import_pack()
+from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
+from comfyui_lingbot_world.loaders.trajectory import read_trajectory  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
+from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, StreamedI2V,  # noqa: E402
+                                                 fast_latent_frames, sample_fast)
+from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae, vae_dtype  # noqa: E402
+from comfyui_lingbot_world.pipeline.long_video import path_from_actions  # noqa: E402
+from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
+from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
+from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from memwatch import GB, MemoryWatch  # noqa: E402
+
+PROMPT = "A walk through a sunlit pine forest towards a wooden cabin by a lake, mountains behind it."
+# Enough walking for 961 frames (the path wraps as needed): forward, look around, turn, strafe.
+ACTIONS = "w-120,l-30,w-120,j-45,w-100,d-40,w-120,i-10,k-10,w-100,l-20,s-20,w-125,j-30,w-70"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cap_vram(cap_gb: float | None, device: torch.device) -> None:
+    if cap_gb and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), device)
+
+
+def policy_of(args: argparse.Namespace) -> CachePolicy:
+    window = None if args.kv_window == 0 else args.kv_window
+    return CachePolicy(window=window, sink=0 if window is None else args.kv_sink, dtype=args.kv_dtype)
+
+
+def policy_name(policy: CachePolicy) -> str:
+    return "full" if policy.full else f"window{policy.window}_sink{policy.sink}"
+
+
+def load_image(path: str | None, height: int, width: int):
+    from PIL import Image
+
+    return Image.open(path) if path else Image.fromarray(
+        np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+def stream_camera(args: argparse.Namespace, frames: int, height: int, width: int) -> KeyframeCamera:
+    if args.camera_dir:
+        poses, intrinsics = read_trajectory(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
+        return KeyframeCamera(poses, intrinsics, frames, height, width, source=args.camera_dir)
+    path = path_from_actions(ACTIONS, frames, height, width)
+    return KeyframeCamera(path.poses, path.intrinsics, frames, height, width, source=path.source)
+
+
+def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: CachePolicy,
+               device: torch.device, watch: MemoryWatch) -> dict:
+    """The measured chunk loop (and, with --stream-decode, each chunk decoded as it comes)."""
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    frames = args.frames
+    latent_frames = fast_latent_frames(frames)
+    camera = stream_camera(args, frames, height, width)
+    pixels = image_to_tensor(as_pil(image), height, width)
+    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention)
+    chunk_s, decode_s = [], []
+    record: dict = {}
+    with watch.phase("chunks") as phase:
+        started = time.perf_counter()
+        vae = open_vae(vae_file, device, vae_dtype(device))
+        decoder = vae.stream_decoder(tile=args.decode_tile or None) if args.stream_decode else None
+        # Without streaming decode the VAE goes once the image condition is proven constant.
+        release = None if decoder is not None else (lambda: release_module(vae))
+        source = StreamedI2V(vae, pixels.to(device), latent_frames, release_vae=release)
+        if args.prefetch_y:  # encode the condition up to its fixed point now: the encoder's state goes first
+            source.prefetch()
+        with FastGenerator(model, text, source, params, latent_frames=latent_frames) as session:
+            record["cache_bytes"] = None
+            for c in range(latent_frames // 3):
+                sync(device)
+                t0 = time.perf_counter()
+                x0 = session.next_chunk(camera.chunk(3 * c, 3), commit=c + 1 < latent_frames // 3)
+                sync(device)
+                t1 = time.perf_counter()
+                chunk_s.append(t1 - t0)
+                if c == 0:
+                    record["time_to_first_chunk_s"] = t1 - started
+                if decoder is not None:
+                    with torch.inference_mode():
+                        video = decoder.decode_next(x0[None].to(vae.dtype))
+                    sync(device)
+                    decode_s.append(time.perf_counter() - t1)
+                    if c == 0:
+                        record["time_to_first_frames_s"] = time.perf_counter() - started
+                    del video
+                del x0
+            record["cache_bytes"] = session.cache.nbytes()
+        record["y_encoded_latent_frames"] = source.encoded
+        record["y_constant_from"] = source.constant_from
+        if decoder is not None:
+            decoder.close()
+        source.close()
+        release_module(vae)
+        del vae, decoder, source
+        sync(device)
+        loop_s = time.perf_counter() - started
+    record.update({
+        "chunk_s": {"median": statistics.median(chunk_s), "steady_median": statistics.median(chunk_s[1:] or chunk_s),
+                    "per_chunk": chunk_s},
+        "chunks": len(chunk_s),
+        "loop_s": loop_s,
+        "fps": frames / loop_s,
+        "peak_vram_allocated_gb": phase.get("peak_vram_allocated_gb"),
+        "peak_vram_reserved_gb": phase.get("peak_vram_reserved_gb"),
+    })
+    if decode_s:
+        record["decode_chunk_s"] = {"median": statistics.median(decode_s), "per_chunk": decode_s}
+    return record
+
+
+def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.device, text_device: torch.device,
+               watch: MemoryWatch) -> dict:
+    """T5 → VAE encode → chunks → decode for an 81-frame clip, the DiT already resident."""
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    frames = 81
+    params = FastParams(seed=1, shift=args.shift, policy=policy, attention=args.attention)
+    phases = {}
+    sync(device)
+    started = time.perf_counter()
+    with watch.phase("clip81_text") as p:
+        text = encode_text(files.t5, files.tokenizer, PROMPT + " Second take.", "", text_device,
+                           cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
+    phases["text_s"] = p["seconds"]
+    with watch.phase("clip81_vae_encode") as p:
+        condition = encode_image(files.vae, image, frames, height, width, device)
+    phases["vae_encode_s"] = p["seconds"]
+    if args.camera_dir:
+        camera = camera_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy",
+                                   frames, height, width)
+    else:
+        camera = camera_from_preset("orbit_left", 1.0, frames, height, width)
+    with watch.phase("clip81_sampling") as p:
+        latent = sample_fast(model, text.positive, condition, camera, params, frames)
+    phases["sampling_s"] = p["seconds"]
+    with watch.phase("clip81_decode") as p:
+        video = decode(files.vae, latent, device, tile=args.decode_tile or None)
+    phases["decode_s"] = p["seconds"]
+    total = time.perf_counter() - started
+    return {"frames": frames, "seconds": total, "phases": phases, "video_shape": list(video.shape),
+            "video_finite": bool(torch.isfinite(video).all()),
+            "peak_vram_allocated_gb": max(watch.phases[k].get("peak_vram_allocated_gb") or 0
+                                          for k in watch.phases if k.startswith("clip81"))}
+
+
+def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int) -> dict:
+    from kernel_floor import block_floor_ms
+
+    frame_tokens = (height // 16) * (width // 16)
+    window, _ = policy.resolve(fast_latent_frames(frames))
+    chunk_tokens = policy.chunk * frame_tokens
+    block = block_floor_ms(chunk_tokens, config.dim, config.ffn_dim, config.num_heads, camera=True,
+                           key_tokens=window * frame_tokens, cross_kv=False)
+    return {"query_tokens": chunk_tokens, "key_tokens": window * frame_tokens, "block": block,
+            "forward_s": block["block_ms"] * config.num_layers / 1000.0,
+            "chunk_s": 5 * block["block_ms"] * config.num_layers / 1000.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--package", help="a package folder (T5, VAE, tokenizer, and expert folders)")
+    p.add_argument("--dit", help="the Fast transformer's folder (default: the package's low-noise expert)")
+    p.add_argument("--t5", help="umT5 file (default: the package's)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: the package's)")
+    p.add_argument("--vae", help="VAE file (default: the package's)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--text-device", help="where T5 runs (default: the device)")
+    p.add_argument("--size", default="480x832")
+    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--kv-window", type=int, default=9, help="latent frames a chunk attends to; 0: the full cache")
+    p.add_argument("--kv-sink", type=int, default=3)
+    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
+    p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
+    p.add_argument("--vram-cap-gb", type=float, default=None)
+    p.add_argument("--block-swap", type=int, default=0, help="blocks kept on the GPU (0: all)")
+    p.add_argument("--quantize", default=None, help="nf4: quantize a bf16 DiT folder on load")
+    p.add_argument("--image")
+    p.add_argument("--camera-dir", help="poses.npy + intrinsics.npy (default: an action path)")
+    p.add_argument("--stream-decode", action="store_true", help="decode each chunk as it comes")
+    p.add_argument("--prefetch-y", action="store_true",
+                   help="encode the image condition before the first chunk instead of chunk by chunk")
+    p.add_argument("--decode-tile", type=int, default=0)
+    p.add_argument("--no-clip", action="store_true", help="skip the 81-frame end-to-end clip")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    text_device = torch.device(args.text_device) if args.text_device else device
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    files = find_package(args.package) if args.package else None
+    dit = Path(args.dit) if args.dit else files.low
+    t5 = Path(args.t5) if args.t5 else files.t5
+    tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
+    vae_file = Path(args.vae) if args.vae else files.vae
+    policy = policy_of(args)
+    fast_latent_frames(args.frames)  # refuse a count that does not fill chunks before loading anything
+    cap_vram(args.vram_cap_gb, device)
+    config = read_config(dit)
+    record: dict = {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "date": datetime.date.today().isoformat(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "torch": torch.__version__, "size": args.size, "frames": args.frames,
+        "kv_policy": policy_name(policy), "kv_window": policy.window, "kv_sink": policy.sink,
+        "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "block_swap": args.block_swap or None,
+        "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
+    }
+    image = load_image(args.image, height, width)
+    try:
+        with MemoryWatch() as watch:
+            with watch.phase("text_encode") as ph:
+                text = encode_text(t5, tokenizer, PROMPT, "", text_device,
+                                   cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
+            record["text_encode_s"] = ph["seconds"]
+            with watch.phase("dit_load") as ph:
+                model = load_expert(dit, device, quantize=args.quantize, block_swap=args.block_swap or None)
+                sync(device)
+            record["dit_load_s"] = ph["seconds"]
+            record |= run_stream(args, model, text.positive, vae_file, image, policy, device, watch)
+            if not args.no_clip:
+                clip_files = files or argparse.Namespace(t5=t5, tokenizer=tokenizer, vae=vae_file)
+                record["clip81"] = run_clip81(args, model, clip_files, image, policy, device, text_device, watch)
+            release_module(model)
+            del model
+        record["phases"] = watch.phases
+        record["peak_rss_anon_gb"] = watch.peak_anon / GB
+        record["peak_rss_file_gb"] = watch.peak_file / GB
+        if device.type == "cuda":
+            floor = kernel_floor(config, height, width, policy, args.frames)
+            record["kernel_floor"] = floor
+            record["ratio_to_floor"] = record["chunk_s"]["steady_median"] / floor["chunk_s"]
+    except torch.cuda.OutOfMemoryError as exc:
+        record["oom"] = str(exc)[:600]
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (dict, list))}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

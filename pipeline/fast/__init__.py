@@ -1,0 +1,19 @@
+"""LingBot-World Fast: causal chunk-by-chunk generation with a bounded KV cache.
+
+* ``generator``: ``FastParams``, ``FastGenerator`` (the chunk engine: ``next_chunk(camera)``,
+  ``close()``), ``sample_fast`` (a whole clip), ``fast_latent_frames`` (which frame counts
+  fill whole chunks).
+* ``noise``: ``ChunkNoise`` (each chunk's noise from (seed, chunk): the start of a run does
+  not depend on its length; the nodes use it) and ``OfficialOrderNoise`` (the official
+  draw order, for comparisons with the official math).
+* ``conditions``: the image condition per chunk (``WholeI2V``, ``StreamedI2V``) and the
+  camera per chunk (``SlicedCamera``, ``KeyframeCamera``).
+The cache itself (``CachePolicy``, ``KVCache``) is execution machinery in
+``wan/runtime/kv_cache.py``; streaming decode is ``WanVAE.stream_decoder``.
+"""
+from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V
+from .generator import DEFAULT_POLICY, FastGenerator, FastParams, fast_latent_frames, sample_fast
+from .noise import ChunkNoise, OfficialOrderNoise
+
+__all__ = ["ChunkNoise", "DEFAULT_POLICY", "FastGenerator", "FastParams", "KeyframeCamera", "OfficialOrderNoise",
+           "SlicedCamera", "StreamedI2V", "WholeI2V", "fast_latent_frames", "sample_fast"]

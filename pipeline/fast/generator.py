@@ -1,0 +1,292 @@
+"""The chunk engine of LingBot-World Fast, and the clip sampler built on it.
+
+Per chunk of 3 latent frames (12 video frames), the official few-step rule (SPEC §13,
+``wan.scheduler.fast_schedule``): start from noise; 4 times, the model predicts the flow v
+at the step's timestep, x0 = x_t − σ·v, and (except after the last step) the chunk is
+re-noised to the next timestep with fresh noise; no CFG. Then one more forward on the final
+x0 at t = 0 — the *commit* — stores the chunk's keys and values in the KV cache, where the
+following chunks see them. 5 forwards a chunk; only the commit writes the cache's committed
+frames (the denoising passes write the chunk's own slots, which the next pass overwrites).
+
+``FastGenerator`` is the engine for all three callers — the clip sampler (``sample_fast``),
+the long-video stream (decode and write each chunk as it comes) and interactive Play (the
+camera of a chunk is decided when the chunk starts). ``next_chunk(camera)`` returns the
+chunk's x0; the cache is freed by ``close()``, and on any error or cancel inside a chunk.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ...wan.conditioning import check_frame_count
+from ...wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
+from ...wan.runtime.kv_cache import CachePolicy, KVCache
+from ...wan.scheduler import FAST_TIMESTEP_INDICES, FastSchedule, fast_schedule
+from ..camera import CameraCondition
+from ..guards import NonFiniteError, is_finite
+from ..image import I2VCondition
+from ..memory import empty_device_cache
+from ..text import TextEmbeddings
+from .conditions import CAMERA_CHANNELS, CameraSource, I2VSource, as_camera_source, as_i2v_source
+from .noise import LATENT_CHANNELS, ChunkNoise, NoiseSource
+
+# The proposal for a 24 GB card (see wan/runtime/kv_cache.py for the reasons and sizes);
+# CachePolicy(window=9, sink=3, dtype="int8") for 16 GB; CachePolicy(window=None) is the
+# official full cache.
+DEFAULT_POLICY = CachePolicy(window=9, sink=3, dtype="bf16")
+
+
+@dataclass(frozen=True)
+class FastParams:
+    seed: int = 0
+    shift: float = 10.0  # generate_fast.py's sample_shift for i2v-A14B (its function default is 5.0)
+    policy: CachePolicy = DEFAULT_POLICY
+    timestep_indices: tuple[int, ...] = FAST_TIMESTEP_INDICES
+    attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.shift) or self.shift <= 0:
+            raise ValueError(f"shift must be a finite number > 0, got {self.shift}")
+        if self.attention is not None and self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be a whole number within 0..2^64-1, got {self.seed!r}")
+
+
+def fast_latent_frames(frames: int, chunk: int = 3) -> int:
+    """Latent frames of a Fast video of ``frames`` video frames: 4n + 1 frames whose latent
+    count fills whole chunks (9, 21, 33, ..., 81, ..., 957). Anything else is refused
+    naming ``frames`` and the nearest counts that work (the official code cuts silently)."""
+    check_frame_count(frames)
+    lat = (frames - 1) // 4 + 1
+    if lat % chunk == 0:
+        return lat
+    below = lat - lat % chunk
+    above = below + chunk
+    nearest = [f"{(n - 1) * 4 + 1}" for n in (below, above) if n >= chunk]
+    raise ValueError(f"frames={frames} ({lat} latent frames) does not fill whole chunks of {chunk} latent frames "
+                     f"({4 * chunk} video frames); use {' or '.join(nearest)}")
+
+
+def _on_device(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class FastGenerator:
+    """One Fast generation session: the model, the prompt, the image condition and a KV cache.
+
+    ``model``: a LingBotDiT (the Fast transformer; any loaded layout, block swap included).
+    ``text``: the prompt's umT5 states [L, text_dim], or ``TextEmbeddings`` (its positive
+    prompt; there is no negative prompt: no CFG).
+    ``condition``: an ``I2VSource`` (``WholeI2V``, ``StreamedI2V``) or an ``I2VCondition``.
+    ``latent_frames``: the video's length in latent frames (None: open-ended, e.g. Play;
+    the full cache then cannot be used). ``noise``: default ``ChunkNoise(params.seed)``.
+    ``check_interrupt`` runs before every forward and every transformer block (it raises to
+    stop); any exception inside a chunk frees the cache and ends the session.
+    """
+
+    def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, condition: I2VSource | I2VCondition,
+                 params: FastParams = FastParams(), noise: NoiseSource | None = None,
+                 latent_frames: int | None = None, check_interrupt: Callable[[], None] | None = None) -> None:
+        if isinstance(text, TextEmbeddings):
+            text = text.positive
+        if text.dim() != 2:
+            raise ValueError(f"text: expected the prompt's states [tokens, text_dim], got {tuple(text.shape)}")
+        self.model, self.params = model, params
+        self.schedule: FastSchedule = fast_schedule(params.shift, params.timestep_indices)
+        self.chunk_frames = params.policy.chunk
+        self.latent_frames = latent_frames
+        self.i2v = as_i2v_source(condition)
+        self.noise = noise if noise is not None else ChunkNoise(params.seed, renoises=self.schedule.steps - 1)
+        self.device = model.patch_embedding.weight.device
+        self.text = text
+        self._check = check_interrupt
+        self.chunk_index = 0
+        self.forwards = 0  # model forwards run, commits included
+        self.cache: KVCache | None = model.new_kv_cache(params.policy, self.i2v.latent_height, self.i2v.latent_width,
+                                                        latent_frames, device=self.device)
+        # float32 scalars: the official re-noise is float32 arithmetic ((1 - σ')·x0 + σ'·ε).
+        self._renoise = [torch.tensor(s, dtype=torch.float32) for s in self.schedule.renoise_sigmas]
+
+    # ----------------------------------------------------------------- chunks
+    @property
+    def frame_start(self) -> int:
+        """Latent frame where the next chunk starts."""
+        return self.chunk_index * self.chunk_frames
+
+    def _check_camera(self, camera: torch.Tensor) -> torch.Tensor:
+        expected = (1, CAMERA_CHANNELS, self.chunk_frames, self.i2v.latent_height, self.i2v.latent_width)
+        if tuple(camera.shape) != expected:
+            raise ValueError(f"camera chunk: expected a Plücker tensor of shape {list(expected)}, got "
+                             f"{list(camera.shape)}")
+        return camera
+
+    def _forward(self, x: torch.Tensor, t: float, y: torch.Tensor, camera_tokens: torch.Tensor | None,
+                 commit: bool = False) -> torch.Tensor | None:
+        if self._check is not None:
+            self._check()
+        cache = self.cache
+        context = None if cache.cross_ready else [self.text.to(self.device)]
+        extra = {"cancel": self._check} if self._check is not None else {}
+        out = self.model(x[None], torch.tensor([t], dtype=torch.float32, device=self.device), context, y=y,
+                         camera_tokens=camera_tokens, kv_cache=cache, commit=commit, **extra)
+        self.forwards += 1
+        return None if out is None else out[0]
+
+    def next_chunk(self, camera: torch.Tensor | None = None, commit: bool = True,
+                   on_step: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Generate the next chunk: x0 [16, chunk, h/8, w/8] float32 on the model's device.
+
+        ``camera``: the chunk's Plücker tensor [1, 384, chunk, h/8, w/8] (None: no camera).
+        ``commit``: run the t = 0 pass that stores the chunk for the chunks after it (a clip's
+        last chunk skips it: nothing would read it). ``on_step(step, x0)`` after every step.
+        """
+        if self.cache is None:
+            raise RuntimeError("this Fast session was closed (finished, cancelled or failed); start a new one")
+        c, n = self.chunk_index, self.chunk_frames
+        if self.latent_frames is not None and self.frame_start + n > self.latent_frames:
+            raise ValueError(f"the video has {self.latent_frames} latent frames; all {c} chunks are done")
+        try:
+            with _on_device(self.device), attention_backend(self.params.attention), torch.inference_mode():
+                x0 = self._run_chunk(c, n, camera, commit, on_step)
+        except BaseException as exc:
+            self.close()
+            # The traceback would keep the chunk's activations alive for as long as the error
+            # is kept (by ComfyUI: until the next prompt); the frames below this one are done.
+            if exc.__traceback__ is not None:
+                traceback.clear_frames(exc.__traceback__.tb_next)
+            raise
+        self.chunk_index += 1
+        return x0
+
+    def _run_chunk(self, c: int, n: int, camera: torch.Tensor | None, commit: bool,
+                   on_step: Callable[[int, torch.Tensor], None] | None) -> torch.Tensor:
+        model, schedule, device = self.model, self.schedule, self.device
+        y = self.i2v.chunk(self.frame_start, n).to(device)[None]
+        camera_tokens = None
+        if camera is not None:
+            camera_tokens = model.prepare_camera(self._check_camera(camera).to(device))
+        shape = (LATENT_CHANNELS, n, self.i2v.latent_height, self.i2v.latent_width)
+        x = self.noise.initial(c, shape).to(device)
+        x0 = x
+        for i, t in enumerate(schedule.timesteps):
+            v = self._forward(x, float(t), y, camera_tokens)
+            # flow -> x0 in float64, as the official conversion, back to float32
+            x0 = (x.double() - schedule.sigmas[i] * v.double()).float()
+            del v
+            if on_step is not None:
+                on_step(i, x0)
+            if i + 1 < schedule.steps:
+                sigma = self._renoise[i].to(device)
+                x = (1 - sigma) * x0 + sigma * self.noise.renoise(c, i, shape).to(device)
+        if commit:
+            self._forward(x0, 0.0, y, camera_tokens, commit=True)
+        else:
+            self.cache.skip_chunk()
+        return x0
+
+    def close(self) -> None:
+        """Free the KV cache (and the image condition's VAE, if it still holds one)."""
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+        self.i2v.close()
+
+    def __enter__(self) -> "FastGenerator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- the clip sampler
+
+OOM_HINT = ("use a smaller kv_window or the int8 cache, reduce width/height, or enable block swap in the "
+            "LingBot-World DiT loader")
+
+
+def out_of_memory_message(frames: int, height: int, width: int, policy: CachePolicy, chunk: int,
+                          detail: str | None) -> str:
+    lines = (detail or "").strip().splitlines()
+    return (f"CUDA out of memory in LingBot-World Fast at chunk {chunk} ({frames} frames at {width}x{height}, "
+            f"{policy.describe()}): {OOM_HINT}. The cache was freed, so the next run starts clean. "
+            f"({lines[0] if lines else 'no details'})")
+
+
+def non_finite_message(chunk: int, chunks: int) -> str:
+    return (f"chunk {chunk + 1} of {chunks} turned NaN/inf; likely cause: NaN or inf weights in the Fast "
+            "transformer's file, an extreme focal length in the camera intrinsics, or an overflow. The run was "
+            "stopped instead of decoding a black video.")
+
+
+def sample_fast(
+    model: nn.Module,
+    text: torch.Tensor | TextEmbeddings,
+    condition: I2VSource | I2VCondition,
+    camera: CameraSource | CameraCondition | None,
+    params: FastParams,
+    frames: int,
+    noise: NoiseSource | None = None,
+    on_chunk: Callable[[int, torch.Tensor], None] | None = None,
+    on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    check_interrupt: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """A whole Fast clip: the latent [16, F_lat, H/8, W/8] (float32, CPU) of ``frames`` video
+    frames (``fast_latent_frames``), chunk after chunk.
+
+    ``camera``: a whole-clip ``CameraCondition`` (sliced per chunk), a chunk source
+    (``KeyframeCamera``) or None. ``on_chunk(index, x0)`` and ``on_preview(done, total, x0)``
+    (ComfyUI's previewer: the chunk's latent [16, 3, H/8, W/8] on the device) after every
+    chunk; ``on_step(done, total)`` after every denoising step. The last chunk skips its
+    commit pass (5 forwards a chunk, 4 for the last). A CUDA OOM frees the cache and is
+    raised again as ``torch.cuda.OutOfMemoryError`` naming the size and what to change.
+    """
+    latent_frames = fast_latent_frames(frames, params.policy.chunk)
+    source = as_i2v_source(condition)
+    cameras = as_camera_source(camera)
+    if isinstance(camera, CameraCondition) and camera.frames != frames:
+        raise ValueError(f"camera is for {camera.frames} frames but frames={frames}; use the same frame count")
+    if isinstance(condition, I2VCondition) and condition.frames != frames:
+        raise ValueError(f"the image condition is for {condition.frames} frames but frames={frames}")
+    height, width = 8 * source.latent_height, 8 * source.latent_width
+    chunks = latent_frames // params.policy.chunk
+    steps = fast_schedule(params.shift, params.timestep_indices).steps
+    latent = torch.empty(LATENT_CHANNELS, latent_frames, source.latent_height, source.latent_width)
+    generator = None
+    detail, failed_chunk = None, 0
+    try:
+        generator = FastGenerator(model, text, source, params, noise, latent_frames, check_interrupt)
+        for c in range(chunks):
+            failed_chunk = c
+            start = c * params.policy.chunk
+            cam = None if cameras is None else cameras.chunk(start, params.policy.chunk)
+            step_done = (lambda i, _x, c=c: on_step(c * steps + i + 1, chunks * steps)) if on_step else None
+            x0 = generator.next_chunk(cam, commit=c + 1 < chunks, on_step=step_done)
+            if not is_finite(x0):
+                raise NonFiniteError(non_finite_message(c, chunks))
+            latent[:, start:start + params.policy.chunk] = x0.cpu()
+            if on_chunk is not None:
+                on_chunk(c, x0)
+            if on_preview is not None:
+                on_preview(c + 1, chunks, x0)
+            del x0
+        return latent
+    except torch.cuda.OutOfMemoryError as exc:
+        # Keep only the text: the traceback holds the chunk's activations until it is gone.
+        detail = str(exc)
+    finally:
+        if generator is not None:
+            generator.close()
+    empty_device_cache()
+    raise torch.cuda.OutOfMemoryError(out_of_memory_message(frames, height, width, params.policy, failed_chunk + 1,
+                                                            detail))
+
+
+__all__: Sequence[str] = ["DEFAULT_POLICY", "FastGenerator", "FastParams", "fast_latent_frames", "sample_fast"]

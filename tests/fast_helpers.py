@@ -1,0 +1,54 @@
+"""Shared pieces of the LingBot-World Fast tests: a tiny float32 transformer with random
+weights (non-trivial norms and biases), its conditioning, and a camera path."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from comfyui_lingbot_world.wan.camera import camera_tensor, preset_trajectory
+from comfyui_lingbot_world.wan.config import TINY, DiTConfig
+from comfyui_lingbot_world.wan.model import LingBotDiT
+from comfyui_lingbot_world.wan.vae import VAE_TINY, WanVAE
+
+HEIGHT, WIDTH = 32, 48  # latent 4 x 6, 6 tokens a latent frame with the (1, 2, 2) patch
+LAT_H, LAT_W = HEIGHT // 8, WIDTH // 8
+
+
+def tiny_fast_model(seed: int = 0, cfg: DiTConfig = TINY) -> LingBotDiT:
+    g = torch.Generator().manual_seed(seed)
+    model = LingBotDiT(cfg)
+    model.init_weights(generator=g)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise) if "norm" in name else p.add_(0.05 * noise)
+    return model.eval()
+
+
+def tiny_vae(seed: int = 0) -> WanVAE:
+    with torch.device("meta"):
+        vae = WanVAE(VAE_TINY)
+    vae.init_weights(torch.Generator().manual_seed(seed))
+    return vae.eval()
+
+
+def prompt(seed: int = 3, tokens: int = 7, cfg: DiTConfig = TINY) -> torch.Tensor:
+    return torch.randn(tokens, cfg.text_dim, generator=torch.Generator().manual_seed(seed))
+
+
+def image(seed: int = 4) -> torch.Tensor:
+    """A first frame [3, HEIGHT, WIDTH] in [-1, 1]."""
+    return torch.rand(3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+def camera_path(frames: int) -> tuple[np.ndarray, np.ndarray]:
+    return preset_trajectory("orbit_left", frames, 2.0)
+
+
+def whole_camera(frames: int) -> torch.Tensor:
+    poses, intrinsics = camera_path(frames)
+    return camera_tensor(poses, intrinsics, frames, HEIGHT, WIDTH, dtype=torch.float32)
+
+
+def video_frames(latent_frames: int) -> int:
+    return (latent_frames - 1) * 4 + 1

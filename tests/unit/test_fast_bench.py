@@ -1,0 +1,30 @@
+"""bench/fast_chunks.py end to end on a tiny package (CPU): the keys bench/RESULTS.md needs."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import tiny_package
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import fast_chunks  # noqa: E402
+
+KEYS = {"chunk_s", "time_to_first_chunk_s", "fps", "peak_vram_allocated_gb", "peak_rss_anon_gb", "kv_policy",
+        "kv_dtype", "frames", "cap_gb", "cache_bytes", "clip81", "time_to_first_frames_s", "decode_chunk_s"}
+
+
+def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path):
+    package = tiny_package.build(tmp_path, "nf4")
+    out = tmp_path / "fast.json"
+    code = fast_chunks.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "21",
+                             "--kv-dtype", "int8", "--stream-decode", "--out", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert KEYS <= set(record), KEYS - set(record)
+    assert record["kv_policy"] == "window9_sink3" and record["kv_dtype"] == "int8" and record["frames"] == 21
+    assert record["chunks"] == 2 and len(record["chunk_s"]["per_chunk"]) == 2 and record["fps"] > 0
+    assert record["cache_bytes"] > 0 and record["y_encoded_latent_frames"] == 6
+    clip = record["clip81"]
+    assert clip["video_shape"] == [3, 81, 32, 48] and clip["video_finite"]
+    assert set(clip["phases"]) == {"text_s", "vae_encode_s", "sampling_s", "decode_s"}
