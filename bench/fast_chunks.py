@@ -42,22 +42,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_trajectory  # noqa: E402
-from comfyui_lingbot_world.pipeline.camera import camera_from_files, camera_from_preset  # noqa: E402
+from comfyui_lingbot_world.pipeline.camera import (camera_condition, path_from_actions, path_from_files,  # noqa: E402
+                                                   path_from_preset)
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
 from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, StreamedI2V,  # noqa: E402
                                                  fast_latent_frames, sample_fast)
 from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae, vae_dtype  # noqa: E402
-from comfyui_lingbot_world.pipeline.long_video import path_from_actions  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
@@ -185,10 +180,10 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
         condition = encode_image(files.vae, image, frames, height, width, device)
     phases["vae_encode_s"] = p["seconds"]
     if args.camera_dir:
-        camera = camera_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy",
-                                   frames, height, width)
+        path = path_from_files(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
     else:
-        camera = camera_from_preset("orbit_left", 1.0, frames, height, width)
+        path = path_from_preset("orbit_left", 1.0, frames)
+    camera = camera_condition(path, frames, height, width)
     with watch.phase("clip81_sampling") as p:
         latent = sample_fast(model, text.positive, condition, camera, params, frames)
     phases["sampling_s"] = p["seconds"]
@@ -233,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shift", type=float, default=10.0)
     p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
-    p.add_argument("--block-swap", type=int, default=0, help="blocks kept on the GPU (0: all)")
+    p.add_argument("--blocks-on-gpu", type=int, default=0, help="blocks kept on the GPU (0: all)")
     p.add_argument("--quantize", default=None, help="nf4: quantize a bf16 DiT folder on load")
     p.add_argument("--image")
     p.add_argument("--camera-dir", help="poses.npy + intrinsics.npy (default: an action path)")
@@ -262,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "torch": torch.__version__, "size": args.size, "frames": args.frames,
         "kv_policy": policy_name(policy), "kv_window": policy.window, "kv_sink": policy.sink,
-        "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "block_swap": args.block_swap or None,
+        "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "blocks_on_gpu": args.blocks_on_gpu or None,
         "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
     }
     image = load_image(args.image, height, width)
@@ -273,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                                    cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
-                model = load_expert(dit, device, quantize=args.quantize, block_swap=args.block_swap or None)
+                model = load_expert(dit, device, quantize=args.quantize, blocks_on_gpu=args.blocks_on_gpu or None)
                 sync(device)
             record["dit_load_s"] = ph["seconds"]
             record |= run_stream(args, model, text.positive, vae_file, image, policy, device, watch)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from comfyui_lingbot_world.wan.camera import camera_tensor, preset_trajectory
+from comfyui_lingbot_world.wan.camera import camera_tensor
+from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 from comfyui_lingbot_world.wan.config import TINY, DiTConfig
 from comfyui_lingbot_world.wan.model import LingBotDiT
 from comfyui_lingbot_world.wan.vae import VAE_TINY, WanVAE

@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from ...wan.camera import (CameraError, fold_rays, interpolate_poses, latent_frames, load_trajectory,
+from ...wan.camera import (CameraError, fold_rays, interpolate_poses, latent_frames, cut_trajectory,
                            plucker_rays, relative_poses, scale_intrinsics)
 from ...wan.conditioning import VAE_STRIDE_S, check_size
 from ...wan.vae import TEMPORAL_FACTOR, WanVAE
@@ -213,7 +213,7 @@ class KeyframeCamera:
     def __init__(self, poses: np.ndarray | torch.Tensor, intrinsics: np.ndarray | torch.Tensor, frames: int,
                  height: int, width: int, source: str = "camera path") -> None:
         check_size(height, width)
-        c2ws, k, used = load_trajectory(poses, intrinsics, frames)
+        c2ws, k, used = cut_trajectory(poses, intrinsics, frames, source)
         if used < frames:
             raise CameraError(f"{source}: {len(poses)} poses cover only {used} frames but {frames} were asked; "
                               f"use frames <= {used} or a longer path")
