@@ -10,13 +10,14 @@ from .sampling import SamplingParams
 # shifted with shift 5, the first two steps on the high-noise expert (their
 # boundary_step_index 2, boundary 0.9). ComfyUI's own Wan2.2 I2V template with the
 # 4-step LoRAs uses the same: 4 steps, cfg 1, euler, shift 5, high-noise steps 0-2.
-# Our schedule for 4 steps at shift 5 gives sigmas 0.9998, 0.9373, 0.8331, 0.6247
-# (timesteps 999, 937, 833, 624) against their 1.0, 0.9375, 0.8333, 0.625: the same up to
-# the top sigma (1 - 1/1000 here, as Wan's own sampler uses).
+# The "lightning" schedule gives their sigmas 1, 0.9375, 0.8333, 0.625 and the float
+# timesteps 1000, 937.5, 833.33, 625 they feed the DiT (docs/conventions.md#wan22-lightning); the reference's own
+# schedule would give 999, 937, 833, 624 (top sigma 1 - 1/1000, truncated to integers).
 LIGHTNING_STEPS = 4
 LIGHTNING_SHIFT = 5.0
-LIGHTNING_BOUNDARY = 0.9  # 937 >= 900: steps 0-1 high-noise, 2-3 low-noise
+LIGHTNING_BOUNDARY = 0.9  # 937.5 >= 900: steps 0-1 high-noise, 2-3 low-noise
 LIGHTNING_SAMPLER = "euler"
+LIGHTNING_SCHEDULE = "lightning"
 
 SAMPLER_PRESETS = ("none", "lightning_4step")
 
@@ -26,7 +27,8 @@ def lightning_4step(base: SamplingParams = SamplingParams()) -> SamplingParams:
 
     Step caching and CFG truncation are switched off: there is nothing left to skip."""
     return replace(base, steps=LIGHTNING_STEPS, shift=LIGHTNING_SHIFT, cfg_high=1.0, cfg_low=1.0,
-                   boundary=LIGHTNING_BOUNDARY, sampler=LIGHTNING_SAMPLER, cache_threshold=0.0, cfg_truncate=0.0)
+                   boundary=LIGHTNING_BOUNDARY, sampler=LIGHTNING_SAMPLER, schedule=LIGHTNING_SCHEDULE,
+                   cache_threshold=0.0, cfg_truncate=0.0)
 
 
 def apply_preset(name: str, base: SamplingParams) -> SamplingParams:

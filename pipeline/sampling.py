@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from ..wan.scheduler import make_sampler
+from ..wan.scheduler import SCHEDULES, make_sampler
 from .camera import CameraCondition
 from .guards import NonFiniteError, is_finite
 from .image import I2VCondition
@@ -52,6 +52,9 @@ class SamplingParams:
     cache_warmup: int = EASYCACHE_WARMUP_STEPS  # steps of each expert always computed
     cfg_truncate: float = 0.0  # fraction of the last steps without the unconditional branch
     attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+    # Noise schedule (wan/scheduler.py): "wan" = the reference's (integer timesteps from
+    # 999), "lightning" = the step-distilled adapters' (float timesteps from 1000).
+    schedule: str = "wan"
 
     def __post_init__(self) -> None:
         # The fields carry the names of the node inputs they come from, so a message names both.
@@ -67,6 +70,8 @@ class SamplingParams:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not 0.0 <= self.boundary <= 1.0:
             raise ValueError(f"boundary must be within 0..1, got {self.boundary}")
         if self.shift <= 0:
@@ -288,7 +293,7 @@ def _denoise(
     stats: StepStats | None = None,
     on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    sampler = make_sampler(params.sampler, params.steps, params.shift)
+    sampler = make_sampler(params.sampler, params.steps, params.shift, params.schedule)
     latent = initial_noise(condition, params.seed)
     active: _ActiveExpert | None = None
     timesteps = sampler.timesteps.tolist()

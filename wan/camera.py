@@ -27,13 +27,16 @@ __all__ = [
     "as_float_array",
     "build_camera",
     "camera_tensor",
+    "check_camera_size",
     "cut_trajectory",
     "fold_rays",
     "interpolate_poses",
+    "keyframe_camera",
     "latent_frames",
     "plucker_rays",
     "relative_poses",
     "scale_intrinsics",
+    "trajectory_keyframes",
     "usable_frames",
     "validate_trajectory",
 ]
@@ -279,21 +282,73 @@ def plucker_rays(c2ws: torch.Tensor, K: torch.Tensor, h: int, w: int) -> torch.T
     return _rays(c2ws, _camera_directions(K, h, w), h, w)
 
 
-def _rays(c2ws: torch.Tensor, cam_dirs: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Rays [F, h, w, 6] from camera-axis directions [1 or F, h·w, 3]."""
+def _rays(c2ws: torch.Tensor, cam_dirs: torch.Tensor, h: int, w: int, directions_only: bool = False) -> torch.Tensor:
+    """Rays [F, h, w, 6] (or [F, h, w, 3] directions only) from camera-axis directions [1 or F, h·w, 3]."""
     n_frames = c2ws.shape[0]
     # Row vectors times Rᵀ apply R to every direction.
     dirs = cam_dirs @ c2ws[:, :3, :3].transpose(-1, -2)
+    if directions_only:
+        return dirs.view(n_frames, h, w, 3)
     origins = c2ws[:, None, :3, 3].expand(n_frames, h * w, 3)
     return torch.cat([origins, dirs], dim=-1).view(n_frames, h, w, 6)
 
 
 def fold_rays(rays: torch.Tensor) -> torch.Tensor:
-    """[F, h, w, 6] → [6·8·8, F, h/8, w/8], channel index = c·64 + dy·8 + dx."""
+    """[F, h, w, C] → [C·8·8, F, h/8, w/8], channel index = c·64 + dy·8 + dx."""
     f, h, w, c = rays.shape
     blocks = rays.reshape(f, h // FOLD, FOLD, w // FOLD, FOLD, c)
     # (f, H, dy, W, dx, c) → (c, dy, dx, f, H, W)
     return blocks.permute(5, 2, 4, 0, 1, 3).reshape(c * FOLD * FOLD, f, h // FOLD, w // FOLD)
+
+
+def check_camera_size(height: int, width: int) -> None:
+    """Raise ValueError unless the frame folds into whole 8×8 pixel blocks."""
+    if height % FOLD or width % FOLD or height < FOLD or width < FOLD:
+        raise ValueError(f"height and width must be positive multiples of {FOLD}; got {height}×{width}")
+
+
+def trajectory_keyframes(
+    poses: PoseArray, intrinsics: PoseArray, frame_num: int
+) -> tuple[torch.Tensor, np.ndarray, int]:
+    """A pose file's camera at the latent rate: (relative keyframes [F_lat, 4, 4] float32,
+    K [4] in 480×832 pixels, F = the frame count used).
+
+    The F poses in use (poses.npy convention: pose i belongs to video frame i) are sampled
+    at ``linspace(0, F − 1, F_lat)``, then made frame-to-frame relative with unit-scale
+    translations (docs/conventions.md#camera-path).
+    """
+    c2ws, k, frames = cut_trajectory(poses, intrinsics, frame_num)
+    return relative_poses(interpolate_poses(c2ws, latent_frames(frames))), k, frames
+
+
+def keyframe_camera(
+    keyframes: torch.Tensor,
+    intrinsics: np.ndarray | torch.Tensor,
+    height: int,
+    width: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    directions_only: bool = False,
+) -> torch.Tensor:
+    """Ray tensor [1, C·64, F_lat, height/8, width/8] from relative keyframes [F_lat, 4, 4].
+
+    C = 6 (origin ⊕ direction: the Base-Cam Plücker tensor) or, with ``directions_only``,
+    3 (the Act checkpoint's rays, docs/conventions.md#act-checkpoint). ``intrinsics``: one row (fx, fy, cx, cy) in
+    480×832 pixels, rescaled to height×width. Rays are computed in float32.
+    """
+    check_camera_size(height, width)
+    keyframes = torch.as_tensor(keyframes).to(device=device, dtype=torch.float32)
+    n_lat = keyframes.shape[0]
+    channels = 3 if directions_only else 6
+    k_out = scale_intrinsics(intrinsics, height, width).to(device=device, dtype=torch.float32)
+    cam_dirs = _camera_directions(k_out[None], height, width)  # one K for all frames
+    out = torch.empty(1, channels * FOLD * FOLD, n_lat, height // FOLD, width // FOLD, dtype=dtype, device=device)
+    # One latent frame at a time: full-resolution float32 rays for 21 frames at 720p
+    # would take ~0.7 GB.
+    for i in range(n_lat):
+        rays = _rays(keyframes[i : i + 1], cam_dirs, height, width, directions_only)
+        out[0, :, i : i + 1] = fold_rays(rays).to(dtype)
+    return out
 
 
 def build_camera(
@@ -311,20 +366,9 @@ def build_camera(
     (docs/conventions.md#camera-path); the video must be generated with that many frames for
     the latent grids to line up.
     """
-    if height % FOLD or width % FOLD or height < FOLD or width < FOLD:
-        raise ValueError(f"height and width must be positive multiples of {FOLD}; got {height}×{width}")
-    c2ws, k, frames = cut_trajectory(poses, intrinsics, frame_num)
-    n_lat = latent_frames(frames)
-    keyframes = relative_poses(interpolate_poses(c2ws, n_lat)).to(device=device, dtype=torch.float32)
-    k_out = scale_intrinsics(k, height, width).to(device=device, dtype=torch.float32)
-    cam_dirs = _camera_directions(k_out[None], height, width)  # one K for all frames
-    out = torch.empty(1, 6 * FOLD * FOLD, n_lat, height // FOLD, width // FOLD, dtype=dtype, device=device)
-    # One latent frame at a time: full-resolution float32 rays for 21 frames at 720p
-    # would take ~0.7 GB.
-    for i in range(n_lat):
-        rays = _rays(keyframes[i : i + 1], cam_dirs, height, width)
-        out[0, :, i : i + 1] = fold_rays(rays).to(dtype)
-    return out, frames
+    check_camera_size(height, width)
+    keyframes, k, frames = trajectory_keyframes(poses, intrinsics, frame_num)
+    return keyframe_camera(keyframes, k, height, width, dtype, device), frames
 
 
 def camera_tensor(

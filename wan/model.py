@@ -37,7 +37,7 @@ from .runtime import fused
 from .runtime.attention import attention
 from .runtime.dense import Dense, dense
 from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
-from .config import DiTConfig
+from .config import CONTROL_CHANNELS, CONTROL_NAMES, FOLD_PIXELS, DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
 
@@ -431,6 +431,24 @@ class Head(nn.Module):
         return apply_linear(self.head, h)
 
 
+def control_mismatch_message(channels: int, config: DiTConfig) -> str:
+    """Why a control tensor of ``channels`` channels does not fit the checkpoint: names both
+    the control it looks like (Base-Cam rays or Act rays + keys) and the one the checkpoint reads."""
+    def a(name: str) -> str:
+        return f"{'an' if name[0] in 'AEIOU' else 'a'} {name}"
+
+    want = CONTROL_NAMES[config.control_type]
+    need = config.control_channels * FOLD_PIXELS
+    given = next((t for t, n in CONTROL_CHANNELS.items() if n * FOLD_PIXELS == channels), None)
+    if given is not None:
+        return (f"camera: {a(CONTROL_NAMES[given])} control tensor ({channels} channels) was given to {a(want)} "
+                f"checkpoint, which reads {need} channels; build the {want} control "
+                f"({'ray directions + W/A/S/D keys' if config.control_type == 'act' else 'Plücker rays'}) "
+                f"or load the {CONTROL_NAMES[given]} checkpoint")
+    return (f"camera: {channels} channels x patch {config.patch_size} != {config.camera_in_features} control "
+            f"features the {want} checkpoint expects ({need} channels)")
+
+
 class LingBotDiT(nn.Module):
     """LingBot-World expert. Build under `torch.device("meta")` to allocate nothing, then load
     weights; call `init_weights` only for synthetic (random) models."""
@@ -502,8 +520,7 @@ class LingBotDiT(nn.Module):
         b, c, *spatial = plucker.shape
         pt, ph, pw = self.config.patch_size
         if c * pt * ph * pw != self.config.camera_in_features:
-            raise ValueError(f"camera: {c} channels x patch {self.config.patch_size} != "
-                             f"{self.config.camera_in_features} camera features the checkpoint expects")
+            raise ValueError(control_mismatch_message(c, self.config))
         f, h, w = self._patch_grid(spatial, "camera")
         # Patch features ordered (channel, pt, ph, pw), tokens frame-major like the latent.
         tokens = (plucker.reshape(b, c, f, pt, h, ph, w, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)

@@ -8,6 +8,11 @@ The schedule follows the LingBot-World reference exactly (docs/conventions.md#sa
 ``steps`` equal pieces, the last point (0) is dropped, every σ is shifted with
 σ' = s·σ / (1 + (s-1)·σ), and a final σ = 0 is appended. The reference hands the DiT integer
 timesteps (σ'·T truncated towards zero); ``.timesteps`` holds those same values as floats.
+
+The "lightning" schedule is the one the Wan2.2-Lightning / LightX2V step-distilled adapters
+were trained at (docs/conventions.md#wan22-lightning): σ = 1 − i/steps (from exactly 1, i.e. their step list 1000, 750,
+500, 250 for 4 steps), shifted the same way, and the DiT gets the float timesteps σ'·T
+(1000, 937.5, 833.33…, 625 at shift 5), not truncated.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ __all__ = [
     "FAST_TIMESTEP_INDICES",
     "FastSchedule",
     "SAMPLERS",
+    "SCHEDULES",
     "FlowEulerSampler",
     "FlowUniPCSampler",
     "flow_sigmas",
@@ -30,54 +36,61 @@ __all__ = [
 ]
 
 SAMPLERS = ("unipc", "euler")
+SCHEDULES = ("wan", "lightning")
 
 
-def _check_schedule_args(steps: int, shift: float, num_train_timesteps: int) -> None:
+def _check_schedule_args(steps: int, shift: float, num_train_timesteps: int, schedule: str = "wan") -> None:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got {steps!r}")
     if not math.isfinite(float(shift)) or float(shift) <= 0:
         raise ValueError(f"shift must be a finite number > 0; got {shift!r}")
     if num_train_timesteps < 2:
         raise ValueError(f"num_train_timesteps must be >= 2; got {num_train_timesteps!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
 
 
-def _shifted_schedule(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+def _shifted_schedule(steps: int, shift: float, num_train_timesteps: int, schedule: str = "wan") -> np.ndarray:
     """The ``steps`` shifted sigmas (float64, without the final 0)."""
-    _check_schedule_args(steps, shift, num_train_timesteps)
+    _check_schedule_args(steps, shift, num_train_timesteps, schedule)
     # The reference derives its top sigma from a float32 training table, so 1 - 1/T is
     # rounded to float32 before the linspace; the bottom of that table is exactly 0.
-    sigma_top = float(np.float32(1.0 - 1.0 / num_train_timesteps))
+    # The Lightning adapters start at sigma 1 itself (their step list starts at T).
+    sigma_top = 1.0 if schedule == "lightning" else float(np.float32(1.0 - 1.0 / num_train_timesteps))
     sigmas = np.linspace(sigma_top, 0.0, steps + 1)[:-1]
     shift = float(shift)
     return shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
 
 
-def flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 1000) -> torch.Tensor:
+def flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 1000, schedule: str = "wan") -> torch.Tensor:
     """Shifted sigmas of a ``steps``-step run plus the final 0: float32 [steps + 1]."""
-    sigmas = _shifted_schedule(steps, shift, num_train_timesteps)
+    sigmas = _shifted_schedule(steps, shift, num_train_timesteps, schedule)
     return torch.from_numpy(np.append(sigmas, 0.0).astype(np.float32))
 
 
-def flow_timesteps(steps: int, shift: float, num_train_timesteps: int = 1000) -> torch.Tensor:
-    """DiT timesteps of a ``steps``-step run: float32 [steps], integer-valued.
+def flow_timesteps(steps: int, shift: float, num_train_timesteps: int = 1000, schedule: str = "wan") -> torch.Tensor:
+    """DiT timesteps of a ``steps``-step run: float32 [steps].
 
-    The reference converts σ'·T to int64 (truncation) before calling the model, so the
-    model never sees fractional timesteps; we keep that so results and the expert switch
-    at the boundary (t >= 947) match it.
+    "wan": integer-valued. The reference converts σ'·T to int64 (truncation) before calling
+    the model, so the model never sees fractional timesteps; we keep that so results and the
+    expert switch at the boundary (t >= 947) match it. "lightning": σ'·T as it is (float),
+    as the step-distilled adapters were trained.
     """
-    sigmas = _shifted_schedule(steps, shift, num_train_timesteps)
-    return torch.from_numpy(np.trunc(sigmas * num_train_timesteps).astype(np.float32))
+    sigmas = _shifted_schedule(steps, shift, num_train_timesteps, schedule)
+    timesteps = sigmas * num_train_timesteps
+    return torch.from_numpy((timesteps if schedule == "lightning" else np.trunc(timesteps)).astype(np.float32))
 
 
 class _FlowSampler:
     """Shared bookkeeping: the schedule and the step-index discipline."""
 
-    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000) -> None:
+    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000, schedule: str = "wan") -> None:
         self.steps = int(steps)
         self.shift = float(shift)
         self.num_train_timesteps = int(num_train_timesteps)
-        self.sigmas = flow_sigmas(steps, shift, num_train_timesteps)
-        self.timesteps = flow_timesteps(steps, shift, num_train_timesteps)
+        self.schedule = schedule
+        self.sigmas = flow_sigmas(steps, shift, num_train_timesteps, schedule)
+        self.timesteps = flow_timesteps(steps, shift, num_train_timesteps, schedule)
         # Python floats of the float32 schedule, for scalar coefficient arithmetic.
         self._sig = [float(s) for s in self.sigmas]
         self._next_index = 0
@@ -141,8 +154,11 @@ class FlowUniPCSampler(_FlowSampler):
         self._last_sample: torch.Tensor | None = None  # sample the last predictor started from
         self._last_order = 0
 
-    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000) -> None:
-        super().__init__(steps, shift, num_train_timesteps)
+    def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000, schedule: str = "wan") -> None:
+        super().__init__(steps, shift, num_train_timesteps, schedule)
+        if self._sig[0] >= 1.0:  # log(α/σ) is −inf at σ = 1: UniPC's step sizes are undefined there
+            raise ValueError(f"the {schedule!r} schedule starts at sigma 1, where UniPC cannot step; use the "
+                             "euler sampler")
         self.reset()
 
     def _coefficients(self, i_from: int, i_to: int) -> tuple[float, float, float, float]:
@@ -201,19 +217,20 @@ class FlowUniPCSampler(_FlowSampler):
         return out
 
 
-def make_sampler(name: str, steps: int, shift: float) -> FlowUniPCSampler | FlowEulerSampler:
-    """A fresh sampler by name: "unipc" (the reference's choice) or "euler"."""
+def make_sampler(name: str, steps: int, shift: float, schedule: str = "wan") -> FlowUniPCSampler | FlowEulerSampler:
+    """A fresh sampler by name: "unipc" (the reference's choice) or "euler", on the
+    ``schedule`` "wan" (the reference's) or "lightning" (the step-distilled adapters')."""
     key = str(name).strip().lower()
     if key == "unipc":
-        return FlowUniPCSampler(steps, shift)
+        return FlowUniPCSampler(steps, shift, schedule=schedule)
     if key == "euler":
-        return FlowEulerSampler(steps, shift)
+        return FlowEulerSampler(steps, shift, schedule=schedule)
     raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
 
 
 # --------------------------------------------------------------------------- LingBot-World Fast
 
-# The Fast model's 4 steps are these entries of a 1000-step schedule (SPEC §13).
+# The Fast model's 4 steps are these entries of a 1000-step schedule (docs/conventions.md#lingbot-world-fast).
 FAST_TIMESTEP_INDICES = (0, 179, 358, 679)
 FAST_TABLE_STEPS = 1000
 

@@ -1,6 +1,6 @@
 """The chunk engine of LingBot-World Fast, and the clip sampler built on it.
 
-Per chunk of 3 latent frames (12 video frames), the official few-step rule (SPEC §13,
+Per chunk of 3 latent frames (12 video frames), the official few-step rule (docs/conventions.md#lingbot-world-fast,
 ``wan.scheduler.fast_schedule``): start from noise; 4 times, the model predicts the flow v
 at the step's timestep, x0 = x_t − σ·v, and (except after the last step) the chunk is
 re-noised to the next timestep with fresh noise; no CFG. Then one more forward on the final

@@ -10,6 +10,7 @@ import torch
 from comfyui_lingbot_world.pipeline.camera_preview import draw_trajectory
 from comfyui_lingbot_world.wan.camera import scale_intrinsics
 from comfyui_lingbot_world.wan.camera_actions import (
+    GROUND_EPS,
     MOVE_PER_FRAME,
     ActionError,
     action_frames,
@@ -18,6 +19,10 @@ from comfyui_lingbot_world.wan.camera_actions import (
     frames_for_actions,
     parse_actions,
 )
+
+
+# A level step: the reference divides the ground direction by its length + 1e-6.
+STEP = MOVE_PER_FRAME / (1 + GROUND_EPS)
 
 
 def yaw_matrix(deg: float) -> np.ndarray:
@@ -30,15 +35,15 @@ def test_pure_forward_moves_along_z_by_the_step() -> None:
     poses = action_poses("w-20")
     assert poses.shape == (21, 4, 4)
     np.testing.assert_allclose(poses[:, :3, :3], np.tile(np.eye(3), (21, 1, 1)), atol=1e-12)
-    np.testing.assert_allclose(poses[:, :3, 3], np.stack([np.zeros(21), np.zeros(21), 0.05 * np.arange(21)], 1),
+    np.testing.assert_allclose(poses[:, :3, 3], np.stack([np.zeros(21), np.zeros(21), STEP * np.arange(21)], 1),
                                atol=1e-12)
-    np.testing.assert_allclose(poses[-1, :3, 3], [0.0, 0.0, 1.0], atol=1e-12)
+    np.testing.assert_allclose(poses[-1, :3, 3], [0.0, 0.0, 20 * STEP], atol=1e-12)
 
 
 def test_back_and_strafe() -> None:
-    np.testing.assert_allclose(action_poses("s-10")[-1, :3, 3], [0, 0, -0.5], atol=1e-12)
-    np.testing.assert_allclose(action_poses("d-10")[-1, :3, 3], [0.5, 0, 0], atol=1e-12)
-    np.testing.assert_allclose(action_poses("a-10")[-1, :3, 3], [-0.5, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(action_poses("s-10")[-1, :3, 3], [0, 0, -10 * STEP], atol=1e-12)
+    np.testing.assert_allclose(action_poses("d-10")[-1, :3, 3], [10 * STEP, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(action_poses("a-10")[-1, :3, 3], [-10 * STEP, 0, 0], atol=1e-12)
 
 
 def test_pure_yaw_turns_two_degrees_a_frame_without_moving() -> None:
@@ -54,17 +59,16 @@ def test_forward_then_turn_then_forward() -> None:
     # 10 frames forward (z 0.5), a quarter turn right, 10 frames forward along +x (x 0.5).
     poses = action_poses("w-10,l-45,w-10")
     assert poses.shape == (66, 4, 4)
-    np.testing.assert_allclose(poses[10, :3, 3], [0, 0, 0.5], atol=1e-12)
-    np.testing.assert_allclose(poses[55, :3, 3], [0, 0, 0.5], atol=1e-12)
-    np.testing.assert_allclose(poses[-1, :3, 3], [0.5, 0, 0.5], atol=1e-12)
+    np.testing.assert_allclose(poses[10, :3, 3], [0, 0, 10 * STEP], atol=1e-12)
+    np.testing.assert_allclose(poses[55, :3, 3], [0, 0, 10 * STEP], atol=1e-12)
+    np.testing.assert_allclose(poses[-1, :3, 3], [10 * STEP, 0, 10 * STEP], atol=1e-12)
     np.testing.assert_allclose(poses[-1, :3, :3], yaw_matrix(90.0), atol=1e-12)
 
 
 def test_turn_and_move_in_one_frame_turns_first() -> None:
     pose = action_poses("wl-1")[-1]
     a = math.radians(2.0)
-    np.testing.assert_allclose(pose[:3, 3], [MOVE_PER_FRAME * math.sin(a), 0, MOVE_PER_FRAME * math.cos(a)],
-                               atol=1e-12)
+    np.testing.assert_allclose(pose[:3, 3], [STEP * math.sin(a), 0, STEP * math.cos(a)], atol=1e-12)
 
 
 def test_look_up_stops_at_85_degrees_and_w_stays_on_the_ground() -> None:
@@ -75,7 +79,9 @@ def test_look_up_stops_at_85_degrees_and_w_stays_on_the_ground() -> None:
     np.testing.assert_allclose(action_poses("k-1")[-1, :3, 2], [0, math.sin(math.radians(2)),
                                                                   math.cos(math.radians(2))], atol=1e-12)
     walk = action_poses("i-10,w-10")
-    np.testing.assert_allclose(walk[-1, :3, 3], [0.0, 0.0, 0.5], atol=1e-12)
+    level = math.cos(math.radians(20))  # length of the view direction on the ground
+    np.testing.assert_allclose(walk[-1, :3, 3], [0.0, 0.0, 10 * MOVE_PER_FRAME * level / (level + GROUND_EPS)],
+                               atol=1e-12)
 
 
 def test_frames_pad_by_holding_still_or_cut() -> None:

@@ -1,4 +1,4 @@
-"""LingBot-World Fast against the official generate_fast math (issue 19, "Must show").
+"""LingBot-World Fast against the official generate_fast math (docs/conventions.md#lingbot-world-fast).
 
 The reference is tests/reference/official_fast.py: an independent plain-torch restatement
 of the official loop and causal model (its own cache dict with global/local end indices,

@@ -112,7 +112,8 @@ def test_import_source_reads_a_pose_export(installed):
     np.savez(installed["input"] / "walk.npz", poses=poses)
     assert "walk.npz" in LingBotWorldCamera.define_schema().inputs[9].options
     _, _, path = _camera("import", export="walk.npz", frames=21)
-    np.testing.assert_allclose(path.poses, action_poses("w-12,j-8", 21), atol=1e-9)  # scale normalized back
+    # Scale normalized back to 0.05 a step (action steps are 0.05 / (1 + 1e-6), as the reference's).
+    np.testing.assert_allclose(path.poses, action_poses("w-12,j-8", 21), atol=1e-6)
     np.testing.assert_allclose(path.intrinsics, default_intrinsics(H, W))
     _, _, raw = _camera("import", export="walk.npz", frames=21, normalize=False)
     np.testing.assert_allclose(raw.poses, poses)
