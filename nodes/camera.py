@@ -9,6 +9,7 @@ from comfy_api.latest import io
 from pathlib import Path
 
 from ..pipeline.camera import CameraCondition, camera_from_files, camera_from_preset
+from ..loaders.trajectory import read_intrinsics_row
 from ..pipeline.long_video import (CameraPath, WindowedCamera, one_pass_condition, path_from_actions,
                                    path_from_export, path_from_files, path_from_preset)
 from ..wan.camera import PRESETS, draw_trajectory
@@ -223,11 +224,7 @@ class LingBotWorldCamera(io.ComfyNode):
 def _intrinsics_row(intrinsics_file: str) -> np.ndarray | None:
     if intrinsics_file == NO_FILE:
         return None
-    k = np.load(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"), allow_pickle=False)
-    k = np.asarray(k, dtype=np.float64)
-    if k.shape[-1] != 4 or k.size < 4:
-        raise ValueError(f"intrinsics_file: {intrinsics_file!r} has shape {list(k.shape)}; expected [N, 4] or [4]")
-    return k.reshape(-1, 4)[0]
+    return read_intrinsics_row(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"), "intrinsics_file")
 
 
 def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,
@@ -239,8 +236,9 @@ def camera_path(source: str, preset: str, speed: float, poses_file: str, intrins
     if source == "preset":
         return path_from_preset(preset, speed, frames)
     if source == "actions":
+        intrinsics = _intrinsics_row(intrinsics_file)  # its errors name intrinsics_file, not actions
         try:
-            return path_from_actions(actions, frames, height, width, _intrinsics_row(intrinsics_file))
+            return path_from_actions(actions, frames, height, width, intrinsics)
         except ValueError as error:
             raise ValueError(f"actions: {error}") from error
     if source == "import":
