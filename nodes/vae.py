@@ -171,6 +171,9 @@ class LingBotWorldVAEDecode(io.ComfyNode):
             )
         if latent.shape[0] != 1:
             raise ValueError(f"samples: holds {latent.shape[0]} videos; the decoder takes one at a time")
+        # The LATENT holds the raw VAE latent (ComfyUI's Wan21 convention); the pack's VAE
+        # decodes the normalized one. Converted (and its shape checked) before any room is made.
+        normalized = from_comfy_latent(latent[0], "samples")
         source, size = vae_source(vae, vae_model)
         target = pick_device(device)
         make_room(target, size, VAE_WORKSPACE)
@@ -179,8 +182,7 @@ class LingBotWorldVAEDecode(io.ComfyNode):
         def on_progress(done: int, total: int) -> None:
             progress.update_absolute(done, total)
 
-        # The LATENT holds the raw VAE latent (ComfyUI's Wan21 convention); the pack's VAE
-        # decodes the normalized one. Cancel is checked before every decoded frame.
-        video = decode(source, from_comfy_latent(latent[0]), target, tile=tile or None, on_progress=on_progress,
+        # Cancel is checked before every decoded frame.
+        video = decode(source, normalized, target, tile=tile or None, on_progress=on_progress,
                        check_interrupt=check_interrupt, precision=precision)
         return io.NodeOutput(video_to_images(video))

@@ -7,6 +7,7 @@ import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
 from .guards import check_finite
+from .latent import check_latent_shape
 from .image import CONNECTED_VAE, VAESource, vae_dtype, vae_name
 from .memory import build_or_release, check_video_fits, release_module, resolve_device
 
@@ -31,6 +32,7 @@ def decode(
         latent = latent[0]
     if latent.dim() != 4 or latent.shape[0] != 16:
         raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [16, frames, height/8, width/8]")
+    check_latent_shape(latent)
     check_video_fits(1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3])
     check_finite(latent, "the latent to decode", "a sampler run that diverged (NaN weights, extreme intrinsics)")
     device = resolve_device(device)
