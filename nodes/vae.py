@@ -77,8 +77,10 @@ def vae_source(vae: str, vae_model) -> tuple[VAESource, int | Path]:
 
 
 def video_to_images(video: torch.Tensor) -> torch.Tensor:
-    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1]."""
-    return video.add(1.0).div_(2.0).clamp_(0.0, 1.0).permute(1, 2, 3, 0).contiguous()
+    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1]. ``video`` is
+    rescaled in place (it is the decoder's own output): the one copy is the IMAGE batch,
+    which is what pipeline.memory.DECODE_BYTES_PER_PIXEL counts."""
+    return video.add_(1.0).div_(2.0).clamp_(0.0, 1.0).permute(1, 2, 3, 0).contiguous()
 
 
 class LingBotWorldVAEEncode(io.ComfyNode):
