@@ -77,10 +77,11 @@ def vae_source(vae: str, vae_model) -> tuple[VAESource, int | Path]:
 
 
 def video_to_images(video: torch.Tensor) -> torch.Tensor:
-    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1]. ``video`` is
-    rescaled in place (it is the decoder's own output): the one copy is the IMAGE batch,
-    which is what pipeline.memory.DECODE_BYTES_PER_PIXEL counts."""
-    return video.add_(1.0).div_(2.0).clamp_(0.0, 1.0).permute(1, 2, 3, 0).contiguous()
+    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1], with one copy
+    (the IMAGE batch, rescaled in place): what pipeline.memory.DECODE_BYTES_PER_PIXEL counts."""
+    images = torch.empty((*video.shape[1:], 3), dtype=video.dtype, device=video.device)
+    images.copy_(video.permute(1, 2, 3, 0))
+    return images.add_(1.0).div_(2.0).clamp_(0.0, 1.0)
 
 
 class LingBotWorldVAEEncode(io.ComfyNode):

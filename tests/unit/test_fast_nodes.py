@@ -268,6 +268,7 @@ def test_malformed_lora_fails_naming_file_and_key_and_releases_the_expert(instal
     with pytest.raises(CheckpointError) as error:
         _sample(broken, text, i2v)
     message = str(error.value)
-    assert str(bad) in message and "lora_unet_blocks_0_ffn_0" in message
+    # issue 17: named relative to the loras folder, not by the server's absolute path
+    assert message.startswith(f"loras/{bad.name}:") and "lora_unet_blocks_0_ffn_0" in message
     assert _not_resident(dit)
     assert torch.isfinite(_sample(dit, text, i2v)).all()  # the next run is clean
