@@ -9,16 +9,21 @@ import sys
 from _standalone import PACKAGE, import_pack
 
 TOOLS = ("make_checkpoint", "generate")
+USAGE = (f"usage: python <checkout> {{{','.join(TOOLS)}}} [options]   (--help after a tool name for its "
+         "options)")
+HELP = (f"{USAGE}\n\n  generate         make a video from a LingBot-World package without ComfyUI\n"
+        "  make_checkpoint  write a synthetic (random-weight) package, for tests and benchmarks")
 
 
 def main() -> int:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(HELP)
+        return 0
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
-        print(f"usage: python <checkout> {{{','.join(TOOLS)}}} [options]   (--help after a tool name for its "
-              "options)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     import_pack()
     cli = importlib.import_module(f"{PACKAGE}.tools.cli")
-    cli.quiet_third_party()  # before the tool imports bitsandbytes
     tool = importlib.import_module(f"{PACKAGE}.tools.{sys.argv[1]}")
     return cli.run(sys.argv[1], tool.main, sys.argv[2:])
 

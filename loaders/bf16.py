@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
-from bitsandbytes.nn import Linear4bit
 from safetensors.torch import save_file
 from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
+from ..wan.runtime.bnb import Linear4bit
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers

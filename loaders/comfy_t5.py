@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..wan.t5 import T5Geometry, UMT5Encoder
+from ..wan.checkpoint_keys import count_blocks
+from ..wan.t5 import GEOMETRY_LIMITS, T5Geometry, UMT5Encoder
 from .errors import CheckpointError, preview
 from .state_dict import check_loaded, materialize
 from .pinned_upload import PinnedUploader, make_uploader
@@ -187,9 +188,8 @@ def read_geometry(file: ComfyT5File) -> T5Geometry:
     dim_attn, _ = shape("encoder.block.0.layer.0.SelfAttention.q.weight", 2)
     dim_ffn, _ = shape("encoder.block.0.layer.1.DenseReluDense.wi_1.weight", 2)
     num_buckets, num_heads = shape("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 2)
-    blocks = [int(m.group(1)) for m in map(_BLOCK_KEY.match, file.keys) if m]
-    num_layers = 1 + max(blocks)
-    if num_layers > 1 and "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight" not in file.keys:
+    has_block_1 = any(key.startswith("encoder.block.1.") for key in file.keys)
+    if has_block_1 and "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight" not in file.keys:
         raise CheckpointError(
             path,
             "has no tensor 'encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight': this is a T5 "
@@ -197,6 +197,10 @@ def read_geometry(file: ComfyT5File) -> T5Geometry:
             "choose umt5_xxl_fp16.safetensors or umt5_xxl_fp8_e4m3fn_scaled.safetensors",
         )
     try:
+        # From the header keys, before anything is built: blocks 0..N-1 without a gap, N bounded.
+        # (Each block's tensors are then checked by _check_keys, on the meta-built encoder,
+        # before any is read: fp8 files add scale tensors per layer.)
+        num_layers = count_blocks(file.keys, "encoder.block.", GEOMETRY_LIMITS["num_layers"])
         return T5Geometry(vocab_size, dim, dim_attn, dim_ffn, num_heads, num_layers, num_buckets)
     except ValueError as exc:
         raise CheckpointError(path, str(exc)) from exc

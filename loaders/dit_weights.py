@@ -6,20 +6,20 @@ wrong folder is reported before a single weight is loaded.
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
+from ..wan.checkpoint_keys import count_blocks
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .errors import CheckpointError
+from .layout import MAX_NUM_LAYERS
 from .live import track
 from .state_dict import expected_tensors
 
-_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
 # The config fields that set tensor sizes (the rest: counts, flags, eps).
 _SIZE_FIELDS = ("dim", "ffn_dim", "freq_dim", "text_dim", "in_dim", "out_dim", "patch_size")
 
@@ -39,9 +39,12 @@ def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
 
 
 def check_block_count(config_path: Path, config: DiTConfig, weights: Path, keys: list[str]) -> None:
-    """num_layers in config.json must equal the number of blocks stored in the weights."""
-    indices = {int(m.group(1)) for key in keys if (m := _BLOCK_KEY.match(key))}
-    stored = max(indices) + 1 if indices else 0
+    """num_layers in config.json must equal the number of blocks stored in the weights,
+    numbered 0..N-1 without a gap (read from the header keys, before anything is built)."""
+    try:
+        stored = count_blocks(keys, "blocks.", MAX_NUM_LAYERS)  # A14B: 40
+    except ValueError as exc:
+        raise CheckpointError(weights, str(exc)) from exc
     if stored != config.num_layers:
         span = f"blocks.0 ... blocks.{stored - 1}" if stored else "no blocks at all"
         raise CheckpointError(

@@ -89,9 +89,10 @@ def _is_int(value: Any) -> bool:
 # Upper bounds far above any Wan/LingBot model (A14B: 40 layers, dim 5120, ffn 13824),
 # checked before anything is built: a config.json saying num_layers = 10**30 would
 # otherwise have the model skeleton built block by block until memory runs out.
+MAX_NUM_LAYERS = 1024
 _FIELD_LIMITS = {
     "text_len": 8192, "in_dim": 4096, "dim": 65536, "ffn_dim": 262144, "freq_dim": 65536,
-    "text_dim": 65536, "out_dim": 4096, "num_heads": 1024, "num_layers": 1024,
+    "text_dim": 65536, "out_dim": 4096, "num_heads": 1024, "num_layers": MAX_NUM_LAYERS,
 }
 _PATCH_LIMIT = 64
 

@@ -70,7 +70,12 @@ def _layer_name(base: str, kohya: Mapping[str, str]) -> str | None:
 
 
 def read_lora(path: str | Path, model: nn.Module, strength: float = 1.0) -> LoraFile:
-    """The file's adapters and differences for ``model``'s layers, scaled by ``strength``."""
+    """The file's adapters and differences for ``model``'s layers, scaled by ``strength``.
+
+    Every key's name and shape is checked from the file header before any tensor is read,
+    so what is read is bounded by the layers it adapts: a 3 GiB tensor of the wrong shape
+    (or of a rank beyond the layer's size) is refused unread.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(path, "LoRA file not found; put it in ComfyUI/models/loras")
@@ -78,13 +83,11 @@ def read_lora(path: str | Path, model: nn.Module, strength: float = 1.0) -> Lora
     shapes = parameter_shapes(model)
     modules = {name for name, _ in model.named_modules() if name}
     kohya = {name.replace(".", "_"): name for name in modules}
-    parts: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
-    result = LoraFile()
-    names: dict[str, str] = {}
     try:
         handle = safe_open(str(path), framework="pt", device="cpu")
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
         raise CheckpointError(path, f"not a readable .safetensors file ({exc})") from exc
+    result = LoraFile()
     with handle as f:
         keys = list(f.keys())
         if not keys:
@@ -93,44 +96,75 @@ def read_lora(path: str | Path, model: nn.Module, strength: float = 1.0) -> Lora
         if unknown:
             raise CheckpointError(path, f"keys of a kind this loader does not apply: {preview(unknown)} "
                                         "(supported: lora_down/lora_up/alpha and lora_A/lora_B)")
-        for key in keys:
-            base, role = _split(key)  # type: ignore[misc]
-            name = _layer_name(base, kohya)
+        header = {key: tuple(f.get_slice(key).get_shape()) for key in keys}
+        targets = {key: _target(path, key, header[key], kohya, layers, shapes) for key in keys}
+        adapters = _check_adapters(path, header, targets, layers)
+        tensors: dict[str, torch.Tensor] = {}
+        for key in keys:  # the whole file fits: now read it
             tensor = f.get_tensor(key)
-            if role in _DIFF_PARAM:
-                param = f"{name}.{_DIFF_PARAM[role]}" if name else None
-                if param not in shapes:
-                    raise CheckpointError(path, f"key {key!r} matches no parameter of the expert "
-                                                "(is this a LoRA for Wan2.2 A14B?)")
-                if tensor.numel() != math.prod(shapes[param]):
-                    raise CheckpointError(path, f"key {key!r} has shape {tuple(tensor.shape)}, but {param} "
-                                                f"has shape {shapes[param]}")
-            elif name is None or name not in layers:
-                raise CheckpointError(path, f"key {key!r} matches no linear layer of the expert "
-                                            "(is this a LoRA for Wan2.2 A14B?)")
             if not torch.isfinite(tensor.float()).all():
                 raise CheckpointError(path, f"key {key!r} holds non-finite values (NaN or inf)")
-            if role in _DIFF_PARAM:
-                result.param_deltas[param] = tensor.float() * strength
-                continue
-            parts[name][role] = tensor
-            names.setdefault(name, base)
-    for name, got in parts.items():
-        base = names[name]
-        if "down" not in got or "up" not in got:
-            missing = "down (lora_down / lora_A)" if "down" not in got else "up (lora_up / lora_B)"
-            raise CheckpointError(path, f"layer key {base!r} has no {missing} weight")
-        down, up = got["down"], got["up"]
-        out_f, in_f = layers[name]
-        if down.dim() != 2 or up.dim() != 2 or down.shape[1] != in_f or up.shape[0] != out_f \
-                or up.shape[1] != down.shape[0]:
-            raise CheckpointError(path, f"key {base!r}: down {tuple(down.shape)} and up {tuple(up.shape)} do not fit "
-                                        f"layer {name} ({in_f} -> {out_f}; expected down [r, {in_f}], up [{out_f}, r])")
-        rank = down.shape[0]
-        alpha = got.get("alpha")
-        if alpha is not None and alpha.numel() != 1:
-            raise CheckpointError(path, f"key {base + '.alpha'!r} should be one number, has shape {tuple(alpha.shape)}")
-        scale = (float(alpha) / rank if alpha is not None else 1.0) * strength
+            if _split(key)[1] in _DIFF_PARAM:  # type: ignore[index]
+                result.param_deltas[targets[key]] = tensor.float() * strength
+            else:
+                tensors[key] = tensor
+    for name, (down_key, up_key, alpha_key) in adapters.items():
+        down, up = tensors[down_key], tensors[up_key]
+        alpha = float(tensors[alpha_key]) if alpha_key is not None else None
+        scale = (alpha / down.shape[0] if alpha is not None else 1.0) * strength
         result.adapters[name] = [LoraFactors(down, up, scale)]
     return result
 
+
+def _target(path: Path, key: str, shape: tuple[int, ...], kohya: Mapping[str, str],
+            layers: Mapping[str, tuple[int, int]], shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """The layer (adapter factors, alpha) or parameter (differences) ``key`` changes, from
+    its name and header shape alone."""
+    base, role = _split(key)  # type: ignore[misc]
+    name = _layer_name(base, kohya)
+    if role in _DIFF_PARAM:
+        param = f"{name}.{_DIFF_PARAM[role]}" if name else None
+        if param not in shapes:
+            raise CheckpointError(path, f"key {key!r} matches no parameter of the expert "
+                                        "(is this a LoRA for Wan2.2 A14B?)")
+        if math.prod(shape) != math.prod(shapes[param]):
+            raise CheckpointError(path, f"key {key!r} has shape {shape}, but {param} has shape {shapes[param]}")
+        return param
+    if name is None or name not in layers:
+        raise CheckpointError(path, f"key {key!r} matches no linear layer of the expert "
+                                    "(is this a LoRA for Wan2.2 A14B?)")
+    if role == "alpha" and math.prod(shape) != 1:
+        raise CheckpointError(path, f"key {key!r} should be one number, has shape {shape}")
+    return name
+
+
+def _check_adapters(path: Path, header: Mapping[str, tuple[int, ...]], targets: Mapping[str, str],
+                    layers: Mapping[str, tuple[int, int]]) -> dict[str, tuple[str, str, str | None]]:
+    """Layer -> (down key, up key, alpha key or None), after checking from the header that
+    each layer has both factors, of shapes [r, in] and [out, r] with 1 <= r <= min(in, out)
+    (a higher rank adds nothing that rank min(in, out) cannot hold)."""
+    roles: dict[str, dict[str, str]] = defaultdict(dict)
+    for key, target in targets.items():
+        role = _split(key)[1]  # type: ignore[index]
+        if role not in _DIFF_PARAM:
+            roles[target][role] = key
+    adapters = {}
+    for name, got in roles.items():
+        base = _split(next(iter(got.values())))[0]  # type: ignore[index]
+        if "down" not in got or "up" not in got:
+            missing = "down (lora_down / lora_A)" if "down" not in got else "up (lora_up / lora_B)"
+            raise CheckpointError(path, f"layer key {base!r} has no {missing} weight")
+        down, up = header[got["down"]], header[got["up"]]
+        out_f, in_f = layers[name]
+        if len(down) != 2 or len(up) != 2 or down[1] != in_f or up[0] != out_f or up[1] != down[0]:
+            raise CheckpointError(path, f"key {base!r}: down {down} and up {up} do not fit layer {name} "
+                                        f"({in_f} -> {out_f}; expected down [r, {in_f}], up [{out_f}, r])")
+        rank = down[0]
+        if rank < 1:
+            raise CheckpointError(path, f"key {base!r} has rank 0 (down {down}, up {up}): an empty adapter, "
+                                        "not a LoRA; the file is broken or was exported without weights")
+        if rank > min(in_f, out_f):
+            raise CheckpointError(path, f"key {base!r} has rank {rank}, more than layer {name} can use "
+                                        f"({in_f} -> {out_f}: at most {min(in_f, out_f)}); the file is corrupt")
+        adapters[name] = (got["down"], got["up"], got.get("alpha"))
+    return adapters

@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import bitsandbytes as bnb
 import torch
-from bitsandbytes.nn import Linear4bit, Params4bit
-from bitsandbytes.utils import unpack_tensor_to_dict
 from safetensors.torch import save_file
 from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
+from ..wan.runtime.bnb import Linear4bit, Params4bit, bnb, unpack_tensor_to_dict
 from ..wan.config import DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers

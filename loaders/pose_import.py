@@ -18,7 +18,9 @@ intrinsics.npy and an export's ``intrinsics`` array are taken as 480×832 pixels
 poses.npy convention) unless a source size is given. ``normalize_scale`` rescales
 translations so the median frame-to-frame step is ``MOVE_PER_FRAME`` (the action-string
 step): tracker units are arbitrary (ViPE's are near-metric), and a common unit lets the
-preview and a mix of sources agree. Files are read with ``allow_pickle=False``.
+preview and a mix of sources agree. Arrays are read header first (``loaders.numpy_files``):
+real numbers only, never unpickled, at most ``numpy_files.MAX_POSES`` (10,000) poses, and only the arrays
+named above. Problems raise CameraError or CheckpointError, naming the file and the field.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from ..wan.camera import INTRINSICS_HEIGHT, INTRINSICS_WIDTH, CameraError, validate_trajectory
 from ..wan.camera_actions import MOVE_PER_FRAME
+from .numpy_files import NpzNumbers, read_npy_numbers
 
 __all__ = ["ImportedPath", "import_poses", "normalize_translation"]
 
@@ -45,25 +48,21 @@ class ImportedPath:
     scale: float  # factor the translations were multiplied by (1.0 without normalization)
 
 
-def _load(path: Path) -> dict[str, np.ndarray] | np.ndarray:
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise CameraError(f"{path}: cannot read the file ({exc})") from exc
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            return {k: data[k] for k in data.files}
-    return data
-
-
-def _pick(arrays: dict[str, np.ndarray], keys: tuple[str, ...], path: Path, what: str) -> np.ndarray | None:
-    for key in keys:
-        if key in arrays:
-            return arrays[key]
-    if what:
-        raise CameraError(f"{path}: no {what} array; expected one of {', '.join(keys)} (found: "
-                          f"{', '.join(arrays) or 'nothing'})")
-    return None
+def _load(path: Path, wanted: tuple[tuple[tuple[str, ...], str], ...]) -> dict[str, np.ndarray] | np.ndarray:
+    """An .npy file's array, or from an .npz the first present member of each ``(keys,
+    field)`` in ``wanted``, by field; read header first (``numpy_files``), nothing else read."""
+    if path.suffix.lower() != ".npz":
+        return read_npy_numbers(path, wanted[0][1])
+    with NpzNumbers(path) as archive:
+        found = {}
+        for keys, field in wanted:
+            name = next((k for k in keys if k in archive.names), None)
+            if name is not None:
+                found[field] = archive.read(name, field)
+            elif field == "poses":
+                raise CameraError(f"{path}: no poses array; expected one of {', '.join(keys)} (found: "
+                                  f"{', '.join(archive.names) or 'nothing'})")
+        return found
 
 
 def _vipe_files(folder: Path, name: str | None) -> tuple[Path, Path | None]:
@@ -118,7 +117,8 @@ def import_poses(
     """Read a camera path from a ViPE folder or a pose export (see the module docstring).
 
     ``world_to_camera``: the file holds world-to-camera matrices (COLMAP's convention);
-    they are inverted. Raises CameraError naming the file and the problem.
+    they are inverted. Raises CameraError (CheckpointError for an unreadable array) naming the
+    file and the problem.
     """
     path = Path(source)
     intr_path: Path | None = None
@@ -134,22 +134,24 @@ def import_poses(
     if path.parent.name == "pose" and intr_path is None:
         beside = path.parent.parent / "intrinsics" / path.name
         intr_path = beside if beside.is_file() else None
-    data = _load(path)
+    data = _load(path, ((POSE_KEYS, "poses"), (INTRINSICS_KEYS[:3], "intrinsics")))
     k = None
     # A pose tool's intrinsics are in pixels of the video it tracked; intrinsics.npy and an
     # export's "intrinsics" array follow poses.npy's convention (480×832) unless a source
     # size is given.
     k_in_source_pixels = source_size is not None
     if isinstance(data, dict):
-        poses = _pick(data, POSE_KEYS, path, "poses")
-        k = _pick(data, INTRINSICS_KEYS[:3], path, "")
+        poses, k = data["poses"], data.get("intrinsics")
     else:
         poses = data
         beside = path.with_name("intrinsics.npy")
         if path.name == "poses.npy" and beside.is_file():
-            k = np.load(beside, allow_pickle=False)
+            k = read_npy_numbers(beside, "intrinsics")
     if intr_path is not None:
-        k = _pick(_load(intr_path), INTRINSICS_KEYS, intr_path, "intrinsics")
+        intrinsics = _load(intr_path, ((INTRINSICS_KEYS, "intrinsics"),))
+        if not isinstance(intrinsics, dict) or "intrinsics" not in intrinsics:
+            raise CameraError(f"{intr_path}: no intrinsics array; expected one of {', '.join(INTRINSICS_KEYS)}")
+        k = intrinsics["intrinsics"]
         k_in_source_pixels = True
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim == 3 and poses.shape[1:] == (3, 4):  # 3×4 exports: add the last row

@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from ..wan.t5 import T5Geometry, UMT5Encoder
-from .comfy_t5 import is_comfy_t5_file, load_comfy_t5
+from .comfy_t5 import ComfyT5File, is_comfy_t5_file, load_comfy_t5
 from .errors import CheckpointError
 from .live import track
 from .state_dict import check_declared_sizes, check_loaded, materialize
@@ -63,6 +63,22 @@ def _unwrap(path: Path, loaded: object) -> dict[str, torch.Tensor]:
     if not_tensors:
         raise CheckpointError(path, f"entries that are not tensors: {', '.join(sorted(not_tensors)[:5])}")
     return dict(loaded)
+
+
+def t5_width(path: str | Path) -> int:
+    """Features per token the encoder in ``path`` puts out (its embedding width), from the
+    file's header or tensor index alone; CheckpointError when that cannot be read."""
+    if is_comfy_t5_file(path):
+        file = ComfyT5File(path)
+        key = "shared.weight"
+        shape = file.shape(key) if key in file.keys else ()
+    else:
+        tensors = read_torch_state_dict(path)
+        key = "token_embedding.weight"
+        shape = tuple(tensors[key].shape) if key in tensors else ()
+    if len(shape) != 2 or shape[1] < 1:
+        raise CheckpointError(path, f"has no usable tensor {key!r} (found shape {shape or 'none'}): not a umT5 encoder")
+    return int(shape[1])
 
 
 def load_t5(path: str | Path, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> UMT5Encoder:

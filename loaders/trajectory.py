@@ -1,4 +1,5 @@
-"""Read a camera trajectory (poses.npy + intrinsics.npy) safely: no pickles, clear errors.
+"""Read a camera trajectory (poses.npy + intrinsics.npy) safely: no pickles, bounded sizes,
+clear errors (``numpy_files`` reads each header before its data).
 
 The one place the pack reads .npy camera files (the Camera node, the CLI and the tests all
 come here); what the arrays must hold is checked by ``wan.camera.validate_trajectory``.
@@ -11,6 +12,7 @@ import numpy as np
 
 from ..wan.camera import CameraError
 from .errors import CheckpointError
+from .numpy_files import read_npy_numbers
 
 
 class TrajectoryFileError(CheckpointError, CameraError):
@@ -24,22 +26,14 @@ class TrajectoryFileError(CheckpointError, CameraError):
 
 
 def read_npy(path: str | Path, what: str) -> np.ndarray:
-    """A numeric array from an .npy file as float64; never unpickles objects."""
+    """A float64 array from an .npy file of real numbers; never unpickles objects."""
     path = Path(path)
     if not path.is_file():
         raise TrajectoryFileError(path, what, f"{what} file not found")
     try:
-        array = np.load(path, allow_pickle=False)
-    except ValueError as exc:  # object arrays need pickle, which we refuse
-        raise TrajectoryFileError(path, what, f"{what} is not a plain numeric .npy array ({exc})") from exc
-    except Exception as exc:
-        raise TrajectoryFileError(path, what, f"{what} cannot be read as .npy ({exc})") from exc
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.number):
-        raise TrajectoryFileError(path, what, f"{what} holds {getattr(array, 'dtype', type(array))}, expected numbers")
-    if np.issubdtype(array.dtype, np.complexfloating):  # casting would silently drop the imaginary part
-        raise TrajectoryFileError(path, what, f"{what} holds complex numbers ({array.dtype}); save real "
-                                  "float32/float64 values")
-    return array.astype(np.float64)
+        return read_npy_numbers(path, what)
+    except CheckpointError as exc:
+        raise TrajectoryFileError(path, what, exc.problem) from exc
 
 
 def read_trajectory(poses_path: str | Path, intrinsics_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -47,10 +41,10 @@ def read_trajectory(poses_path: str | Path, intrinsics_path: str | Path) -> tupl
     return read_npy(poses_path, "poses"), read_npy(intrinsics_path, "intrinsics")
 
 
-def read_intrinsics(path: str | Path) -> np.ndarray:
-    """The first (fx, fy, cx, cy) row of an intrinsics .npy of shape [4] or [N, 4]."""
-    k = read_npy(path, "intrinsics")
-    if k.shape[-1:] != (4,) or k.size == 0:
-        raise TrajectoryFileError(path, "intrinsics", f"intrinsics has shape {list(k.shape)}; expected [N, 4] or [4] "
+def read_intrinsics_row(path: str | Path, field: str = "intrinsics") -> np.ndarray:
+    """The first (fx, fy, cx, cy) row of an intrinsics .npy of shape [N, 4] or [4]."""
+    k = read_npy(path, field)
+    if k.ndim not in (1, 2) or k.shape[-1] != 4 or k.size < 4:
+        raise TrajectoryFileError(path, field, f"{field} has shape {list(k.shape)}; expected [N, 4] or [4] "
                                   "(fx, fy, cx, cy in pixels of 832x480)")
     return k.reshape(-1, 4)[0]

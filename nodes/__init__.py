@@ -25,6 +25,7 @@ from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
+from .host.client_errors import name_files_relatively  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 
@@ -38,6 +39,9 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldLoraLoader,
     LingBotWorldLongVideo,
 ]
+
+for _node in NODES:  # errors reach the client naming files relative to ComfyUI's folders
+    name_files_relatively(_node)
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
 NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == node_id

@@ -6,8 +6,7 @@ import numpy as np
 import torch
 from comfy_api.latest import io
 
-from ..loaders.errors import CheckpointError
-from ..loaders.trajectory import read_intrinsics
+from ..loaders.trajectory import read_intrinsics_row
 from ..pipeline.camera import (CameraCondition, CameraPath, camera_condition, path_from_actions, path_from_export,
                                path_from_files, path_from_preset)
 from ..pipeline.camera_preview import draw_trajectory
@@ -161,10 +160,7 @@ class LingBotWorldCamera(io.ComfyNode):
 def _intrinsics_row(intrinsics_file: str) -> np.ndarray | None:
     if intrinsics_file == NO_FILE:
         return None
-    try:
-        return read_intrinsics(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"))
-    except CheckpointError as error:
-        raise ValueError(f"intrinsics_file: {error}") from error
+    return read_intrinsics_row(resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"), "intrinsics_file")
 
 
 def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,
@@ -176,8 +172,9 @@ def camera_path(source: str, preset: str, speed: float, poses_file: str, intrins
     if source == "preset":
         return path_from_preset(preset, speed, frames)
     if source == "actions":
+        intrinsics = _intrinsics_row(intrinsics_file)  # its errors name intrinsics_file, not actions
         try:
-            return path_from_actions(actions, frames, height, width, _intrinsics_row(intrinsics_file))
+            return path_from_actions(actions, frames, height, width, intrinsics)
         except ValueError as error:
             raise ValueError(f"actions: {error}") from error
     if source == "import":

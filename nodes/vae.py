@@ -20,8 +20,11 @@ from .inputs import check_precision, vae_source
 
 
 def video_to_images(video: torch.Tensor) -> torch.Tensor:
-    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1]."""
-    return video.add(1.0).div_(2.0).clamp_(0.0, 1.0).permute(1, 2, 3, 0).contiguous()
+    """[3, F, H, W] in [-1, 1] -> ComfyUI IMAGE batch [F, H, W, 3] in [0, 1], with one copy
+    (the IMAGE batch, rescaled in place): what pipeline.memory.DECODE_BYTES_PER_PIXEL counts."""
+    images = torch.empty((*video.shape[1:], 3), dtype=video.dtype, device=video.device)
+    images.copy_(video.permute(1, 2, 3, 0))
+    return images.add_(1.0).div_(2.0).clamp_(0.0, 1.0)
 
 
 class LingBotWorldVAEEncode(io.ComfyNode):
@@ -112,6 +115,9 @@ class LingBotWorldVAEDecode(io.ComfyNode):
             )
         if latent.shape[0] != 1:
             raise ValueError(f"samples: holds {latent.shape[0]} videos; the decoder takes one at a time")
+        # The LATENT holds the raw VAE latent (ComfyUI's Wan21 convention); the pack's VAE
+        # decodes the normalized one. Converted (and its shape checked) before any room is made.
+        normalized = from_comfy_latent(latent[0], "samples")
         source, size = vae_source(vae, vae_model)
         target = pick_device(device)
         make_room(target, size, VAE_WORKSPACE)
@@ -120,8 +126,7 @@ class LingBotWorldVAEDecode(io.ComfyNode):
         def on_progress(done: int, total: int) -> None:
             progress.update_absolute(done, total)
 
-        # The LATENT holds the raw VAE latent (ComfyUI's Wan21 convention); the pack's VAE
-        # decodes the normalized one. Cancel is checked before every decoded frame.
-        video = decode(source, from_comfy_latent(latent[0]), target, tile=tile or None, on_progress=on_progress,
+        # Cancel is checked before every decoded frame.
+        video = decode(source, normalized, target, tile=tile or None, on_progress=on_progress,
                        check_interrupt=check_interrupt, precision=precision)
         return io.NodeOutput(video_to_images(video))

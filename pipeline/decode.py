@@ -7,8 +7,10 @@ import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
 from .guards import check_finite
+from .latent import check_latent_shape
 from .image import CONNECTED_VAE, VAESource, vae_dtype, vae_name
-from .memory import build_or_release, check_video_fits, release_module, resolve_device
+from .memory import (DECODE_BYTES_PER_PIXEL, build_or_release, check_video_fits, release_module, resolve_device,
+                     vae_workspace_bytes)
 
 
 def decode(
@@ -31,7 +33,9 @@ def decode(
         latent = latent[0]
     if latent.dim() != 4 or latent.shape[0] != 16:
         raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [16, frames, height/8, width/8]")
-    check_video_fits(1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3])
+    check_latent_shape(latent)
+    frames, height, width = 1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3]
+    check_video_fits(frames, height, width, bytes_per_pixel=DECODE_BYTES_PER_PIXEL)
     check_finite(latent, "the latent to decode", "a sampler run that diverged (NaN weights, extreme intrinsics)")
     device = resolve_device(device)
     dtype = vae_dtype(device, precision)
@@ -40,6 +44,11 @@ def decode(
     else:
         vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
+        if device.type == "cpu":  # the VAE's own working memory is host memory too: known now
+            region = (min(height, 8 * tile) * min(width, 8 * tile)) if tile else height * width
+            check_video_fits(frames, height, width, bytes_per_pixel=DECODE_BYTES_PER_PIXEL,
+                             workspace_bytes=vae_workspace_bytes(vae.geometry.dim, region, "decode"),
+                             workspace_hint=", set a decode tile (e.g. 32), or decode on a GPU")
         with torch.inference_mode():
             video = vae.decode(latent[None].to(device, dtype), tile=tile or None, progress=on_progress,
                                cancel=check_interrupt)

@@ -19,7 +19,8 @@ from ..wan.conditioning import (
 )
 from ..wan.vae import WanVAE
 from .guards import check_finite, vae_precision
-from .memory import build_or_release, check_video_fits, release_module, resolve_device
+from .memory import (ENCODE_BYTES_PER_PIXEL, build_or_release, check_video_fits, release_module, resolve_device,
+                     vae_workspace_bytes)
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor
 # A VAE weights file, or a state dict already in memory (a core ComfyUI VAE's get_sd()).
@@ -103,13 +104,17 @@ def encode_image(
     within one chunk; ``precision`` is "fp32" (the reference) or "bf16"."""
     check_frame_count(frames)
     check_size(height, width)
-    check_video_fits(frames, height, width)  # before the clip is allocated
+    check_video_fits(frames, height, width, bytes_per_pixel=ENCODE_BYTES_PER_PIXEL)  # before the clip is allocated
     dtype = vae_dtype(resolve_device(device), precision)
     device = resolve_device(device)
-    pixels = image_to_tensor(as_pil(image), height, width)
-    clip = conditioning_video(pixels, frames)
     vae = build_or_release(lambda: open_vae(vae_file, device, dtype))
     try:
+        if device.type == "cpu":  # the VAE's own working memory is host memory too: known now
+            check_video_fits(frames, height, width, bytes_per_pixel=ENCODE_BYTES_PER_PIXEL,
+                             workspace_bytes=vae_workspace_bytes(vae.geometry.dim, height * width, "encode"),
+                             workspace_hint=", or encode on a GPU")
+        pixels = image_to_tensor(as_pil(image), height, width)
+        clip = conditioning_video(pixels, frames)
         if check_interrupt:
             check_interrupt()
         with torch.inference_mode():

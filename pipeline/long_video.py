@@ -21,7 +21,7 @@ from ..wan.long_video import Window, given_frames_mask, path_keyframes, plan_win
 from .camera import CameraCondition, CameraPath, camera_condition, check_path_covers
 from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .memory import release_module, resolve_device
-from .sampling import ExpertSource, SamplingParams, sample
+from .sampling import MAX_SEED, ExpertSource, SamplingParams, sample
 from .text import TextEmbeddings
 
 
@@ -123,7 +123,8 @@ def sample_windows(
             if on_preview:
                 on_preview(base + i, total_steps, x0)
 
-        latent = sample(experts, text, condition, cam, dataclasses.replace(params, seed=params.seed + window.index),
+        seed = (params.seed + window.index) % (MAX_SEED + 1)  # seed + k stays a valid seed at the top
+        latent = sample(experts, text, condition, cam, dataclasses.replace(params, seed=seed),
                         on_step=step, check_interrupt=check_interrupt, on_preview=preview if on_preview else None)
         del cam, condition
         if on_latent:

@@ -34,6 +34,10 @@ class ExpertSource(Protocol):
     def release(self, name: str) -> None: ...
 
 
+# Seeds are unsigned 64-bit (torch.Generator.manual_seed, ComfyUI's seed widgets).
+MAX_SEED = 2**64 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     steps: int = 40
@@ -68,6 +72,8 @@ class SamplingParams:
             raise ValueError(f"cfg_truncate must be within 0..1, got {self.cfg_truncate}")
         if self.attention is not None and self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
+        if not 0 <= self.seed <= MAX_SEED:  # what torch.Generator.manual_seed takes; checked before any model
+            raise ValueError(f"seed must be within 0..{MAX_SEED} (2**64 - 1), got {self.seed}")
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if self.schedule not in SCHEDULES:

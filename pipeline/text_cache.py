@@ -7,8 +7,9 @@ for.
 
 The cache can never stop a run nor change one: a write that fails (disk full, read-only
 folder, the folder is a file) is logged and the run goes on uncached; an entry that does
-not belong to its key, or whose tensor has the wrong shape or dtype or holds non-finite
-values, is a miss (and the fresh result replaces it).
+not belong to its key, cannot be read, or whose tensor has the wrong shape (its width must
+be the encoder's, read from the encoder file's header), dtype or holds non-finite values,
+is deleted with a warning and counts as a miss (the fresh result replaces it).
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from ..loaders.errors import CheckpointError
+from ..loaders.t5_loader import t5_width
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +54,16 @@ class EmbeddingCache:
         self.max_len = max_len
         self.dtype = dtype
         try:
+            # Every entry must have the encoder's width: a stale or foreign entry of another
+            # width would otherwise break its prompt on every run.
+            self.width = t5_width(Path(encoder_file))
             tokenizer = FROM_ENCODER_FILE if tokenizer_dir is None else _folder_identity(Path(tokenizer_dir))
             self._base: str | None = json.dumps(
                 {"encoder": _file_identity(Path(encoder_file)), "tokenizer": tokenizer,
                  "max_len": max_len, "dtype": str(dtype)},
                 sort_keys=True,
             )
-        except OSError as exc:  # a missing file is reported by the loader itself, clearly
+        except (OSError, CheckpointError) as exc:  # a missing or broken file: the loader reports it, clearly
             log.warning("LingBot prompt cache off for this run: %s", exc)
             self._base = None
 
@@ -75,19 +82,32 @@ class EmbeddingCache:
             return None
         key = self._key(text)
         path = self._path(key)
+        if not path.is_file():
+            return None
         try:
-            if not path.is_file():
-                return None
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 if (handle.metadata() or {}).get(_KEY) != key:
-                    return None  # another key's entry (a copied or colliding file)
+                    return self._drop(path, "it was written for another prompt or encoder")  # copied or colliding
                 embedding = handle.get_tensor(_TENSOR)
-        except Exception:  # noqa: BLE001 - a cut-short, foreign or unreadable entry is only a miss
-            return None
-        if (embedding.dim() != 2 or not 1 <= embedding.shape[0] <= self.max_len or embedding.shape[1] < 1
-                or embedding.dtype != self.dtype or not bool(torch.isfinite(embedding).all())):
-            return None
+        except Exception as exc:  # noqa: BLE001 - a cut-short, foreign or unreadable entry is only a miss
+            return self._drop(path, f"it cannot be read ({exc})")
+        if (embedding.dim() != 2 or not 1 <= embedding.shape[0] <= self.max_len or embedding.shape[1] != self.width
+                or embedding.dtype != self.dtype):
+            return self._drop(path, f"it holds a {embedding.dtype} tensor of shape {tuple(embedding.shape)}, not "
+                              f"[1..{self.max_len} tokens, {self.width}] {self.dtype}")
+        if not bool(torch.isfinite(embedding).all()):
+            return self._drop(path, "it holds NaN or infinite values")
         return embedding
+
+    @staticmethod
+    def _drop(path: Path, why: str) -> None:
+        """Delete a bad entry (with a warning) so that the fresh result takes its place; a miss."""
+        log.warning("LingBot prompt cache: dropped entry %s because %s; the prompt is encoded again", path.name, why)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return None
 
     def put(self, text: str, embedding: torch.Tensor) -> bool:
         """Store an entry atomically; False (with a warning logged) when it cannot be written."""

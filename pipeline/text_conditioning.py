@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .guards import check_finite
 from .text import TextEmbeddings
 
 
@@ -42,6 +43,21 @@ def embedding_from_conditioning(conditioning: Any, field: str) -> torch.Tensor:
             "text encoder (CLIPLoader with type wan)"
         )
     embedding = embedding[0]
+    if embedding.shape[0] == 0 or embedding.shape[1] == 0 or not embedding.is_floating_point():
+        raise ValueError(
+            f"{field}: the CONDITIONING is empty (embedding of shape [1, {embedding.shape[0]}, {embedding.shape[1]}], "
+            f"{embedding.dtype}); connect CLIP Text Encode (CLIPLoader type wan) with the {field} prompt"
+        )
+    # Here, not in the sampler: a NaN conditioning would otherwise surface as a NaN latent
+    # blamed on the expert file.
+    check_finite(embedding, f"{field}: the CONDITIONING from CLIP Text Encode",
+                 "NaN or inf weights in the text encoder file CLIPLoader loaded, or a node that changed the "
+                 "conditioning; encode the prompt again with a good umT5 file")
+    if field == "positive" and not bool(embedding.abs().amax() > 0):
+        raise ValueError(
+            "positive: the CONDITIONING is all zeros (a Conditioning Zero Out?); the prompt must come from CLIP Text "
+            "Encode. (An all-zero negative is accepted: it means no negative prompt.)"
+        )
     return embedding[: _true_length(embedding, extras)].detach().to("cpu").contiguous()
 
 

@@ -1,9 +1,9 @@
 """What the command-line tools share: one-line answers to user mistakes, defaults in --help,
-arguments checked before any model loads, and no third-party noise on stderr."""
+and arguments checked before any model loads. (bitsandbytes' start-up advice is dropped where
+the pack imports it: wan/runtime/bnb.py.)"""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -48,13 +48,23 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError("", message + f" (see {self.prog} --help)")
 
 
-def quiet_third_party() -> None:
-    """Silence start-up chatter the user can do nothing about.
+def device(text: str, flag: str) -> str:
+    """A --device value checked now, not when the first model loads: auto, cpu, cuda or
+    cuda:N, where a CUDA choice needs a CUDA GPU that torch can see."""
+    import torch
 
-    bitsandbytes logs "Failed to load CPU gemm_4bit_forward ... pip install kernels" at
-    import on CPUs with AVX512-BF16: an optional Hugging Face download we never want.
-    """
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    choice = text.strip().lower()
+    if choice in ("auto", "cpu"):
+        return choice
+    kind, _, index = choice.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise UsageError(flag, f"{text!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(flag, f"{text} asked, but torch sees no CUDA GPU here; use --device cpu (or auto)")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise UsageError(flag, f"{text} asked, but torch sees {count} CUDA GPU(s): cuda:0 to cuda:{count - 1}")
+    return choice
 
 
 def existing_file(path: Path, flag: str, what: str) -> Path:
@@ -106,7 +116,6 @@ def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[s
     Errors the pack raises for bad inputs (files that are not what they should be, values
     out of range) are user mistakes too; anything else is a bug and keeps its traceback.
     """
-    quiet_third_party()
     try:
         return main(argv)
     except UsageError as exc:

@@ -23,7 +23,7 @@ from typing import Sequence
 from PIL import Image
 
 from ..loaders.package import find_package
-from ..loaders.trajectory import read_intrinsics
+from ..loaders.trajectory import read_intrinsics_row
 from ..pipeline import camera as camera_stage
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
@@ -45,7 +45,8 @@ DEFAULT_AREA = 480 * 832
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="generate", description=__doc__)
     p.add_argument("--package", required=True, type=Path,
-                   help="folder of the LingBot-World package (layout A: *_bnb_nf4 experts, or B: bf16)")
+                   help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders) or the "
+                   "official bf16 release (high_noise_model/, low_noise_model/)")
     p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads)")
     p.add_argument("--prompt", help="text prompt (or --prompt-file)")
     p.add_argument("--prompt-file", type=Path, help="UTF-8 text file holding the prompt")
@@ -88,7 +89,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the starting noise")
     p.add_argument("--sampler", choices=("unipc", "euler"), default="unipc", help="flow-matching solver")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--quantize", choices=("nf4",), help="quantize bf16 experts (layout B) while loading")
+    p.add_argument("--quantize", choices=("nf4",), help="quantize the experts of the official bf16 release to "
+                   "NF4 while loading")
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16, help="frame rate of the .mp4")
@@ -137,10 +139,11 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
-def _flag_error(flag: str, check, *values) -> None:
-    """Run a pack check; its ValueError becomes a one-line answer naming the flag."""
+def _flag_error(flag: str, check, *values, **options):
+    """Run a pack check or reader; its ValueError (CheckpointError, CameraError...) becomes a
+    one-line answer naming the flag. Returns what it returns."""
     try:
-        check(*values)
+        return check(*values, **options)
     except ValueError as exc:
         raise cli.UsageError(flag, str(exc)) from None
 
@@ -153,24 +156,27 @@ def _strength(text: str) -> float:
 
 
 def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> camera_stage.CameraPath | None:
+    """The camera path the flags describe; a missing or bad file answers naming its flag."""
     if args.camera_dir:
         cli.existing_dir(args.camera_dir, "--camera-dir", "camera folder")
-        return camera_stage.path_from_files(args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy")
+        return _flag_error("--camera-dir", camera_stage.path_from_files, args.camera_dir / "poses.npy",
+                           args.camera_dir / "intrinsics.npy")
     if args.preset:
         return camera_stage.path_from_preset(args.preset, args.speed, frames)
     intrinsics = None
     if args.intrinsics:
         cli.existing_file(args.intrinsics, "--intrinsics", "intrinsics file")
-        intrinsics = read_intrinsics(args.intrinsics)
-    if args.actions:
-        return camera_stage.path_from_actions(args.actions, frames, height, width, intrinsics)
+        intrinsics = _flag_error("--intrinsics", read_intrinsics_row, args.intrinsics)
+    if args.actions is not None:
+        return _flag_error("--actions", camera_stage.path_from_actions, args.actions, frames, height, width,
+                           intrinsics)
     if args.poses_from:
         if not args.poses_from.exists():
             raise cli.UsageError("--poses-from", f"{args.poses_from} does not exist")
         source_size = _height_width(args.poses_source_size, "--poses-source-size") if args.poses_source_size else None
-        path = camera_stage.path_from_export(args.poses_from, height, width, name=args.poses_name, source_size=source_size,
-                                   normalize_scale=not args.no_normalize_scale,
-                                   world_to_camera=args.world_to_camera)
+        path = _flag_error("--poses-from", camera_stage.path_from_export, args.poses_from, height, width,
+                           name=args.poses_name, source_size=source_size, normalize_scale=not args.no_normalize_scale,
+                           world_to_camera=args.world_to_camera)
         if intrinsics is not None:
             path.intrinsics = intrinsics
         return path
@@ -184,13 +190,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.output_file(args.out, "--out", ".mp4", args.overwrite)
     if args.preview:
         cli.output_file(args.preview, "--preview", ".png", args.overwrite)
+    device = cli.device(args.device, "--device")
     cli.existing_dir(args.package, "--package", "package folder")
-    find_package(args.package)  # names every missing file at once
+    _flag_error("--package", find_package, args.package)  # names every missing file at once
     image = cli.open_image(args.image, "--image")
     height, width = _size(args, image.width, image.height)
-    if args.actions:
+    # "is not None": an empty --actions or --frames 0 is a mistake to answer, not a default.
+    if args.actions is not None:
         _flag_error("--actions", frames_for_actions, args.actions)
-    frames = args.frames or (frames_for_actions(args.actions) if args.actions else 81)
+    if args.frames is not None:
+        frames = args.frames
+    else:
+        frames = frames_for_actions(args.actions) if args.actions is not None else 81
     _flag_error("--frames", check_frame_count, frames)
     for flag, value in (("--decode-tile", args.decode_tile), ("--block-swap", args.block_swap)):
         if value < 0:
@@ -220,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = generate(
             args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
-            windows, device=args.device, cache_dir=args.cache_dir, quantize=args.quantize,
+            windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
             blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),

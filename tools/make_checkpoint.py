@@ -1,5 +1,6 @@
-"""Write a synthetic (random-weight) LingBot-World package in layout A (NF4) or B (bf16)
-(docs/conventions.md#checkpoint-layouts).
+"""Write a synthetic (random-weight) LingBot-World package, laid out as the NF4 package
+(``--layout nf4``: *_bnb_nf4 expert folders) or as the official bf16 release (``--layout bf16``:
+high_noise_model/ and low_noise_model/ with sharded safetensors); docs/conventions.md#checkpoint-layouts.
 
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
@@ -45,12 +46,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
     p.add_argument("--preset", choices=sorted(GEOMETRY_PRESETS), required=True, help="model geometry")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
-                   help="nf4: layout A (*_bnb_nf4 folders); bf16: layout B (sharded diffusers folders)")
+                   help="nf4: the NF4 package's layout (*_bnb_nf4 expert folders); bf16: the official bf16 "
+                   "release's (high_noise_model/, low_noise_model/ with sharded safetensors)")
     p.add_argument("--out", type=Path, required=True, help="package folder to write (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="base seed; each component gets its own offset")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where expert weights are made")
     p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)} (default: {','.join(PARTS)})")
+                   help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)}")
     p.add_argument("--comfy-t5", choices=sorted(COMFY_T5_FILES), default="bf16",
                    help="format of the comfy_t5 part (ComfyUI's umt5_xxl_*.safetensors layout)")
     args = p.parse_args(argv)

@@ -20,7 +20,6 @@ gated GELU (tanh approximation), and every block owns its relative-position bias
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -28,11 +27,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint_keys import count_blocks
+
 EPS = 1e-6
 # Relative distances at or beyond this share the last bucket (fixed by the umT5 release).
 MAX_DISTANCE = 128
 
-_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
+# The tensors of one encoder block (the official file's names below ``blocks.N.``).
+BLOCK_LEAVES = (
+    "norm1.weight", "attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight", "norm2.weight",
+    "ffn.gate.0.weight", "ffn.fc1.weight", "ffn.fc2.weight", "pos_embedding.embedding.weight",
+)
+# Upper bounds of a geometry read from a file, far above umT5-XXL (24 blocks, dim 4096, ffn
+# 10240, 64 heads, vocabulary 256,384): checked before anything is built.
+GEOMETRY_LIMITS = {
+    "vocab_size": 1 << 20, "dim": 16384, "dim_attn": 16384, "dim_ffn": 65536, "num_heads": 256,
+    "num_layers": 64, "num_buckets": 1024,
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,9 @@ class T5Geometry:
         for name in ("vocab_size", "dim", "dim_attn", "dim_ffn", "num_heads", "num_layers", "num_buckets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"T5 geometry: {name}={getattr(self, name)} must be positive")
+            if getattr(self, name) > GEOMETRY_LIMITS[name]:
+                raise ValueError(f"T5 geometry: {name}={getattr(self, name)} is more than {GEOMETRY_LIMITS[name]}, far "
+                                 "beyond umT5-XXL; the file is corrupt or not a umT5 encoder")
         if self.dim_attn % self.num_heads:
             raise ValueError(f"T5 geometry: dim_attn={self.dim_attn} is not divisible by num_heads={self.num_heads}")
         if self.num_buckets < 4 or self.num_buckets % 2:
@@ -78,8 +92,8 @@ class T5Geometry:
         dim_attn, _ = shape("blocks.0.attn.q.weight", 2)
         dim_ffn, _ = shape("blocks.0.ffn.fc1.weight", 2)
         num_buckets, num_heads = shape("blocks.0.pos_embedding.embedding.weight", 2)
-        # max index + 1, so that a gap in the numbering shows up as missing keys later
-        num_layers = 1 + max(int(m.group(1)) for m in map(_BLOCK_KEY.match, tensors) if m)
+        # From the keys, before anything is built: blocks 0..N-1, each complete, N bounded.
+        num_layers = count_blocks(tensors, "blocks.", GEOMETRY_LIMITS["num_layers"], BLOCK_LEAVES, exact=True)
         return cls(vocab_size, dim, dim_attn, dim_ffn, num_heads, num_layers, num_buckets)
 
 

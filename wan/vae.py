@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint_keys import count_blocks
+
 # Per-channel statistics of the latent space; encode returns (mu - mean) / std and decode
 # undoes it. They are constants of the trained model, not stored in the checkpoint.
 LATENT_MEAN = (
@@ -28,6 +30,9 @@ LATENT_STD = (
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )
+
+# Encoder (or decoder) blocks a VAE file may describe: Wan2.1 has 11 (15 in the decoder).
+MAX_STAGE_BLOCKS = 8 * 17
 
 SPATIAL_FACTOR = 8
 TEMPORAL_FACTOR = 4
@@ -51,8 +56,13 @@ class VAEGeometry:
                 f"VAE geometry: temperal_downsample has {len(self.temperal_downsample)} entries, "
                 f"expected {len(self.dim_mult) - 1} (one per downsampling stage)"
             )
-        if self.dim < 1 or self.z_dim < 1 or self.num_res_blocks < 1:
-            raise ValueError(f"VAE geometry: dim, z_dim and num_res_blocks must be positive ({self})")
+        if self.dim < 1 or self.z_dim < 1 or self.num_res_blocks < 1 or min(self.dim_mult, default=0) < 1:
+            raise ValueError(f"VAE geometry: dim, z_dim, dim_mult and num_res_blocks must be positive ({self})")
+        # Far above the Wan2.1 VAE (dim 96, z_dim 16, 4 stages of x1..x4, 2 residual blocks each).
+        if (self.dim > 1024 or self.z_dim > 256 or self.num_res_blocks > 16 or len(self.dim_mult) > 8
+                or max(self.dim_mult) > 64):
+            raise ValueError(f"VAE geometry: {self} is far beyond any Wan VAE (dim <= 1024, z_dim <= 256, at most "
+                             "8 stages of at most 16 residual blocks and x64 width); the file is corrupt")
 
     @property
     def stage_dims(self) -> list[int]:
@@ -71,9 +81,12 @@ class VAEGeometry:
         z_dim = int(tensors["conv2.weight"].shape[0])
 
         prefix = "encoder.downsamples."
-        indices = sorted({int(k[len(prefix):].split(".", 1)[0]) for k in tensors if k.startswith(prefix)})
-        if indices != list(range(len(indices))) or not indices:
-            raise ValueError(f"encoder.downsamples blocks are not numbered 0..n-1 (found {indices[:8]})")
+        # From the keys, before anything is built: numbered 0..n-1, n bounded (the decoder's too).
+        count = count_blocks(tensors, prefix, MAX_STAGE_BLOCKS)
+        count_blocks(tensors, "decoder.upsamples.", MAX_STAGE_BLOCKS)
+        if not count:
+            raise ValueError("no encoder.downsamples blocks: this is not a Wan2.1 VAE state dict")
+        indices = range(count)
         # The blocks are stages of residual blocks, each stage but the last closed by a resampler.
         stages: list[list[int]] = [[]]
         temporal: list[bool] = []

@@ -101,7 +101,7 @@ def test_incomplete_package_names_what_is_missing(image, tmp_path, capsys, nothi
     empty = tmp_path / "pkg"
     empty.mkdir()
     code, err = _run_generate(_base(empty, image, tmp_path / "v.mp4"), capsys)
-    assert code == 1 and len(err) == 1
+    assert code == 2 and len(err) == 1 and err[0].startswith("generate: error: --package:")  # a usage error: rc 2
     assert "high-noise expert folder" in err[0] and "text encoder" in err[0]
 
 
@@ -111,7 +111,7 @@ def test_bad_pose_folder_fails_before_loading(package, image, tmp_path, capsys, 
     (poses / "poses.npy").write_bytes(b"not numpy")
     (poses / "intrinsics.npy").write_bytes(b"not numpy")
     code, err = _run_generate(_base(package, image, tmp_path / "v.mp4") + ["--camera-dir", str(poses)], capsys)
-    assert code == 1 and len(err) == 1 and "poses.npy" in err[0]
+    assert code == 2 and len(err) == 1 and "poses.npy" in err[0] and "--camera-dir" in err[0]  # a usage error: rc 2
 
 
 def test_help_text_lists_defaults_and_rules(capsys):

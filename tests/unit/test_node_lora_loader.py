@@ -94,7 +94,8 @@ def test_malformed_lora_fails_naming_file_and_key_and_releases_the_expert(instal
     with pytest.raises(CheckpointError) as error:
         _latent(broken, text, i2v)
     message = str(error.value)
-    assert str(bad) in message and "lora_unet_blocks_0_ffn_0" in message
+    # Named relative to the loras folder, not by the server's absolute path.
+    assert message.startswith(f"loras/{bad.name}:") and "lora_unet_blocks_0_ffn_0" in message
     assert not_resident(dit)
     assert torch.isfinite(_latent(dit, text, i2v)).all()  # the next run is clean
 
@@ -110,7 +111,8 @@ def test_a_lora_file_gone_since_the_loader_ran_is_refused_before_any_expert_load
     lora.unlink()
     loads = []
     monkeypatch.setattr(mm, "load_models_gpu", lambda models, *a, **k: loads.append(models))
-    refusal = rf"LoRA file {lora} no longer exists; pick another in the LoRA Loader"
+    # Named relative to the loras folder, as every node error names files.
+    refusal = rf"LoRA file loras/{lora.name} no longer exists; pick another in the LoRA Loader"
     with pytest.raises(FileNotFoundError, match=refusal):
         _latent(with_lora, text, i2v)
     assert loads == [] and not_resident(dit)

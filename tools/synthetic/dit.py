@@ -18,11 +18,11 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-import bitsandbytes as bnb
 import torch
 from torch import nn
 
 from ...wan.config import DiTConfig
+from ...wan.runtime.bnb import bnb
 from ...wan.model import LingBotDiT
 from ...loaders.bf16 import DEFAULT_MAX_SHARD_BYTES, write_bf16_files
 from ...loaders.nf4 import NF4Meta, nf4_tensors, write_nf4_files

@@ -70,7 +70,9 @@ def dense(layer: nn.Module) -> Dense:
     weight = layer.weight
     quant_state = getattr(weight, "quant_state", None)
     if quant_state is not None:
-        from bitsandbytes import functional as bnb_functional
+        from .bnb import bnb
+
+        bnb_functional = bnb.functional
 
         data = weight.data
         if getattr(quant_state, "packing_format_for_cpu", False):

@@ -1,0 +1,167 @@
+"""Command-line mistakes: each answers in one line naming the flag, exit code
+2, before any model loads; and the help texts a new user reads."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import tiny_package
+from comfyui_lingbot_world.pipeline import generate as whole_run
+from comfyui_lingbot_world.tools import cli, generate, make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    return tiny_package.build(tmp_path_factory.mktemp("cli_mistakes"), "nf4")
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    path = tmp_path / "start.png"
+    Image.new("RGB", (64, 48), (40, 90, 160)).save(path)
+    return path
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if the pipeline (the first thing that loads a model) is reached."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model would have been loaded")
+
+    monkeypatch.setattr(generate, "generate", refuse)  # tools/generate.py's pipeline.generate.generate
+    monkeypatch.setattr(whole_run, "encode_text", refuse)
+
+
+def _answer(argv: list[str], capsys) -> tuple[int, list[str]]:
+    code = cli.run("generate", generate.main, argv)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _argv(package: Path, image: Path, out: Path, *extra: str) -> list[str]:
+    return ["--package", str(package), "--image", str(image), "--prompt", "a walk", "--out", str(out),
+            "--size", "32x32", "--steps", "1", *extra]
+
+
+def _one_line_naming(code: int, err: list[str], flag: str) -> str:
+    assert code == 2, (code, err)
+    assert len(err) == 1, err
+    assert err[0].startswith(f"generate: error: {flag}:"), err[0]
+    return err[0]
+
+
+# (ids without the word "gpu": tests/conftest.py skips tests whose keywords hold it)
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "gpu", "cuda:x"], ids=["cuda", "cuda-0", "the-word", "cuda-x"])
+def test_device_without_a_gpu_is_one_line(package, image, tmp_path, capsys, nothing_loads, monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--device", device), capsys),
+                            "--device")
+    assert "cpu" in line
+
+
+def test_device_index_beyond_the_gpus_is_one_line(package, image, tmp_path, capsys, nothing_loads, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--device", "cuda:3"), capsys),
+                            "--device")
+    assert "cuda:0" in line
+
+
+def test_zero_frames_is_refused_not_replaced_by_81(package, image, tmp_path, capsys, nothing_loads):
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "0"), capsys), "--frames")
+    assert "got 0" in line
+
+
+def test_empty_action_string_is_refused_not_a_video_without_camera(package, image, tmp_path, capsys, nothing_loads):
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--actions", ""), capsys),
+                            "--actions")
+    assert "empty" in line
+
+
+@pytest.mark.parametrize("seed", ["12345678901234567890123", "-1", str(2**64)])
+def test_seed_out_of_range_is_refused_before_the_text_encoder(package, image, tmp_path, capsys, nothing_loads, seed):
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--seed", seed),
+                                     capsys), "--seed")
+    assert str(2**64 - 1) in line
+
+
+def test_largest_seed_is_accepted(package, image, tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen["seed"] = args[9].seed  # generate(..., camera, params, ...)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate", record)
+    code, _ = _answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--seed", str(2**64 - 1)), capsys)
+    assert code == 130 and seen["seed"] == 2**64 - 1
+
+
+def test_incomplete_package_names_the_flag(image, tmp_path, capsys, nothing_loads):
+    folder = tmp_path / "half"
+    folder.mkdir()
+    (folder / "Wan2.1_VAE.pth").write_bytes(b"x")
+    line = _one_line_naming(*_answer(_argv(folder, image, tmp_path / "v.mp4"), capsys), "--package")
+    assert "high-noise expert folder" in line
+
+
+def test_missing_poses_file_names_the_flag(package, image, tmp_path, capsys, nothing_loads):
+    folder = tmp_path / "camera"
+    folder.mkdir()
+    np.save(folder / "intrinsics.npy", np.array([500.0, 500.0, 416.0, 240.0]))
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--camera-dir",
+                                           str(folder)), capsys), "--camera-dir")
+    assert "poses.npy" in line and "not found" in line
+
+
+def test_missing_pose_export_and_bad_intrinsics_name_their_flags(package, image, tmp_path, capsys, nothing_loads):
+    _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--poses-from",
+                                    str(tmp_path / "nope.npz")), capsys), "--poses-from")
+    scalar = tmp_path / "intrinsics.npy"
+    np.save(scalar, np.float64(500.0))  # a 0-d array
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--actions", "w-4",
+                                           "--intrinsics", str(scalar)), capsys), "--intrinsics")
+    assert "expected [N, 4] or [4]" in line
+
+
+def _run_checkout(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    return subprocess.run([sys.executable, str(ROOT), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_checkout_help_exits_0_and_lists_the_tools():
+    done = _run_checkout("--help")
+    assert done.returncode == 0, done.stderr
+    assert "generate" in done.stdout and "make_checkpoint" in done.stdout
+
+
+def test_unknown_tool_is_one_line_exit_2():
+    done = _run_checkout("frobnicate")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+
+@pytest.mark.parametrize("tool", [generate, make_checkpoint], ids=["generate", "make_checkpoint"])
+def test_help_prints_each_default_once_and_no_document_references(tool, capsys):
+    with pytest.raises(SystemExit) as stop:
+        tool.parse_args(["--help"])
+    assert stop.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    assert not re.search(r"\(default: [^()]*\)\s*\(default:", text), text
+    assert "SPEC" not in text and "layout A" not in text and "layout B" not in text
+
+
+def test_parts_default_is_printed_once(capsys):
+    with pytest.raises(SystemExit):
+        make_checkpoint.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("(default: experts,t5,vae,tokenizer)") == 1
