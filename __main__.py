@@ -1,6 +1,6 @@
 """Run a command-line tool from a plain checkout: ``python <checkout> <tool> [args]``.
 
-Tools: make_checkpoint, generate. Installed copies can also use
+Tools: make_checkpoint, generate, quantize. Installed copies can also use
 ``python -m comfyui_lingbot_world.tools.<tool>``.
 """
 import importlib
@@ -8,7 +8,7 @@ import sys
 
 from _standalone import PACKAGE, import_pack
 
-TOOLS = ("make_checkpoint", "generate")
+TOOLS = ("make_checkpoint", "generate", "quantize")
 
 
 def main() -> int:
