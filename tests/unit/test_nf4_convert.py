@@ -15,7 +15,7 @@ from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_exper
 from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, nf4_tensors, read_quantization_meta
 from comfyui_lingbot_world.loaders.nf4_convert import Progress, convert_to_nf4, plan_conversion
-from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert
+from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert, write_synthetic_bf16_expert
 from comfyui_lingbot_world.wan.config import CONTROL_WEIGHT, TINY, TINY_ACT
 
 
@@ -54,6 +54,14 @@ def test_equals_quantize_on_load_bit_for_bit_and_loads_as_nf4(packages, tmp_path
     assert [p.tensors_done for p in seen] == list(range(1, seen[-1].tensors_total + 1))
     assert seen[-1].read_bytes == seen[-1].read_total == plan.source_bytes
     assert seen[-1].written_bytes < (out / "model.safetensors").stat().st_size <= plan.output_bytes
+
+
+def test_sharded_source_equals_quantize_on_load(tmp_path):
+    """Several shards and their index, as the official release has them."""
+    source = write_synthetic_bf16_expert(tmp_path / "low_noise_model", TINY, seed=5, max_shard_bytes=100_000)
+    assert len(list(source.glob("diffusion_pytorch_model-*-of-*.safetensors"))) > 3
+    out = convert_to_nf4(plan_conversion(source), tmp_path / "nf4")
+    assert_same_tensors(_file_tensors(out), dict(nf4_tensors(load_bf16_expert(source, "cpu", quantize="nf4"))))
 
 
 def test_act_expert_is_told_by_its_camera_layer_and_converted(tmp_path):

@@ -281,6 +281,17 @@ def test_other_filesystem_copies_and_says_so(release, tmp_path, capsys, monkeypa
         assert (release / name).is_file()  # copied, never moved
 
 
+def test_progress_lines_count_tensors_bytes_and_time_left(release, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(quantize, "PROGRESS_SECONDS", 0.0)
+    code, lines, err = _run(["--src", str(release), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    progress = [line for line in lines if line.startswith("  high_noise_model: ")]
+    assert len(progress) == 91  # one per source tensor when nothing throttles them
+    assert progress[0].startswith("  high_noise_model: 1/91 tensors, ") and " MB of ~" in progress[0]
+    assert progress[0].endswith(" left") and not progress[-1].endswith(" left")
+    assert progress[-1].startswith("  high_noise_model: 91/91 tensors, ")
+
+
 def test_help_lists_the_defaults(capsys):
     with pytest.raises(SystemExit):
         quantize.parse_args(["--help"])
