@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from ..wan.runtime.bnb import bnb
-
 from ..wan.config import CONTROL_NAMES, CONTROL_WEIGHT, DiTConfig, with_control_weight
 from .bf16 import open_bf16_weights
 from .dit_weights import build_on_meta, check_block_count, check_shapes, linear_layers
