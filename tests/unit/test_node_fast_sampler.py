@@ -204,3 +204,24 @@ def test_cancel_mid_chunk_frees_the_cache_and_the_transformer_and_the_next_run_w
     comfy.utils.set_progress_bar_global_hook(None)
     assert run_fast_sampler(fast, text, i2v)["samples"].shape[2] == 6
     assert fast_not_resident(fast)
+
+
+def test_out_of_memory_names_the_size_and_the_cache_and_unloads_everything(fast_installed, monkeypatch):
+    from comfyui_lingbot_world.wan.model import LingBotDiT
+
+    text, i2v, (fast, _) = encode_prompt(), encode_start(FAST_FRAMES), load_fast()
+    original = LingBotDiT.forward
+    forwards = iter(range(100))
+
+    def failing(self, *args, **kwargs):
+        if next(forwards) == 6:  # chunk 2, step 2
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LingBotDiT, "forward", failing)
+    with pytest.raises(torch.cuda.OutOfMemoryError) as err:
+        run_fast_sampler(fast, text, i2v, kv_dtype="int8")
+    message = str(err.value)
+    assert f"{FAST_FRAMES} frames at {W}x{H}" in message and "window 9 sink 3, int8" in message
+    assert "chunk 2" in message and "kv_window" in message and "Tried to allocate 3.00 GiB" in message
+    assert fast_not_resident(fast)
