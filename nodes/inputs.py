@@ -210,8 +210,8 @@ def fast_sampling_inputs(seed_tooltip: str) -> list:
     ]
 
 
-FAST_SEED_TOOLTIP = ("Seed of the noise. Each 12-frame chunk draws from (seed, chunk), so a short clip is the start "
-                     "of a longer video with the same seed.")
+FAST_SEED_TOOLTIP = ("Seed of the noise. Each 12-frame chunk draws its noise from (seed, chunk): a chunk's noise "
+                     "does not depend on how long the video is.")
 
 
 def fast_prompt_inputs() -> list:
