@@ -33,6 +33,19 @@ START_IMAGE = "lingbot_world_start.jpg"
 TRAJECTORY_FOLDER = "lingbot_world"
 
 
+def package_with_fast(cache_root: Path) -> Path:
+    """The tiny NF4 package with the tiny Fast transformer (bf16) as its lingbot_world_fast/,
+    where the official README puts it: a folder of links to the cached builds (made once; the
+    builds themselves stay as they are for the tests that use them)."""
+    out = cache_root / "tiny_nf4_with_fast"
+    entries = [*build(cache_root, "nf4").iterdir(), build_fast(cache_root) / FAST_FOLDER]
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        if not (out / entry.name).is_symlink():
+            (out / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return out
+
+
 def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Path:
     """Make a ComfyUI base folder ready for the shipped workflows, with a tiny NF4 package.
 
@@ -45,16 +58,11 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
 
     from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 
-    package = build(cache_root, "nf4")
+    package = package_with_fast(cache_root)
     target = models_dir / "lingbot" / COMFY_PACKAGE_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
-        # A folder of links to the cached package's files, plus the tiny Fast transformer where
-        # the official README puts it (inside the Base-Cam folder): the cache stays untouched.
-        target.mkdir(parents=True)
-        for entry in package.iterdir():
-            (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
-        fast = build_fast(cache_root) / FAST_FOLDER
-        (target / FAST_FOLDER).symlink_to(fast, target_is_directory=True)
+        target.symlink_to(package, target_is_directory=True)
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (72, 108, 3), dtype=np.uint8)).save(input_dir / START_IMAGE)
