@@ -10,4 +10,8 @@ TEMPLATES = {
     "lingbot_no_camera": "LingBot-World image to video without camera",
     "lingbot_fast": "LingBot-World fast mode camera preset",
     "lingbot_long_walk": "LingBot-World long walk",
+    "lingbot_fast_clip": "LingBot-World Fast clip",
+    "lingbot_fast_walk": "LingBot-World Fast one-minute walk",
 }
+# The LingBot-World Fast graphs (their frames fill whole 12-frame chunks: 9, 21, ...).
+FAST_WORKFLOWS = ("lingbot_fast_clip", "lingbot_fast_walk")

@@ -21,13 +21,16 @@ LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_workflows"
 # Combos that list the user's files: what the old graphs name is checked in a real server
 # with the tiny package installed under those names (tests/integration/test_workflows.py).
 FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_file", "intrinsics_file",
-               "pose_export", "lora_high_noise", "lora_low_noise"}
+               "pose_export", "lora_high_noise", "lora_low_noise", "fast_model"}
 
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
 
 # Widget values the frontend stores right after an input's own value.
-EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1,
+                 ("LingBotWorldFastSampler", "seed"): 1, ("LingBotWorldFastLongVideo", "seed"): 1}
+# The nodes whose seed widget the graphs fix at 42.
+SEEDED = ("LingBotWorldSampler", "LingBotWorldLongVideo", "LingBotWorldFastSampler", "LingBotWorldFastLongVideo")
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -95,6 +98,58 @@ def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
     assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
 
 
+def test_fast_clip_api_workflow_matches_node_schemas(comfy_dirs):
+    """T5 -> Fast DiT Loader -> Camera -> VAE Encode -> Fast Sampler -> VAE Decode -> Create
+    Video -> Save Video, 81 frames (7 chunks), the cache at the one set of defaults."""
+    from comfyui_lingbot_world.pipeline.fast import DEFAULT_POLICY
+
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_fast_clip.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    by_type = {node["class_type"]: (node_id, node["inputs"]) for node_id, node in graph.items()}
+    assert set(by_type) == {"LoadImage", "LingBotWorldTextEncode", "LingBotWorldFastDiTLoader", "LingBotWorldCamera",
+                            "LingBotWorldVAEEncode", "LingBotWorldFastSampler", "LingBotWorldVAEDecode",
+                            "CreateVideo", "SaveVideo", "PreviewImage"}
+    sampler = by_type["LingBotWorldFastSampler"][1]
+    encode, camera = by_type["LingBotWorldVAEEncode"][1], by_type["LingBotWorldCamera"][1]
+    assert encode["frames"] == camera["frames"] == 81
+    assert [encode[k] for k in ("width", "height")] == [camera[k] for k in ("width", "height")] == [832, 480]
+    assert sampler["fast_dit"][0] == by_type["LingBotWorldFastDiTLoader"][0]
+    assert sampler["camera"] == [by_type["LingBotWorldCamera"][0], 0]
+    assert sampler["i2v"] == [by_type["LingBotWorldVAEEncode"][0], 0]
+    assert (sampler["kv_cache"], sampler["kv_window"], sampler["kv_sink"], sampler["kv_dtype"], sampler["shift"]) == \
+        ("sliding_window", DEFAULT_POLICY.window, DEFAULT_POLICY.sink, DEFAULT_POLICY.dtype, 10.0)
+    assert by_type["LingBotWorldFastDiTLoader"][1]["fast_model"].endswith("/lingbot_world_fast")
+    assert [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"] == [16.0]
+
+
+def test_fast_walk_api_workflow_matches_node_schemas(comfy_dirs):
+    """Camera (an action path of 957 frames) -> Fast Long Video: one causal pass."""
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_fast_walk.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    camera_id, camera = next((k, n["inputs"]) for k, n in graph.items() if n["class_type"] == "LingBotWorldCamera")
+    stream = next(n for n in graph.values() if n["class_type"] == "LingBotWorldFastLongVideo")["inputs"]
+    assert camera["source"] == "actions" and camera["frames"] == stream["frames"] == 957
+    assert [camera[k] for k in ("width", "height")] == [stream[k] for k in ("width", "height")]
+    steps = sum(int(token.rsplit("-", 1)[1]) for token in camera["actions"].split(","))
+    assert steps < 957  # the action path covers the video
+    assert stream["camera_path"] == [camera_id, 2]
+    assert not {"LingBotWorldSampler", "LingBotWorldFastSampler", "LingBotWorldVAEEncode"} & \
+        {n["class_type"] for n in graph.values()}
+
+
+def _match_schemas(graph: dict) -> None:
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        offered = set(schema["required"]) | set(schema.get("optional", {}))
+        assert set(schema["required"]) <= set(node["inputs"]) <= offered, node_id
+        for key, value in node["inputs"].items():
+            if isinstance(value, list):
+                assert value[0] in graph, f"{node_id}.{key} links to a missing node"
+
+
 def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
     """Widget values follow INPUT_TYPES order, links follow the API graph."""
     links = {link[0]: link for link in ui["links"]}
@@ -123,8 +178,7 @@ def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
             for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
                 values.pop(0)
         assert values == []
-    seed_widgets = next(n for n in nodes.values()
-                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"))["widgets_values"]
+    seed_widgets = next(n for n in nodes.values() if n["type"] in SEEDED)["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
 
 
