@@ -58,6 +58,8 @@ class ModelIdentity:
     kind: ModelKind
     evidence: str  # what the files say, for messages
     diffusers_layout: bool = False  # tensors under diffusers' names (not readable here)
+    by_config: ModelKind = "unknown"  # what config.json alone says (the folder name aside)
+    config_evidence: str = ""  # what config.json holds that told it
 
 
 def _folder_kind(name: str) -> ModelKind:
@@ -104,7 +106,8 @@ def identify_model(folder: str | Path) -> ModelIdentity:
         kind, evidence = "unknown", f"{config_text}; the folder name {folder.name!r} says nothing either"
     if diffusers:
         evidence += f"; {CONFIG_FILE} uses diffusers' field names ({', '.join(diffusers)})"
-    return ModelIdentity(folder, kind, evidence, diffusers_layout=bool(diffusers))
+    return ModelIdentity(folder, kind, evidence, diffusers_layout=bool(diffusers), by_config=by_config,
+                         config_evidence=said)
 
 
 def require_model(folder: str | Path, wanted: Literal["fast", "base"], field: str) -> ModelIdentity:

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError, preview
-from .json_file import read_json_object
 from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, NF4_META_FILE, detect_expert_layout
+from .model_kind import FAST_FIELDS, identify_model
 from .package import FAST_FOLDERS, HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
 
-FAST_CONFIG_FIELDS = ("local_attn_size", "sink_size")  # WanModelFast.__init__'s own arguments
-FAST_CLASS_NAME = "WanModelFast"
 # bf16 folder name -> NF4 folder name, in the order they are converted.
 NF4_NAMES = {bf16: nf4 for nf4, bf16 in (HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, FAST_FOLDERS)}
 FAST = FAST_FOLDERS[1]
@@ -47,38 +45,30 @@ class Release:
     missing_shared: tuple[str, ...]  # those that are not (none are looked for beside a lone expert)
 
 
-def fast_evidence(folder: Path) -> list[str]:
-    """What in ``folder``'s config.json only LingBot-World Fast's config has."""
-    data = read_json_object(folder / CONFIG_FILE, "every expert folder needs its config.json")
-    found = [f"field {name!r}" for name in FAST_CONFIG_FIELDS if name in data]
-    if data.get("_class_name") == FAST_CLASS_NAME:
-        found.append(f"_class_name {FAST_CLASS_NAME!r}")
-    return found
-
-
 def _expert(folder: Path, role: str | None) -> ReleaseExpert:
     """The expert in ``folder``, bf16 only, its role from config.json and ``role`` (the name
     it was found under, None when the folder was given on its own)."""
     if detect_expert_layout(folder) == "nf4":
         raise CheckpointError(folder, "is already an NF4 expert (quantization_meta.json); nothing to convert")
-    evidence = fast_evidence(folder)
+    # The config decides when it says Fast (model_kind, as the Fast DiT Loader reads it);
+    # otherwise the name the expert was found under.
+    identity = identify_model(folder)
     name = role or folder.name
-    if evidence and name in _BASE_ROLES:
+    if identity.by_config == "fast" and name in _BASE_ROLES:
         raise CheckpointError(folder / CONFIG_FILE,
-                              f"has LingBot-World Fast's {', '.join(evidence)}, but the folder is {name}/, a Base "
+                              f"is LingBot-World Fast's ({identity.config_evidence}), but the folder is {name}/, a Base "
                               f"expert's place; put the Fast transformer in {FAST}/ (or alone), and the Base "
                               "experts' own files here")
-    if evidence:
+    if identity.by_config == "fast":
         return ReleaseExpert(folder, FAST)
     if name in _BASE_ROLES:
         return ReleaseExpert(folder, name)
     if name == FAST:
-        fields = ", ".join(FAST_CONFIG_FIELDS)
-        return ReleaseExpert(folder, FAST, note=f"config.json has none of Fast's fields ({fields}); "
+        return ReleaseExpert(folder, FAST, note=f"config.json does not say Fast ({identity.evidence}); "
                                                 f"taken as LingBot-World Fast by its folder name {FAST}/")
     raise CheckpointError(folder, f"holds a bf16 expert, but neither its name nor its config.json says which: "
                                   f"{' or '.join(_BASE_ROLES)} (Base-Cam, Act) or LingBot-World Fast "
-                                  f"(config.json with {', '.join(FAST_CONFIG_FIELDS)}); give the release folder "
+                                  f"(config.json with {', '.join(FAST_FIELDS)}); give the release folder "
                                   "that holds it, or rename it to its official name")
 
 

@@ -132,7 +132,7 @@ def test_base_folder_with_fast_fields_is_refused(release, tmp_path, capsys, noth
     config = release / "low_noise_model" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "local_attn_size": -1}))
     code, _, err = _run(["--src", str(release), "--out", str(tmp_path / "out")], capsys)
-    _one_line(code, err, "--src", str(config), "'local_attn_size'", "low_noise_model/")
+    _one_line(code, err, "--src", str(config), "local_attn_size", "low_noise_model/")
     assert not (tmp_path / "out").exists()
 
 
