@@ -9,7 +9,15 @@ Accepted sources (camera-to-world matrices in OpenCV axes: x right, y down, z fo
   ``../intrinsics/<name>.npz``, when present);
 - an ``.npz`` with ``poses`` (or ``c2w``/``data``) [N,4,4] and optionally ``intrinsics``
   [N,4] or [4] — the same arrays as poses.npy / intrinsics.npy;
-- a ``poses.npy`` [N,4,4] (intrinsics.npy beside it is used when present).
+- a ``poses.npy`` [N,4,4] (intrinsics.npy beside it is used when present);
+- a ``.csv`` camera log: a header row naming x, y, z, qx, qy, qz, qw (position and
+  camera-to-world quaternion) and optionally frame or time, one row per frame
+  (``loaders.pose_csv``).
+
+Camera axes: a simulator or graphics camera (OpenGL, USD / Isaac Sim, Blender: x right,
+y up, looking down −z) is turned into OpenCV axes with ``camera_axes="opengl"``: each pose is
+multiplied on the right by diag(1, −1, −1) (180° about the camera's x axis). The world's
+axes need no change: the model reads each pose relative to the first.
 
 Intrinsics of a pose tool (ViPE's intrinsics/<name>.npz) are in pixels of the video it
 tracked; they are converted to the 480×832 frame the camera code expects, given the source
@@ -30,8 +38,15 @@ import numpy as np
 
 from ..wan.camera import INTRINSICS_HEIGHT, INTRINSICS_WIDTH, CameraError, validate_trajectory
 from ..wan.camera_actions import MOVE_PER_FRAME
+from .pose_csv import read_pose_csv
 
-__all__ = ["ImportedPath", "import_poses", "normalize_translation"]
+__all__ = ["CAMERA_AXES", "ImportedPath", "import_poses", "normalize_translation"]
+
+# Camera axes of a pose file -> OpenCV's (x right, y down, z forward), multiplied on the right.
+CAMERA_AXES = {
+    "opencv": np.eye(4),
+    "opengl": np.diag([1.0, -1.0, -1.0, 1.0]),  # x right, y up, looking down -z (USD, Isaac Sim, Blender)
+}
 
 POSE_KEYS = ("poses", "c2w", "c2ws", "cam_c2w", "data")
 INTRINSICS_KEYS = ("intrinsics", "K", "Ks", "data")
@@ -114,12 +129,16 @@ def import_poses(
     source_size: tuple[int, int] | None = None,
     normalize_scale: bool = True,
     world_to_camera: bool = False,
+    camera_axes: str = "opencv",
 ) -> ImportedPath:
     """Read a camera path from a ViPE folder or a pose export (see the module docstring).
 
     ``world_to_camera``: the file holds world-to-camera matrices (COLMAP's convention);
-    they are inverted. Raises CameraError naming the file and the problem.
+    they are inverted. ``camera_axes``: the file's camera axes, a key of ``CAMERA_AXES``
+    (converted after any inversion). Raises CameraError naming the file and the problem.
     """
+    if camera_axes not in CAMERA_AXES:
+        raise CameraError(f"camera_axes: {camera_axes!r} is not one of {', '.join(CAMERA_AXES)}")
     path = Path(source)
     intr_path: Path | None = None
     if path.is_dir():
@@ -134,7 +153,7 @@ def import_poses(
     if path.parent.name == "pose" and intr_path is None:
         beside = path.parent.parent / "intrinsics" / path.name
         intr_path = beside if beside.is_file() else None
-    data = _load(path)
+    data = read_pose_csv(path) if path.suffix.lower() == ".csv" else _load(path)
     k = None
     # A pose tool's intrinsics are in pixels of the video it tracked; intrinsics.npy and an
     # export's "intrinsics" array follow poses.npy's convention (480×832) unless a source
@@ -164,6 +183,7 @@ def import_poses(
         elif k.shape == (3, 3):
             k = np.array([k[0, 0], k[1, 1], k[0, 2], k[1, 2]])
     validate_trajectory(poses, k if k is not None else np.array([1.0, 1.0, 0.0, 0.0]), source=str(path))
+    poses = poses @ CAMERA_AXES[camera_axes]  # rigid stays rigid: no second check needed
     if k is None:
         k_ref = None
     elif k_in_source_pixels:

@@ -8,8 +8,8 @@ from comfy_api.latest import io
 
 import comfy.model_management as mm
 
-from ..loaders.errors import CheckpointError
-from ..loaders.layout import detect_expert_layout, read_config
+from ..loaders.expert_config import read_expert_pair
+from ..loaders.layout import detect_expert_layout
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
 from .host.expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
@@ -110,13 +110,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         }
         for folder in folders.values():
             detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
-        high_config, low_config = read_config(folders["high"]), read_config(folders["low"])
-        if high_config != low_config:
-            raise CheckpointError(
-                folders["low"],
-                f"low_noise has another geometry than high_noise ({folders['high']}): "
-                f"{low_config} vs {high_config}; both experts must come from the same model",
-            )
+        # config.json and the headers: the geometry, and Base-Cam or Act (by the control weight's shape).
+        high_config = read_expert_pair(folders["high"], folders["low"], ("high_noise", "low_noise"))
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])

@@ -2,11 +2,16 @@
 (docs/conventions.md#checkpoint-layouts).
 
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
+    python <checkout> make_checkpoint --model act --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
 
 ``--parts comfy_t5 --comfy-t5 fp8_scaled`` also writes the text encoder as ComfyUI users have
 it (``umt5_xxl_*.safetensors``: HF key names, SentencePiece model inside; see
 tools/synthetic/t5.py); it is not part of the default parts.
+
+``--model act`` writes the Act checkpoint's experts (config.json unchanged; the control
+layer patch_embedding_wancamctrl takes 7 channels, [dim, 1792] at A14B and tiny patch
+sizes, instead of Base-Cam's 6; docs/conventions.md#act-checkpoint).
 
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
@@ -15,6 +20,7 @@ experts are made and quantized part by part on that device, never whole in RAM.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -34,6 +40,8 @@ GEOMETRY_PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
     "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
 }
+# Which checkpoint the experts are: the control their camera layer reads (wan/config.py).
+MODELS = {"base": "cam", "act": "act"}
 PARTS = ("experts", "t5", "vae", "tokenizer")
 # Written only when asked for: the text encoder in ComfyUI's layout.
 EXTRA_PARTS = ("comfy_t5",)
@@ -44,6 +52,9 @@ EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
     p.add_argument("--preset", choices=sorted(GEOMETRY_PRESETS), required=True, help="model geometry")
+    p.add_argument("--model", choices=list(MODELS), default="base",
+                   help="base: LingBot-World Base-Cam (Plücker rays); act: LingBot-World Act (ray directions + "
+                   "W/A/S/D keys)")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
                    help="nf4: layout A (*_bnb_nf4 folders); bf16: layout B (sharded diffusers folders)")
     p.add_argument("--out", type=Path, required=True, help="package folder to write (created if missing)")
@@ -78,9 +89,10 @@ def _human(n: int) -> str:
 
 
 def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
-                  comfy_t5: str = "bf16") -> list[Path]:
+                  comfy_t5: str = "bf16", model: str = "base") -> list[Path]:
     """Write the chosen parts of a package into ``out``; returns the written paths."""
-    shapes = GEOMETRY_PRESETS[preset]
+    shapes = dict(GEOMETRY_PRESETS[preset])
+    shapes["dit"] = dataclasses.replace(shapes["dit"], control_type=MODELS[model])
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "experts" in parts:
@@ -103,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts,
-                                args.comfy_t5)
+                                args.comfy_t5, args.model)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
         return 1
-    print(f"{args.preset} package, layout {args.layout}, seed {args.seed}, in {args.out} "
+    print(f"{args.preset} {args.model} package, layout {args.layout}, seed {args.seed}, in {args.out} "
           f"({time.perf_counter() - start:.1f} s):")
     for path in written:
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]

@@ -28,6 +28,7 @@ from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
 from shipped_workflows import TEMPLATES
+from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
@@ -224,11 +225,15 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     long_walk = name == LONG_WALK
     frames = 2 * LONG_WINDOW - 1 if long_walk else FRAMES
     size = {"width": WIDTH, "height": HEIGHT, "frames": frames}
+    camera = {**size}
+    camera_inputs = next((n["inputs"] for n in api.values() if n["class_type"] == "LingBotWorldCamera"), {})
+    if camera_inputs.get("source") == "actions":  # a string longer than the video is refused: shorten it too
+        camera["actions"] = cut_actions(camera_inputs["actions"], frames)
     if long_walk:
-        changes = {"LingBotWorldCamera": {**size, "window": LONG_WINDOW},
+        changes = {"LingBotWorldCamera": {**camera, "window": LONG_WINDOW},
                    "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
     else:
-        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}}
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldSampler": {"steps": STEPS}}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
     assert len(changed) == sum(len(v) for k, v in changes.items()
                                if any(n["class_type"] == k for n in api.values()))
@@ -261,11 +266,13 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     sized = next(n for n in api.values()
                  if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldLongVideo"))["inputs"]
     shipped = {k: sized[k] for k in ("width", "height", "frames")}
+    shipped_camera = {**shipped, **({"actions": camera_inputs["actions"]} if "actions" in camera else {})}
     if long_walk:
         shipped["window"] = sized["window"]
-        restore = {"LingBotWorldCamera": shipped, "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
+        restore = {"LingBotWorldCamera": {**shipped_camera, "window": sized["window"]},
+                   "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
     else:
-        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
                    "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
     frontend.page.evaluate(_JS_SET_WIDGETS, restore)
     shoot_thumbnail(frontend, name)
