@@ -10,4 +10,5 @@ TEMPLATES = {
     "lingbot_no_camera": "LingBot-World image to video without camera",
     "lingbot_fast": "LingBot-World fast mode camera preset",
     "lingbot_long_walk": "LingBot-World long walk",
+    "lingbot_act2cam": "LingBot-World act2cam (official settings)",
 }
