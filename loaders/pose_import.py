@@ -14,10 +14,12 @@ Accepted sources (camera-to-world matrices in OpenCV axes: x right, y down, z fo
   camera-to-world quaternion) and optionally frame or time, one row per frame
   (``loaders.pose_csv``).
 
-Camera axes: a simulator or graphics camera (OpenGL, USD / Isaac Sim, Blender: x right,
-y up, looking down −z) is turned into OpenCV axes with ``camera_axes="opengl"``: each pose is
-multiplied on the right by diag(1, −1, −1) (180° about the camera's x axis). The world's
-axes need no change: the model reads each pose relative to the first.
+Camera axes: a graphics camera (OpenGL, a USD camera prim as Isaac Sim shows it, Blender:
+x right, y up, looking down −z) is turned into OpenCV axes with ``camera_axes="opengl"``:
+each pose is multiplied on the right by diag(1, −1, −1) (180° about the camera's x axis).
+A camera pose with x forward and z up (Isaac Sim's "world" camera axes, a robot body frame)
+takes ``camera_axes="x_forward_z_up"``. The world's axes need no change: the model reads each
+pose relative to the first.
 
 Intrinsics of a pose tool (ViPE's intrinsics/<name>.npz) are in pixels of the video it
 tracked; they are converted to the 480×832 frame the camera code expects, given the source
@@ -42,10 +44,14 @@ from .pose_csv import read_pose_csv
 
 __all__ = ["CAMERA_AXES", "ImportedPath", "import_poses", "normalize_translation"]
 
-# Camera axes of a pose file -> OpenCV's (x right, y down, z forward), multiplied on the right.
+# Camera axes of a pose file -> OpenCV's (x right, y down, z forward): the pose is multiplied
+# on the right by this matrix, whose columns are OpenCV's camera axes in the file's axes.
 CAMERA_AXES = {
-    "opencv": np.eye(4),
-    "opengl": np.diag([1.0, -1.0, -1.0, 1.0]),  # x right, y up, looking down -z (USD, Isaac Sim, Blender)
+    "opencv": np.eye(4),  # also ROS optical frames (Isaac Sim's "ros" camera axes)
+    "opengl": np.diag([1.0, -1.0, -1.0, 1.0]),  # x right, y up, looking down -z: USD camera prims, Blender
+    # looking down +x, z up (y left): Isaac Sim's "world" camera axes, a robot's body frame (ROS REP 103)
+    "x_forward_z_up": np.array([[0.0, 0.0, 1.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0],
+                                [0.0, 0.0, 0.0, 1.0]]),
 }
 
 POSE_KEYS = ("poses", "c2w", "c2ws", "cam_c2w", "data")

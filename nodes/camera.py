@@ -107,15 +107,17 @@ class LingBotWorldCamera(io.ComfyNode):
                 io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(), optional=True,
                                tooltip="When source is import: a ViPE output folder, an .npz, a poses.npy or a .csv "
                                "camera log (header x,y,z,qx,qy,qz,qw, optional frame or time) in ComfyUI's input "
-                               "folder; camera-to-world poses, camera axes as camera_axes says."),
+                               "folder; camera-to-world poses, their camera axes as camera_axes says."),
                 io.Boolean.Input("normalize_scale", default=True, optional=True,
                                  tooltip="For import: rescale the translations so the median step per frame is the "
                                  "action step (tracker units are arbitrary)."),
                 *inputs.window_inputs(optional=True),
                 io.Combo.Input("camera_axes", options=list(CAMERA_AXES), default="opencv", optional=True,
                                tooltip="For import: the camera axes of the poses. opencv: x right, y down, looking "
-                               "down +z (ViPE, COLMAP, the pack). opengl: x right, y up, looking down -z (OpenGL, "
-                               "USD / Isaac Sim, Blender cameras); turned into OpenCV axes by diag(1, -1, -1)."),
+                               "down +z (ViPE, COLMAP, ROS optical frames, the pack). opengl: x right, y up, looking "
+                               "down -z (USD camera prims, OpenGL, Blender); turned into OpenCV axes by "
+                               "diag(1, -1, -1). x_forward_z_up: looking down +x, z up (Isaac Sim's world camera "
+                               "axes, a robot's body frame)."),
             ],
             outputs=[
                 inputs.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),

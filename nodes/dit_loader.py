@@ -54,7 +54,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
                 "or when ComfyUI needs the memory. A smaller GPU runs them with fewer blocks on the GPU "
                 "(block_swap): only the first N blocks stay on the GPU, the rest stream in from pinned RAM as "
-                "they are needed."
+                "they are needed. Base-Cam or Act (the action checkpoint) is read from the weights; both "
+                "experts must be of the same one."
             ),
             inputs=[
                 io.Combo.Input("high_noise", options=experts, default=high,

@@ -76,8 +76,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="keep the export's translation units (default: median step 0.05 per frame)")
     p.add_argument("--world-to-camera", action="store_true", help="the export holds world-to-camera matrices")
     p.add_argument("--poses-axes", choices=list(CAMERA_AXES), default="opencv",
-                   help="camera axes of --poses-from: opencv (x right, y down, looking down +z) or opengl (x right, "
-                   "y up, looking down -z: USD / Isaac Sim, Blender)")
+                   help="camera axes of --poses-from: opencv (x right, y down, looking down +z; ROS optical), "
+                   "opengl (x right, y up, looking down -z: USD camera prims, Blender) or x_forward_z_up (Isaac "
+                   "Sim's world camera axes, a robot body frame)")
     p.add_argument("--frames", type=int, default=None,
                    help="frames to generate: 4n+1, up to 961 (default: the action string's length padded to 4n+1, "
                    "or the official preset's, or 81)")

@@ -243,7 +243,7 @@ def test_import_source_turns_opengl_camera_axes_into_opencv(installed):
     np.savez(installed["input"] / "sim.npz", poses=gl)
     _, _, path = _camera("import", export="sim.npz", frames=21, normalize=False, axes="opengl")
     np.testing.assert_allclose(path.poses, poses, atol=1e-12)
-    with pytest.raises(ValueError, match="camera_axes: 'usd' is not one of opencv, opengl"):
+    with pytest.raises(ValueError, match="camera_axes: 'usd' is not one of opencv, opengl, x_forward_z_up"):
         _camera("import", export="sim.npz", frames=21, axes="usd")
 
 

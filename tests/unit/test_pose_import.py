@@ -126,8 +126,18 @@ def test_a_usd_camera_becomes_opencv_with_the_fixed_rotation(tmp_path) -> None:
     wrong = import_poses(tmp_path / "sim.npz", normalize_scale=False)
     step = np.linalg.inv(wrong.poses[0]) @ wrong.poses[1]
     assert step[2, 3] < 0
-    with pytest.raises(CameraError, match="camera_axes: 'usd' is not one of opencv, opengl"):
+    with pytest.raises(CameraError, match="camera_axes: 'usd' is not one of opencv, opengl, x_forward_z_up"):
         import_poses(tmp_path / "sim.npz", camera_axes="usd")
+
+
+def test_a_camera_looking_down_x_with_z_up_becomes_opencv(tmp_path) -> None:
+    """Isaac Sim's "world" camera axes (a robot body frame): x forward, y left, z up."""
+    walk = action_poses("w-12,j-8,wl-12,k-4")
+    # Columns: the body frame's x (forward), y (left), z (up) in OpenCV camera axes.
+    body_in_cv = np.array([[0.0, -1.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    np.savez(tmp_path / "robot.npz", poses=CV_TO_Z_UP @ walk @ body_in_cv)
+    got = import_poses(tmp_path / "robot.npz", normalize_scale=False, camera_axes="x_forward_z_up")
+    np.testing.assert_allclose(got.poses, CV_TO_Z_UP @ walk, atol=1e-12)
 
 
 def test_a_simulator_csv_log_is_the_same_path(tmp_path) -> None:
