@@ -81,7 +81,8 @@ def test_the_act_checkpoint_follows_poses_and_action_npy(comfy_server: ComfyServ
 def test_the_act_checkpoint_through_the_windows_of_a_long_video(comfy_server: ComfyServer) -> None:
     graph = json.loads((ROOT / "workflows" / "api" / "lingbot_long_walk.json").read_text())
     graph = tiny_package.small_workflow(graph, frames=9, width=WIDTH, height=HEIGHT, steps=1, window=5)
-    graph[DIT]["inputs"].update(high_noise=f"{ACT}/high_noise_model_bnb_nf4", low_noise=f"{ACT}/low_noise_model_bnb_nf4")
+    graph[DIT]["inputs"].update(high_noise=f"{ACT}/high_noise_model_bnb_nf4",
+                                low_noise=f"{ACT}/low_noise_model_bnb_nf4")
     graph["6"]["inputs"]["filename_prefix"] = "LingBotWorld/act_walk"
     result = comfy_server.run(graph, timeout=240)
     assert result.ok, result.describe()

@@ -17,7 +17,8 @@ import comfy.model_management as mm  # noqa: E402
 import comfy.utils  # noqa: E402
 import latent_preview  # noqa: E402
 
-from node_runs import ACT_PKG, FRAMES, H, W, core_conditioning, encode_prompt, encode_start, load_dit, not_resident, run_sampler  # noqa: E402
+from node_runs import (ACT_PKG, FRAMES, H, W, core_conditioning, encode_prompt, encode_start, load_dit,  # noqa: E402
+                       not_resident, run_sampler)
 from comfyui_lingbot_world.nodes import sampler as sampler_module  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
@@ -312,5 +313,6 @@ def test_the_wrong_pairing_is_refused_naming_both_before_any_expert_loads(instal
     preset = LingBotWorldCamera.execute("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H,
                                         FRAMES)[0]
     with pytest.raises(ValueError, match=r"\(high_noise act/high_noise_model_bnb_nf4\) is an Act checkpoint .* but "
-                                         r"the camera \(preset 'dolly_in'\) gives Base-Cam Plücker rays, without keys"):
+                                         r"the camera \(preset 'dolly_in'\) gives Base-Cam Plücker rays, "
+                                         r"without keys"):
         run_sampler(load_dit(ACT_PKG), text, i2v, preset)
