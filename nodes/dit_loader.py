@@ -8,8 +8,8 @@ from comfy_api.latest import io
 
 import comfy.model_management as mm
 
-from ..loaders.errors import CheckpointError
-from ..loaders.layout import detect_expert_layout, read_config
+from ..loaders.expert_config import read_expert_pair
+from ..loaders.layout import detect_expert_layout
 from ..loaders.model_kind import assumed_message, require_model
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
@@ -55,7 +55,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
                 "or when ComfyUI needs the memory. A smaller GPU runs them with fewer blocks on the GPU "
                 "(block_swap): only the first N blocks stay on the GPU, the rest stream in from pinned RAM as "
-                "they are needed."
+                "they are needed. Base-Cam or Act (the action checkpoint) is read from the weights; both "
+                "experts must be of the same one."
             ),
             inputs=[
                 io.Combo.Input("high_noise", options=experts, default=high,
@@ -100,13 +101,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
             identity = require_model(folder, "base", field)
             if identity.kind == "unknown":
                 log.warning("LingBot: %s", assumed_message(identity, "base", field))
-        high_config, low_config = read_config(folders["high"]), read_config(folders["low"])
-        if high_config != low_config:
-            raise CheckpointError(
-                folders["low"],
-                f"low_noise has another geometry than high_noise ({folders['high']}): "
-                f"{low_config} vs {high_config}; both experts must come from the same model",
-            )
+        # config.json and the headers: the geometry, and Base-Cam or Act (by the control weight's shape).
+        high_config = read_expert_pair(folders["high"], folders["low"], ("high_noise", "low_noise"))
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])

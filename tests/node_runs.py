@@ -11,6 +11,7 @@ import torch
 
 H, W, FRAMES = 32, 48, 5
 PKG = "lingbot/pkg"
+ACT_PKG = "lingbot/act"  # the tiny Act package (the installed_act fixture)
 HIGH, LOW = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
 T5_FILE, TOKENIZER, VAE_FILE = f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", f"{PKG}/Wan2.1_VAE.pth"
 
@@ -33,10 +34,11 @@ def encode_start(frames: int = FRAMES):
     return LingBotWorldVAEEncode.execute(start_image(), VAE_FILE, W, H, frames, "auto")[0]
 
 
-def load_dit():
+def load_dit(package: str = PKG):
     from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader
 
-    return LingBotWorldDiTLoader.execute(HIGH, LOW, "none")[0]
+    return LingBotWorldDiTLoader.execute(f"{package}/high_noise_model_bnb_nf4", f"{package}/low_noise_model_bnb_nf4",
+                                         "none")[0]
 
 
 def run_sampler(dit, text, i2v, camera=None, steps: int = 3, seed: int = 1, **inputs) -> dict:

@@ -12,6 +12,7 @@ TEMPLATES = {
     "lingbot_long_walk": "LingBot-World long walk",
     "lingbot_fast_clip": "LingBot-World Fast clip",
     "lingbot_fast_walk": "LingBot-World Fast one-minute walk",
+    "lingbot_act2cam": "LingBot-World act2cam (official settings)",
 }
 # The LingBot-World Fast graphs (their frames fill whole 12-frame chunks: 9, 21, ...).
 FAST_WORKFLOWS = ("lingbot_fast_clip", "lingbot_fast_walk")

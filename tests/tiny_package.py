@@ -6,11 +6,14 @@ from pathlib import Path
 from comfyui_lingbot_world.tools import make_checkpoint
 
 
-def build(root: Path, layout: str, seed: int = 0) -> Path:
-    out = root / f"tiny_{layout}"
+def build(root: Path, layout: str, seed: int = 0, model: str = "base") -> Path:
+    """A tiny package of ``layout`` (nf4, bf16) and ``model`` (base: Base-Cam, act: Act) under
+    ``root``, written once."""
+    out = root / (f"tiny_{layout}" if model == "base" else f"tiny_{model}_{layout}")
     if not (out / "tokenizer").is_dir():
-        code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed)])
-        assert code == 0, f"make_checkpoint failed for layout {layout}"
+        code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed),
+                                     "--model", model])
+        assert code == 0, f"make_checkpoint failed for layout {layout}, model {model}"
     return out
 
 
@@ -29,6 +32,7 @@ def build_fast(root: Path, seed: int = 0) -> Path:
 # Names the shipped workflows use (see workflows/README.md).
 COMFY_PACKAGE_NAME = "lingbot-world-base-cam-nf4"
 FAST_FOLDER = "lingbot_world_fast"  # the official Fast download's folder name (bf16)
+ACT_PACKAGE_NAME = "lingbot-world-base-act-nf4"  # where tests install the tiny Act package
 START_IMAGE = "lingbot_world_start.jpg"
 TRAJECTORY_FOLDER = "lingbot_world"
 
@@ -79,8 +83,12 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
 
     ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's.
     The Fast graphs take ``frames`` that fill whole chunks (9, 21, ...); ``steps`` does not
-    apply to them (4 fixed steps)."""
+    apply to them (4 fixed steps). An action string longer than the shrunk video is cut to
+    fit, as a user who shortens the video must (the Camera node refuses a string longer than
+    the video)."""
     import copy
+
+    from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
     graph = copy.deepcopy(graph)
     for node in graph.values():
@@ -88,6 +96,8 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
         if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo",
                                   "LingBotWorldFastLongVideo"):
             inputs.update(width=width, height=height, frames=frames)
+        if node["class_type"] == "LingBotWorldCamera" and inputs.get("source") == "actions":
+            inputs["actions"] = cut_actions(inputs["actions"], frames)
         if window is not None and node["class_type"] in ("LingBotWorldCamera", "LingBotWorldLongVideo"):
             inputs["window"] = window
         if node["class_type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"):

@@ -3,6 +3,7 @@
 high_noise_model/ and low_noise_model/ with sharded safetensors); docs/conventions.md#checkpoint-layouts.
 
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
+    python <checkout> make_checkpoint --model act --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
     python <checkout> make_checkpoint --model fast --preset tiny --layout bf16 --out DIR --parts transformer
 
@@ -18,6 +19,10 @@ transformer`` adds it to a package written before.
 it (``umt5_xxl_*.safetensors``: HF key names, SentencePiece model inside; see
 tools/synthetic/t5.py); it is not part of the default parts.
 
+``--model act`` writes the Act checkpoint's experts (config.json unchanged; the control
+layer patch_embedding_wancamctrl takes 7 channels, [dim, 1792] at A14B and tiny patch
+sizes, instead of Base-Cam's 6; docs/conventions.md#act-checkpoint).
+
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
 experts are made and quantized part by part on that device, never whole in RAM.
@@ -25,6 +30,7 @@ experts are made and quantized part by part on that device, never whole in RAM.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -45,9 +51,11 @@ GEOMETRY_PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
     "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
 }
-MODELS = ("base", "fast")
-# The model's own weights first: the two experts of Base, the one transformer of Fast.
-MODEL_PART = {"base": "experts", "fast": "transformer"}
+# Model -> the control its camera layer reads (wan/config.py): Base-Cam and Fast take Plücker
+# rays, Act ray directions + W/A/S/D keys.
+MODELS = {"base": "cam", "act": "act", "fast": "cam"}
+# The model's own weights first: the two experts of Base and Act, the one transformer of Fast.
+MODEL_PART = {"base": "experts", "act": "experts", "fast": "transformer"}
 SHARED_PARTS = ("t5", "vae", "tokenizer")
 PARTS = (MODEL_PART["base"], *SHARED_PARTS)  # the default parts of --model base
 # Written only when asked for: the text encoder in ComfyUI's layout.
@@ -66,9 +74,10 @@ def parts_for(model: str) -> tuple[str, ...]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
-    p.add_argument("--model", choices=MODELS, default="base",
-                   help="base: the two experts (high- and low-noise); fast: the one LingBot-World Fast transformer")
     p.add_argument("--preset", choices=sorted(GEOMETRY_PRESETS), required=True, help="model geometry")
+    p.add_argument("--model", choices=list(MODELS), default="base",
+                   help="base: LingBot-World Base-Cam's two experts (Plücker rays); act: LingBot-World Act's two "
+                   "experts (ray directions + W/A/S/D keys); fast: the one LingBot-World Fast transformer")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
                    help="nf4: the NF4 package's layout (*_bnb_nf4 expert folders); bf16: the official bf16 "
                    "release's (high_noise_model/, low_noise_model/ with sharded safetensors)")
@@ -107,10 +116,11 @@ def _human(n: int) -> str:
 
 
 def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
-                  comfy_t5: str = "bf16") -> list[Path]:
+                  comfy_t5: str = "bf16", model: str = "base") -> list[Path]:
     """Write the chosen parts of a package into ``out``; returns the written paths.
     ``transformer`` is the LingBot-World Fast transformer (``--model fast``)."""
-    shapes = GEOMETRY_PRESETS[preset]
+    shapes = dict(GEOMETRY_PRESETS[preset])
+    shapes["dit"] = dataclasses.replace(shapes["dit"], control_type=MODELS[model])
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if MODEL_PART["fast"] in parts:
@@ -137,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts,
-                                args.comfy_t5)
+                                args.comfy_t5, args.model)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
         return 1
-    print(f"{args.preset} package ({args.model}), layout {args.layout}, seed {args.seed}, in {args.out} "
+    print(f"{args.preset} {args.model} package, layout {args.layout}, seed {args.seed}, in {args.out} "
           f"({time.perf_counter() - start:.1f} s):")
     for path in written:
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]

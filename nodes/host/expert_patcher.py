@@ -206,10 +206,16 @@ class DiTExperts:
 
     high: ExpertPatcher
     low: ExpertPatcher
-    config: DiTConfig  # geometry shared by both experts (from config.json)
+    config: DiTConfig  # shared by both experts: config.json, and control_type ("cam"/"act") from the headers
     placement: Placement | None = None  # None: one device, the experts take turns (today's behaviour)
     copies: dict[tuple[str, int], ExpertPatcher] = field(default_factory=dict)
     loras: tuple = ()  # pipeline.lora.LoraSpec from LoRA Loader nodes, applied while the sampler runs
+
+    @property
+    def label(self) -> str:
+        """How messages name the checkpoint: the high-noise expert's folder and its package."""
+        folder = self.high.model.folder
+        return f"the DiT Loader's checkpoint (high_noise {folder.parent.name}/{folder.name})"
 
     def patcher(self, name: str) -> ExpertPatcher:
         if name == "high":

@@ -275,7 +275,8 @@ def resolve_input_file(name: str, field: str, suffix: str) -> Path:
 
 def list_pose_exports() -> list[str]:
     """Pose exports in ComfyUI's input folder: ViPE output folders (with pose/), folders and
-    files named poses.npy, and .npz files (posix names relative to the input folder)."""
+    files named poses.npy, .npz files and .csv camera logs (posix names relative to the input
+    folder)."""
     root = input_root()
     found = []
     for here, dirnames, filenames in _walk(root):
@@ -283,7 +284,7 @@ def list_pose_exports() -> list[str]:
         if rel != "." and ("pose" in dirnames or "poses.npy" in filenames):
             found.append(rel)
         for name in filenames:
-            if name.lower().endswith(".npz") or name == "poses.npy":
+            if name.lower().endswith((".npz", ".csv")) or name == "poses.npy":
                 found.append(name if rel == "." else f"{rel}/{name}")
     return sorted(found, key=str.lower)
 
@@ -291,7 +292,8 @@ def list_pose_exports() -> list[str]:
 def resolve_pose_export(name: str) -> Path:
     """The input-folder file or folder a pose_export value names (never outside it)."""
     if not isinstance(name, str) or not name.strip() or name == NO_FILE:
-        raise ValueError("pose_export: choose a ViPE output folder, an .npz or a poses.npy from ComfyUI's input folder")
+        raise ValueError("pose_export: choose a ViPE output folder, an .npz, a poses.npy or a .csv camera log from "
+                         "ComfyUI's input folder")
     root = input_root().resolve()
     path = (root / name).resolve()
     if not path.is_relative_to(root):

@@ -28,6 +28,7 @@ from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
 from shipped_workflows import FAST_WORKFLOWS, TEMPLATES
+from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
@@ -226,13 +227,17 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     long_walk, fast = name == LONG_WALK, name in FAST_WORKFLOWS
     frames = 2 * LONG_WINDOW - 1 if long_walk else FAST_FRAMES if fast else FRAMES
     size = {"width": WIDTH, "height": HEIGHT, "frames": frames}
+    camera = {**size}
+    camera_inputs = next((n["inputs"] for n in api.values() if n["class_type"] == "LingBotWorldCamera"), {})
+    if camera_inputs.get("source") == "actions":  # a string longer than the video is refused: shorten it too
+        camera["actions"] = cut_actions(camera_inputs["actions"], frames)
     if long_walk:
-        changes = {"LingBotWorldCamera": {**size, "window": LONG_WINDOW},
+        changes = {"LingBotWorldCamera": {**camera, "window": LONG_WINDOW},
                    "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
     elif fast:  # 4 fixed steps: only the size changes
         changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldFastLongVideo": size}
     else:
-        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}}
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldSampler": {"steps": STEPS}}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
     assert len(changed) == sum(len(v) for k, v in changes.items()
                                if any(n["class_type"] == k for n in api.values()))
@@ -266,14 +271,16 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     sized = next(n for n in api.values() if n["class_type"] in (
         "LingBotWorldVAEEncode", "LingBotWorldLongVideo", "LingBotWorldFastLongVideo"))["inputs"]
     shipped = {k: sized[k] for k in ("width", "height", "frames")}
+    shipped_camera = {**shipped, **({"actions": camera_inputs["actions"]} if "actions" in camera else {})}
     if long_walk:
         shipped["window"] = sized["window"]
-        restore = {"LingBotWorldCamera": shipped, "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
+        restore = {"LingBotWorldCamera": {**shipped_camera, "window": sized["window"]},
+                   "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
     elif fast:
-        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
                    "LingBotWorldFastLongVideo": shipped}
     else:
-        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
                    "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
     frontend.page.evaluate(_JS_SET_WIDGETS, restore)
     shoot_thumbnail(frontend, name)

@@ -22,6 +22,13 @@ def packages(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def act_packages(tmp_path_factory) -> dict[str, Path]:
+    """Tiny synthetic LingBot-World Act packages of both layouts (7-channel control layer)."""
+    root = tmp_path_factory.getbasetemp() / "tiny-packages"
+    return {layout: tiny_package.build(root, layout, model="act") for layout in ("nf4", "bf16")}
+
+
+@pytest.fixture(scope="session")
 def package(packages) -> Path:
     """The tiny NF4 (layout A) package."""
     return packages["nf4"]
@@ -65,6 +72,14 @@ def fast_installed(installed, fast_package) -> dict[str, Path]:
     (bf16) and models/lingbot/fast/lingbot_world_fast_bnb_nf4."""
     (installed["lingbot"] / "fast").symlink_to(fast_package, target_is_directory=True)
     installed["fast"] = fast_package
+    return installed
+
+
+@pytest.fixture
+def installed_act(installed, act_packages) -> dict[str, Path]:
+    """``installed`` plus the tiny Act package (NF4) as models/lingbot/act."""
+    (installed["lingbot"] / "act").symlink_to(act_packages["nf4"], target_is_directory=True)
+    installed["act_package"] = act_packages["nf4"]
     return installed
 
 

@@ -18,7 +18,7 @@ from comfyui_lingbot_world.loaders.t5_loader import load_t5
 from comfyui_lingbot_world.loaders.vae_loader import load_vae
 from comfyui_lingbot_world.tools.cli import UsageError
 from comfyui_lingbot_world.tools.make_checkpoint import main
-from comfyui_lingbot_world.wan.config import TINY
+from comfyui_lingbot_world.wan.config import TINY, TINY_ACT
 from comfyui_lingbot_world.wan.tokenizer import UMT5Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +81,20 @@ def test_parts_subset_and_bad_arguments(tmp_path: Path) -> None:
         main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "experts,unet"])
     with pytest.raises(UsageError, match="--preset: invalid choice"):
         main(["--preset", "huge", "--layout", "nf4", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("layout", ["nf4", "bf16"])
+def test_model_act_writes_the_act_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, layout: str) -> None:
+    """--model act: config.json as Base-Cam's, the control layer 7 channels wide ([64, 1792] at tiny)."""
+    assert main(["--model", "act", "--preset", "tiny", "--layout", layout, "--out", str(tmp_path),
+                 "--parts", "experts"]) == 0
+    assert "tiny act package" in capsys.readouterr().out
+    for folder in sorted(p for p in tmp_path.iterdir() if p.is_dir()):
+        assert read_config(folder) == TINY  # config.json cannot tell: it is Base-Cam's
+        model = (load_nf4_expert if layout == "nf4" else load_bf16_expert)(folder, "cpu")
+        assert model.config == TINY_ACT and model.patch_embedding_wancamctrl.in_features == 1792
+    with pytest.raises(UsageError, match="--model: invalid choice"):
+        main(["--model", "cam", "--preset", "tiny", "--layout", layout, "--out", str(tmp_path)])
 
 
 def test_runs_from_a_plain_checkout(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """nodes/long_video.py: LingBot-World Long Video inside the ComfyUI host (CPU) on the tiny
-package: the .mp4 written window by window, cancel, and the checks of its inputs."""
+package: the .mp4 written window by window, cancel, and the checks of its inputs; the Act
+checkpoint through the windows, and the refusal of a wrong checkpoint/controls pairing."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ import av  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import comfy.utils  # noqa: E402
 
-from node_runs import H, PKG, W  # noqa: E402
+from node_runs import ACT_PKG, H, PKG, W  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
@@ -33,10 +34,11 @@ def _camera(source="preset", preset="pan_left", poses=NONE, intrinsics=NONE, fra
                                       normalize, window, overlap)
 
 
-def _long(installed, frames=13, window=9, steps=2, camera_path=None, **kw):
+def _long(installed, frames=13, window=9, steps=2, camera_path=None, package=PKG, **kw):
     text = LingBotWorldTextEncode.execute(f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer",
                                           "a walk", "blurry", "auto")[0]
-    dit = LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4", "none")[0]
+    dit = LingBotWorldDiTLoader.execute(f"{package}/high_noise_model_bnb_nf4", f"{package}/low_noise_model_bnb_nf4",
+                                        "none")[0]
     image = torch.from_numpy(np.random.default_rng(0).random((1, 40, 60, 3), dtype=np.float32))
     args = dict(dit=dit, image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=W, height=H, frames=frames, window=window,
                 overlap=1, scale_quantile=1.0, steps=steps, shift=5.0, cfg_high=4.0, cfg_low=4.0, boundary=0.9, seed=3,
@@ -86,7 +88,45 @@ def test_long_video_node_checks_its_inputs(installed):
         _long(installed, camera_path="not a path")
     with pytest.raises(ValueError, match="overlap"):
         _long(installed, overlap=9)
-    _, _, short = _camera("actions", frames=9, window=9, actions="w-8")
+    # A pose path of 9 frames cannot drive more (an action string can: the camera holds still after it).
+    _, _, short = _camera("preset", frames=9, window=9)
     with pytest.raises(ValueError, match="cover only"):
         _long(installed, camera_path=short)
     assert not list(installed["output"].rglob("*.mp4"))  # nothing written before the checks pass
+
+
+def test_the_act_checkpoint_through_the_windows(installed_act, monkeypatch):
+    """An action string on the Act checkpoint, 13 frames in windows of 9: every window gets
+    the Act control (directions + its W/A/S/D rows), and the video has every frame."""
+    from comfyui_lingbot_world.pipeline import long_video as pipeline_long_video
+    from comfyui_lingbot_world.wan.act_control import wasd_from_actions
+
+    _, _, path = _camera("actions", frames=13, window=9, actions="w-3,d-4,s-5")
+    seen = []
+    real = pipeline_long_video.sample
+
+    def spying_sample(experts, text, condition, camera, *args, **kwargs):
+        seen.append(camera)
+        return real(experts, text, condition, camera, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline_long_video, "sample", spying_sample)
+    dit, _ = _long(installed_act, camera_path=path, package=ACT_PKG)
+    assert dit.config.control_type == "act" and [c.control_type for c in seen] == ["act", "act"]
+    keys = wasd_from_actions("w-3,d-4,s-5", 13)
+    for camera, (start, frames) in zip(seen, ((0, 9), (8, 5))):  # windows 0..8 and 8..12
+        assert camera.plucker.shape == (1, 448, (frames - 1) // 4 + 1, H // 8, W // 8)
+        np.testing.assert_array_equal(camera.plucker[0, 192::64, :, 0, 0].T.numpy(), keys[start:start + frames:4])
+    (video,) = (installed_act["output"] / "LingBotWorld").glob("long_*.mp4")
+    assert _frames_in(video) == 13
+
+
+def test_the_wrong_pairing_is_refused_before_any_expert_loads(installed_act, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("an expert was loaded")
+
+    monkeypatch.setattr(mm, "load_models_gpu", no_load)
+    _, _, preset = _camera("preset", frames=13, window=9)
+    with pytest.raises(ValueError, match=r"act/high_noise_model_bnb_nf4\) is an Act checkpoint .* the camera "
+                                         r"\(preset 'pan_left'\) gives Base-Cam Plücker rays"):
+        _long(installed_act, camera_path=preset, package=ACT_PKG)
+    assert not list(installed_act["output"].rglob("*.mp4"))  # nothing written before the checks pass

@@ -33,7 +33,7 @@ EXPECTED_INPUTS = {
     # New inputs appended after the original eight, optional: older workflows keep their
     # widget values and older API prompts (without them) still validate.
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
-                           ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap", "camera_axes"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",

@@ -24,7 +24,8 @@ FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_
                "pose_export", "lora_high_noise", "lora_low_noise", "fast_model"}
 
 
-WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera",
+             "lingbot_act2cam")  # one pass
 
 # Widget values the frontend stores right after an input's own value.
 EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1,
@@ -79,6 +80,27 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
         assert [camera["inputs"][k] for k in ("width", "height", "frames")] == \
             [encode["inputs"][k] for k in ("width", "height", "frames")]
         assert sampler["inputs"]["camera"][0] in graph
+
+
+def test_act2cam_workflow_has_the_official_settings(comfy_dirs):
+    """The official act2cam example's settings: Base-Cam, 121 frames, the README's action
+    string (90 frames: the camera holds still after it), and the official_act2cam preset's
+    sampler values set in the widgets (preset none, so that the steps stay editable)."""
+    from comfyui_lingbot_world.pipeline.sampler_presets import PRESET_FRAMES, apply_preset
+    from comfyui_lingbot_world.pipeline.sampling import SamplingParams
+    from comfyui_lingbot_world.wan.camera_actions import action_frames
+
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_act2cam.json").read_text(encoding="utf-8"))
+    camera = next(n for n in graph.values() if n["class_type"] == "LingBotWorldCamera")["inputs"]
+    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")["inputs"]
+    dit = next(n for n in graph.values() if n["class_type"] == "LingBotWorldDiTLoader")["inputs"]
+    assert camera["source"] == "actions" and camera["actions"] == "w-10,a-10,d-10,iw-15,none-10,j-10,l-10,s-15"
+    assert action_frames(camera["actions"]) == 90 < camera["frames"] == PRESET_FRAMES["official_act2cam"] == 121
+    assert "base-cam" in dit["high_noise"]
+    official = apply_preset("official_act2cam", SamplingParams())
+    assert [sampler[k] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")] == \
+        [official.steps, official.shift, official.cfg_high, official.cfg_low, official.boundary, official.sampler]
+    assert sampler.get("preset", "none") == "none"
 
 
 def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
