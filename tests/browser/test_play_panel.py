@@ -148,8 +148,12 @@ def test_key_sender_posts_every_state_in_order_one_at_a_time(page) -> None:
         await sender.idle();
         // Far behind: the waiting states collapse to the newest.
         const slow = [];
-        const jammed = new KeySender(async (k) => { slow.push(k); await new Promise((r) => setTimeout(r, 30)); return {ok: true}; },
-                                     {maxWaiting: 3});
+        const slowPost = async (k) => {
+            slow.push(k);
+            await new Promise((r) => setTimeout(r, 30));
+            return {ok: true};
+        };
+        const jammed = new KeySender(slowPost, {maxWaiting: 3});
         for (const keys of ["w", "a", "s", "d", "i", "j"]) jammed.send(keys);
         await jammed.idle();
         return {posted, results, most, slow};
@@ -215,7 +219,8 @@ def test_buttons_follow_the_state_and_send_their_action(page) -> None:
             .map(b => [b.dataset.action, !b.disabled]))""")
 
     def primary() -> list:
-        return page.evaluate("() => [...document.querySelectorAll('.lingbot-play button.lbp-primary')].map(b => b.dataset.action)")
+        return page.evaluate(
+            "() => [...document.querySelectorAll('.lingbot-play button.lbp-primary')].map(b => b.dataset.action)")
 
     assert enabled() == {"play": True, "pause": False, "step": True, "continue": True, "stop": True}
     assert primary() == ["step"]  # turn-based: one chunk per step

@@ -34,7 +34,8 @@ function startOn(entry, sessionId, info) {
     entry.sessionId = sessionId;
     entry.panel.startSession({
         sessionId,
-        controller: info.controller === clientId(),
+        // No controller: the prompt was queued without a client id, and any tab may steer.
+        controller: info.controller == null || info.controller === clientId(),
         mode: info.mode ?? "turn",
         fps: info.fps ?? 16,
         width: info.width,

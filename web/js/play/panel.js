@@ -79,12 +79,20 @@ export class PlayPanel {
             [...keys].forEach((k, i) => {
                 const cap = el("div", i === 0 ? "lbp-cap lbp-up" : "lbp-cap", k.toUpperCase());
                 cap.dataset.key = k;
+                if (i > 0) cap.style.gridColumn = String(i);  // W over A S D, I over J K L
                 this.caps[k] = cap;
                 box.append(cap);
             });
             box.append(el("div", "lbp-pad-label", label));
             return box;
         };
+        this.latencyLabel = el("span", "lbp-latency");
+        this.chunkLabel = el("span", "lbp-chunk-time");
+        this.modeLabel = el("span", "lbp-mode");
+        const numbers = el("div", "lbp-numbers");
+        numbers.append(this.latencyLabel, this.chunkLabel, this.modeLabel);
+        bottom.append(pad(MOVE_KEYS, "move"), pad(LOOK_KEYS, "look"), numbers);
+
         const buttons = el("div", "lbp-buttons");
         this.buttons = {};
         for (const [action, text, title] of BUTTONS) {
@@ -96,16 +104,14 @@ export class PlayPanel {
             this.buttons[action] = button;
             buttons.append(button);
         }
-        bottom.append(pad(MOVE_KEYS, "move"), pad(LOOK_KEYS, "look"), buttons);
 
         const info = el("div", "lbp-info");
-        this.latencyLabel = el("span", "lbp-latency");
         this.videoLink = el("a", "lbp-video");
         this.videoLink.target = "_blank";
         this.errorLabel = el("span", "lbp-error");
-        info.append(this.latencyLabel, this.videoLink, this.errorLabel);
+        info.append(this.videoLink, this.errorLabel);
 
-        root.append(top, screen, bottom, info);
+        root.append(top, screen, bottom, buttons, info);
 
         this._on(root, "keydown", (e) => this._key(e, true));
         this._on(root, "keyup", (e) => this._key(e, false));
@@ -304,11 +310,12 @@ export class PlayPanel {
         const lit = controller ? this.held.value : this.steered ?? "";
         for (const [k, cap] of Object.entries(this.caps)) cap.classList.toggle("lbp-held", lit.includes(k));
 
-        const parts = [];
-        if (this.latency !== null && this.latency !== undefined) parts.push(`key → frame ${this.latency.toFixed(2)} s`);
-        if (this.chunkSeconds !== null && this.chunkSeconds !== undefined) parts.push(`chunk ${this.chunkSeconds.toFixed(2)} s`);
-        if (this.session) parts.push(`${this.session.fps} fps · ${this.session.mode === "turn" ? "turn-based" : "continuous"}`);
-        this.latencyLabel.textContent = parts.join(" · ");
+        const seconds = (value) => (value === null || value === undefined ? "–" : `${value.toFixed(2)} s`);
+        this.latencyLabel.textContent = `key → frame ${seconds(this.latency)}`;
+        this.chunkLabel.textContent = `chunk time ${seconds(this.chunkSeconds)}`;
+        this.modeLabel.textContent = this.session
+            ? `${this.session.mode === "turn" ? "turn-based" : "continuous"} · ${this.session.fps} fps`
+            : "";
 
         const can = controller && live;
         this.buttons.play.disabled = !can;

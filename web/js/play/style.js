@@ -22,21 +22,25 @@ const CSS = `
 .lingbot-play .lbp-screen { position: relative; flex: 1 1 auto; min-height: 60px; background: #000;
     border-radius: 4px; overflow: hidden; cursor: pointer; }
 .lingbot-play .lbp-screen canvas { width: 100%; height: 100%; object-fit: contain; display: block; }
-.lingbot-play .lbp-overlay { position: absolute; inset: 0; display: flex; align-items: center;
-    justify-content: center; text-align: center; padding: 8px; color: #eee;
-    background: rgba(0, 0, 0, 0.45); pointer-events: none; }
+.lingbot-play .lbp-overlay { position: absolute; inset: auto 0 0 0; display: flex; align-items: center;
+    justify-content: center; text-align: center; padding: 4px 8px; color: #eee;
+    background: rgba(0, 0, 0, 0.6); pointer-events: none; }
+.lingbot-play[data-shown="0"] .lbp-overlay { inset: 0; }
 .lingbot-play .lbp-overlay:empty { display: none; }
-.lingbot-play .lbp-bottom { display: flex; gap: 10px; align-items: center; }
+.lingbot-play .lbp-bottom { display: flex; gap: 12px; align-items: center; }
 .lingbot-play .lbp-pad { display: grid; grid-template-columns: repeat(3, 22px); gap: 2px; }
-.lingbot-play .lbp-cap { height: 20px; border-radius: 3px; text-align: center; line-height: 20px;
-    font-weight: bold; border: 1px solid var(--border-color, #555); opacity: 0.75; }
-.lingbot-play .lbp-cap.lbp-up { grid-column: 2; }
+.lingbot-play .lbp-cap { grid-row: 2; height: 20px; border-radius: 3px; text-align: center;
+    line-height: 20px; font-weight: bold; border: 1px solid var(--border-color, #555); opacity: 0.75; }
+.lingbot-play .lbp-cap.lbp-up { grid-row: 1; grid-column: 2; }
 .lingbot-play .lbp-cap.lbp-held { background: var(--p-primary-color, #4a9eff); color: #000;
     opacity: 1; border-color: #fff; }
-.lingbot-play .lbp-pad-label { grid-column: 1 / 4; text-align: center; font-size: 10px; opacity: 0.7; }
-.lingbot-play .lbp-buttons { display: flex; flex-wrap: wrap; gap: 4px; margin-left: auto;
-    justify-content: flex-end; }
-.lingbot-play button { font: inherit; padding: 3px 8px; border-radius: 4px; cursor: pointer;
+.lingbot-play .lbp-pad-label { grid-row: 3; grid-column: 1 / 4; text-align: center; font-size: 10px;
+    opacity: 0.7; }
+.lingbot-play .lbp-numbers { display: flex; flex-direction: column; gap: 2px; min-width: 0;
+    white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.lingbot-play .lbp-buttons { display: flex; gap: 4px; }
+.lingbot-play .lbp-buttons button { flex: 1 1 0; min-width: 0; }
+.lingbot-play button { font: inherit; padding: 3px 4px; border-radius: 4px; cursor: pointer;
     color: var(--input-text, #ddd); background: var(--comfy-menu-bg, #333);
     border: 1px solid var(--border-color, #555); }
 .lingbot-play button:disabled { opacity: 0.4; cursor: default; }
