@@ -13,6 +13,9 @@ class Session(Protocol):
     controller: str | None
     controls: PlayControls
     ended: bool
+    end_reason: str | None
+
+    def state(self) -> str: ...
 
     def status(self) -> dict: ...
 
