@@ -101,8 +101,9 @@ class PlayResult:
     log: dict  # the action log and the settings a replay needs
     chunks: int
     frames: int
-    latency_s: list[float] = field(default_factory=list)  # input → first frame of the chunk it asked for
-    chunk_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)  # input → the frames of the chunk it asked for, sent
+    chunk_s: list[float] = field(default_factory=list)  # the transformer's time per chunk
+    decode_s: list[float] = field(default_factory=list)  # the VAE's per chunk
 
 
 class PlaySession:
@@ -142,6 +143,7 @@ class PlaySession:
         self.end_reason: str | None = None
         self.latency_s: list[float] = []
         self.chunk_s: list[float] = []
+        self.decode_s: list[float] = []
         self._latents: list[torch.Tensor] = []
         self._state: str | None = None
         self._seen_at = clock()
@@ -193,7 +195,7 @@ class PlaySession:
         finally:
             self._close(reason)
         return PlayResult(reason, self.latent(), self.action_log(), self.chunks_done, self.frames_done,
-                          list(self.latency_s), list(self.chunk_s))
+                          list(self.latency_s), list(self.chunk_s), list(self.decode_s))
 
     def _open(self) -> None:
         settings = self.settings
@@ -251,19 +253,21 @@ class PlaySession:
         with torch.inference_mode():
             video = self._decoder.decode_next(x0[None].to(self.vae.dtype), cancel=self._check)[0].float().cpu()
         del x0
-        decoded = self.clock()
-        latency = None if request.asked_at is None else decoded - request.asked_at
+        self.decode_s.append(self.clock() - generated)
+        frames = jpeg_frames(video)
         if self.writer is not None:
             self.writer.write(video)
         first_frame = self.frames_done
         self.chunks_done += 1
         self.frames_done += int(video.shape[1])
         self.chunk_s.append(generated - started)
+        # Key to frame as the page meets it: decoded, written to the file and encoded for it.
+        latency = None if request.asked_at is None else self.clock() - request.asked_at
         if latency is not None:
             self.latency_s.append(latency)
-        self._emit(EVENT_FRAMES, {"chunk": self.chunks_done - 1, "first_frame": first_frame,
-                                  "frames": jpeg_frames(video), "keys": keys_text(request.keys),
-                                  "latency_s": latency, "chunk_s": generated - started})
+        self._emit(EVENT_FRAMES, {"chunk": self.chunks_done - 1, "first_frame": first_frame, "frames": frames,
+                                  "keys": keys_text(request.keys), "latency_s": latency,
+                                  "chunk_s": generated - started})
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason
