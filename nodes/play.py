@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 from comfy_api.latest import InputImpl, io, ui
 
@@ -35,6 +36,11 @@ from .long_video import output_file
 DEFAULT_PREFIX = "LingBotWorld/play"
 MODES = ("turn", "continuous")
 FAST_LOADER = "LingBot-World Fast DiT Loader"
+
+
+def log_file(video: Path) -> Path:
+    """Where the action log of a session's .mp4 is saved: beside it, same name, .json."""
+    return video.with_suffix(".json")
 
 
 def interrupt_types() -> tuple[type[BaseException], ...]:
@@ -132,6 +138,7 @@ class LingBotWorldPlay(io.ComfyNode):
         with loaded_fast_model(fast_dit, memory) as model:
             device = model.patch_embedding.weight.device
             vae_module = build_or_release(lambda: open_vae(source, device, vae_dtype(device, precision)))
+            session = None
             try:
                 with VideoWriter(path, fps=fps) as writer:
                     session = PlaySession(model, prompt, vae_module, pixels, settings, writer=writer, emit=emitter(),
@@ -143,11 +150,15 @@ class LingBotWorldPlay(io.ComfyNode):
             finally:
                 release_module(vae_module)
                 del vae_module
+                if session is not None and session.chunks_done:
+                    # Beside the .mp4, also after a Cancel: the log that replays what was saved.
+                    log_file(path).write_text(json.dumps(session.action_log(), indent=1))
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)
-        saved = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)])
+        shown = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)]).as_dict()
+        shown["text"] = [log_text]  # the action log, readable in /history and on the page
         return io.NodeOutput(InputImpl.VideoFromFile(str(path)), log_text,
-                             {"samples": to_comfy_latent(result.latent)[None]}, ui=saved)
+                             {"samples": to_comfy_latent(result.latent)[None]}, ui=shown)
