@@ -135,6 +135,8 @@ class LingBotWorldPlay(io.ComfyNode):
         path, name, subfolder = output_file(filename_prefix, width, height)
         video_ref = {"filename": name, "subfolder": subfolder, "type": "output"}
         controller = controller_id()
+        unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
+        node_id = None if unique_id is None else str(unique_id)
         with loaded_fast_model(fast_dit, memory) as model:
             device = model.patch_embedding.weight.device
             vae_module = build_or_release(lambda: open_vae(source, device, vae_dtype(device, precision)))
@@ -142,7 +144,7 @@ class LingBotWorldPlay(io.ComfyNode):
             try:
                 with VideoWriter(path, fps=fps) as writer:
                     session = PlaySession(model, prompt, vae_module, pixels, settings, writer=writer, emit=emitter(),
-                                          controller=controller, node_id=str(cls.hidden.unique_id),
+                                          controller=controller, node_id=node_id,
                                           client_connected=client_connected(controller),
                                           check_interrupt=check_interrupt, interrupt_types=interrupt_types(),
                                           video_ref=video_ref)
