@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..loaders.errors import CheckpointError
 from ..loaders.trajectory import read_intrinsics
 from ..pipeline.camera import (CameraCondition, CameraPath, camera_condition, path_from_actions, path_from_export,
-                               path_from_files, path_from_preset)
+                               path_from_files, path_from_play_actions, path_from_preset)
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.long_video import WindowedCamera
 from ..wan.camera_presets import CAMERA_PRESETS
@@ -20,6 +20,9 @@ from .host.model_files import (NO_FILE, file_stamp, list_input_files, list_pose_
                                resolve_pose_export)
 
 SOURCES = ("preset", "files", "actions", "import")
+# When the keyframes of an action string are taken (wan/camera_actions.py, wan/play_camera.py).
+KEYFRAMES_OFFICIAL, KEYFRAMES_PLAY = "act2cam (official)", "per chunk (Play)"
+KEYFRAME_TIMINGS = (KEYFRAMES_OFFICIAL, KEYFRAMES_PLAY)
 DEFAULT_PRESET = "dolly_in"
 PREVIEW_SIZE = (512, 512)
 ACTIONS_TOOLTIP = (
@@ -97,6 +100,11 @@ class LingBotWorldCamera(io.ComfyNode):
                                  tooltip="For import: rescale the translations so the median step per frame is the "
                                  "action step (tracker units are arbitrary)."),
                 *inputs.window_inputs(optional=True),
+                io.Combo.Input("keyframes", options=list(KEYFRAME_TIMINGS), default=KEYFRAMES_OFFICIAL, optional=True,
+                               tooltip="For actions: act2cam (official) spreads the keyframes over the whole video "
+                               "and scales by its largest step; per chunk (Play) is the causal law of LingBot-World "
+                               "Play, so a Play session's action log replays through the Fast sampler with the same "
+                               "seed to the same video (the camera then ignores window/overlap)."),
             ],
             outputs=[
                 inputs.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),
@@ -139,9 +147,15 @@ class LingBotWorldCamera(io.ComfyNode):
     @classmethod
     def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
                 width: int, height: int, frames: int, actions: str = DEFAULT_ACTIONS, pose_export: str = NO_FILE,
-                normalize_scale: bool = True, window: int = 81, overlap: int = 1) -> io.NodeOutput:
+                normalize_scale: bool = True, window: int = 81, overlap: int = 1,
+                keyframes: str = KEYFRAMES_OFFICIAL) -> io.NodeOutput:
+        if keyframes not in KEYFRAME_TIMINGS:
+            raise ValueError(f"keyframes: {keyframes!r} is not one of {', '.join(KEYFRAME_TIMINGS)}")
         path = camera_path(source, preset, speed, poses_file, intrinsics_file, width, height, frames, actions,
-                           pose_export, normalize_scale)
+                           pose_export, normalize_scale, play_timing=keyframes == KEYFRAMES_PLAY)
+        if path.play_keys is not None:  # the Fast sampler's one pass: no windows
+            return io.NodeOutput(camera_condition(path, frames, height, width), preview_image(path.poses[:frames]),
+                                 path)
         plan = plan_windows(frames, window, overlap)  # checks frames, window and overlap
         camera: CameraCondition | None = None
         if len(plan) == 1:
@@ -168,8 +182,10 @@ def _intrinsics_row(intrinsics_file: str) -> np.ndarray | None:
 
 
 def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,
-                height: int, frames: int, actions: str, pose_export: str, normalize_scale: bool) -> CameraPath:
-    """The whole camera path the node's inputs describe."""
+                height: int, frames: int, actions: str, pose_export: str, normalize_scale: bool,
+                play_timing: bool = False) -> CameraPath:
+    """The whole camera path the node's inputs describe (``play_timing``: an action string
+    under the per-chunk Play keyframes)."""
     if source == "files":
         return path_from_files(resolve_input_file(poses_file, "poses_file", ".npy"),
                                resolve_input_file(intrinsics_file, "intrinsics_file", ".npy"))
@@ -177,6 +193,8 @@ def camera_path(source: str, preset: str, speed: float, poses_file: str, intrins
         return path_from_preset(preset, speed, frames)
     if source == "actions":
         try:
+            if play_timing:
+                return path_from_play_actions(actions, frames, height, width, _intrinsics_row(intrinsics_file))
             return path_from_actions(actions, frames, height, width, _intrinsics_row(intrinsics_file))
         except ValueError as error:
             raise ValueError(f"actions: {error}") from error

@@ -16,9 +16,10 @@ import torch
 
 from ..loaders.pose_import import import_poses
 from ..loaders.trajectory import read_trajectory
-from ..wan.camera import CameraError, camera_tensor, usable_frames, validate_trajectory
+from ..wan.camera import CameraError, camera_tensor, keyframe_camera, usable_frames, validate_trajectory
 from ..wan.camera_actions import action_poses, default_intrinsics
 from ..wan.camera_presets import preset_trajectory
+from ..wan.play_camera import integrate_keys, play_action_frames, play_keyframes, play_keys
 from ..wan.conditioning import check_frame_count, check_size
 from ..wan.long_video import Window, window_camera
 from .memory import check_video_fits
@@ -41,6 +42,9 @@ class CameraPath:
     poses: np.ndarray  # [N, 4, 4]
     intrinsics: np.ndarray  # [4]
     source: str  # how messages name the path
+    # The per-chunk (Play) timing (wan/play_camera.py): the keys of each action frame; the
+    # one-pass camera then follows the Play law instead of the pose-file chain.
+    play_keys: list[frozenset[str]] | None = None
 
 
 # --------------------------------------------------------------------------- paths
@@ -66,6 +70,16 @@ def path_from_actions(actions: str, frames: int, height: int, width: int,
     output size unless ``intrinsics`` (one row) is given."""
     k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
     return CameraPath(action_poses(actions, frames), k, f"actions {actions!r}")
+
+
+def path_from_play_actions(actions: str, frames: int, height: int, width: int,
+                           intrinsics: np.ndarray | None = None) -> CameraPath:
+    """An action string under the per-chunk (Play) timing (``wan.play_camera``): what a Play
+    session's action log replays to. Its ``frames`` poses p_0 … p_{F−1} are kept for
+    drawing; the camera is built from the keys."""
+    keys = play_keys(actions, frames)
+    k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
+    return CameraPath(integrate_keys(keys), k, f"actions {actions!r} (per-chunk Play timing)", play_keys=keys)
 
 
 def path_from_export(source: str | Path, height: int, width: int, name: str | None = None,
@@ -108,11 +122,28 @@ def camera_condition(path: CameraPath, frames: int, height: int, width: int, win
         check_size(height, width)
         check_video_fits(frames, height, width)  # the Plücker tensor grows with the video, like its frames
         check_path_covers(path, frames, height, width)
-        plucker = camera_tensor(path.poses, path.intrinsics, frames, height, width, dtype=torch.float32)
+        if path.play_keys is not None:
+            plucker = play_camera_tensor(path, frames, height, width)
+        else:
+            plucker = camera_tensor(path.poses, path.intrinsics, frames, height, width, dtype=torch.float32)
         return CameraCondition(plucker=plucker, frames=frames, height=height, width=width, poses=path.poses[:frames])
+    if path.play_keys is not None:
+        raise CameraError(f"{path.source}: the per-chunk (Play) timing is for one pass of the Fast sampler, not for "
+                          "the windows of a long video; use the act2cam timing there")
     if path_steps is None or frames != window.frames:
         raise ValueError(f"window {window.index} of {window.frames} frames needs the whole path's steps "
                          f"(wan.long_video.path_keyframes) and frames={window.frames}; got frames={frames}")
     plucker = window_camera(path_steps, scale, window, path.intrinsics, height, width)
     return CameraCondition(plucker=plucker, frames=window.frames, height=height, width=width,
                            poses=path.poses[window.start:window.stop])
+
+
+def play_camera_tensor(path: CameraPath, frames: int, height: int, width: int) -> torch.Tensor:
+    """The Plücker tensor [1, 384, F_lat, H/8, W/8] float32 of a Play-timing path's first
+    ``frames`` frames (``wan.play_camera.play_keyframes``): bitwise what a Play session fed
+    its chunks."""
+    keys = path.play_keys[:play_action_frames(frames)] if path.play_keys is not None else None
+    if keys is None or len(keys) != play_action_frames(frames):
+        raise CameraError(f"{path.source}: holds {0 if keys is None else len(keys)} action frames; {frames} frames "
+                          f"take {play_action_frames(frames)} under the per-chunk (Play) timing")
+    return keyframe_camera(play_keyframes(keys, frames), path.intrinsics, height, width, dtype=torch.float32)
