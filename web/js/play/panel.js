@@ -9,7 +9,7 @@
 // elsewhere, or the window losing focus releases every key (the server is sent "").
 //
 // State for tests and styles sits on the root element: data-state, data-role, data-held,
-// data-chunks, data-frames, data-shown.
+// data-chunks, data-frames, data-shown (frames drawn), data-last (the video frame on screen).
 
 import { FramePlayer } from "./frame_player.js";
 import { HeldKeys, LOOK_KEYS, MOVE_KEYS, playKeyOf } from "./keys.js";
@@ -296,6 +296,7 @@ export class PlayPanel {
         root.dataset.chunks = String(this.chunks ?? 0);
         root.dataset.frames = String(this.framesDone ?? 0);
         root.dataset.shown = String(this.player.shown);
+        root.dataset.last = String(this.player.lastFrameIndex);
         root.classList.toggle("lbp-capturing", this.capturing);
 
         let label = this.state;
@@ -337,6 +338,7 @@ export class PlayPanel {
     /** Refresh what depends on the player (frames shown); cheap, called per drawn frame. */
     tick() {
         this.element.dataset.shown = String(this.player.shown);
+        this.element.dataset.last = String(this.player.lastFrameIndex);
         if (this.role === "viewer" && this.player.shown && this.overlay.textContent) this._render();
     }
 }
