@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from bitsandbytes.nn import Linear4bit
@@ -195,15 +195,17 @@ def write_bf16_files(
     config: DiTConfig,
     tensors: Iterable[tuple[str, torch.Tensor]],
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write config.json, the shards and the index from a stream of (key, tensor)."""
+    """Write config.json, the shards and the index from a stream of (key, tensor);
+    ``config_fields``: config.json as given (``layout.write_config``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(folder, max_shard_bytes)
     for key, tensor in tensors:
         writer.add(key, tensor)
     writer.finish()
-    write_config(folder, config)
+    write_config(folder, config, config_fields)
     return folder
 
 

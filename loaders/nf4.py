@@ -114,15 +114,17 @@ def write_nf4_files(
     config: DiTConfig,
     tensors: dict[str, torch.Tensor],
     meta: NF4Meta,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write model.safetensors (atomically), config.json and quantization_meta.json."""
+    """Write model.safetensors (atomically), config.json and quantization_meta.json;
+    ``config_fields``: config.json as given (``layout.write_config``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NF4_WEIGHTS_FILE
     partial = target.with_name(target.name + ".partial")
     save_file(tensors, str(partial), metadata={"format": "pt"})
     os.replace(partial, target)
-    write_config(folder, config)
+    write_config(folder, config, config_fields)
     (folder / NF4_META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n", encoding="utf-8")
     return folder
 

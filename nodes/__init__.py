@@ -19,6 +19,9 @@ follow_host_settings()
 
 from .camera import LingBotWorldCamera  # noqa: E402
 from .dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from .fast_dit_loader import LingBotWorldFastDiTLoader  # noqa: E402
+from .fast_long_video import LingBotWorldFastLongVideo  # noqa: E402
+from .fast_sampler import LingBotWorldFastSampler  # noqa: E402
 from .lora_loader import LingBotWorldLoraLoader  # noqa: E402
 from .long_video import LingBotWorldLongVideo  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
@@ -37,6 +40,9 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldVAEDecode,
     LingBotWorldLoraLoader,
     LingBotWorldLongVideo,
+    LingBotWorldFastDiTLoader,
+    LingBotWorldFastSampler,
+    LingBotWorldFastLongVideo,
 ]
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
@@ -50,6 +56,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",
     "LingBotWorldLoraLoader": "LingBot-World LoRA Loader",
     "LingBotWorldLongVideo": "LingBot-World Long Video",
+    "LingBotWorldFastDiTLoader": "LingBot-World Fast DiT Loader",
+    "LingBotWorldFastSampler": "LingBot-World Fast Sampler",
+    "LingBotWorldFastLongVideo": "LingBot-World Fast Long Video",
 }
 
 

@@ -14,8 +14,21 @@ def build(root: Path, layout: str, seed: int = 0) -> Path:
     return out
 
 
+def build_fast(root: Path, seed: int = 0) -> Path:
+    """The tiny LingBot-World Fast transformer in both layouts, as make_checkpoint writes them:
+    ``lingbot_world_fast/`` (bf16, the official folder) and ``lingbot_world_fast_bnb_nf4/``."""
+    out = root / "tiny_fast"
+    for layout, folder in (("bf16", "lingbot_world_fast"), ("nf4", "lingbot_world_fast_bnb_nf4")):
+        if not (out / folder / "config.json").is_file():
+            code = make_checkpoint.main(["--model", "fast", "--preset", "tiny", "--layout", layout, "--out", str(out),
+                                         "--seed", str(seed), "--parts", "transformer"])
+            assert code == 0, f"make_checkpoint --model fast failed for layout {layout}"
+    return out
+
+
 # Names the shipped workflows use (see workflows/README.md).
 COMFY_PACKAGE_NAME = "lingbot-world-base-cam-nf4"
+FAST_FOLDER = "lingbot_world_fast"  # the official Fast download's folder name (bf16)
 START_IMAGE = "lingbot_world_start.jpg"
 TRAJECTORY_FOLDER = "lingbot_world"
 
@@ -23,8 +36,9 @@ TRAJECTORY_FOLDER = "lingbot_world"
 def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Path:
     """Make a ComfyUI base folder ready for the shipped workflows, with a tiny NF4 package.
 
-    The package is built once under ``cache_root`` and linked into models/lingbot/; the start
-    image and a 41-pose trajectory go into input/.
+    The package is built once under ``cache_root`` and linked into models/lingbot/, with the
+    tiny Fast transformer (bf16) as its lingbot_world_fast/; the start image and a 41-pose
+    trajectory go into input/.
     """
     import numpy as np
     from PIL import Image
@@ -33,9 +47,14 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
 
     package = build(cache_root, "nf4")
     target = models_dir / "lingbot" / COMFY_PACKAGE_NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
-        target.symlink_to(package, target_is_directory=True)
+        # A folder of links to the cached package's files, plus the tiny Fast transformer where
+        # the official README puts it (inside the Base-Cam folder): the cache stays untouched.
+        target.mkdir(parents=True)
+        for entry in package.iterdir():
+            (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+        fast = build_fast(cache_root) / FAST_FOLDER
+        (target / FAST_FOLDER).symlink_to(fast, target_is_directory=True)
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (72, 108, 3), dtype=np.uint8)).save(input_dir / START_IMAGE)
@@ -50,13 +69,16 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
                    window: int | None = None) -> dict:
     """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy).
 
-    ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's."""
+    ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's.
+    The Fast graphs take ``frames`` that fill whole chunks (9, 21, ...); ``steps`` does not
+    apply to them (4 fixed steps)."""
     import copy
 
     graph = copy.deepcopy(graph)
     for node in graph.values():
         inputs = node["inputs"]
-        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo"):
+        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo",
+                                  "LingBotWorldFastLongVideo"):
             inputs.update(width=width, height=height, frames=frames)
         if window is not None and node["class_type"] in ("LingBotWorldCamera", "LingBotWorldLongVideo"):
             inputs["window"] = window

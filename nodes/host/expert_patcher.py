@@ -71,6 +71,11 @@ class ExpertSlot(nn.Module):
     def expert(self) -> nn.Module | None:
         return self._expert
 
+    @property
+    def label(self) -> str:
+        """How log lines name it: "the high-noise expert", or another model's name (Fast)."""
+        return f"the {self.name}-noise expert" if self.name in ("high", "low") else f"the {self.name} transformer"
+
     def put(self, module: nn.Module) -> None:
         object.__setattr__(self, "_expert", module)
 
@@ -146,7 +151,7 @@ class ExpertPatcher(ModelPatcher):
             if _same_device(self.current_loaded_device(), device):
                 return
             self._drop()  # never move an expert between devices: that makes a second copy
-        log.info("LingBot: loading the %s-noise expert from %s to %s", self.model.name, self.model.folder, device)
+        log.info("LingBot: loading %s from %s to %s", self.model.label, self.model.folder, device)
         options = self.model.options
         module = load_expert(self.model.folder, device, options.quantize, blocks_on_gpu=options.blocks_on_gpu)
         module.eval()
@@ -185,7 +190,7 @@ class ExpertPatcher(ModelPatcher):
         self.model.model_loaded_weight_memory = 0
         self.model.device = self.offload_device
         if module is not None:
-            log.info("LingBot: dropped the %s-noise expert", self.model.name)
+            log.info("LingBot: dropped %s", self.model.label)
             release_module(module)
 
 

@@ -19,6 +19,7 @@ import folder_paths
 
 from ...loaders.errors import CheckpointError
 from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
+from ...loaders.model_kind import FAST_FOLDER_PREFIX
 from ...loaders.weight_role import weight_role
 from ...wan.tokenizer import SENTENCEPIECE_MODEL, TOKENIZER_JSON
 
@@ -138,15 +139,22 @@ def list_tokenizer_folders(kinds: Iterable[str] = TOKENIZER_KINDS) -> list[str]:
     return _preferred_first(_scan(kinds, visit), ("tokenizer",))
 
 
-def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS) -> list[str]:
-    """Folders that hold a DiT expert of layout A (NF4) or B (bf16)."""
+def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS, hints: tuple[str, ...] = ()) -> list[str]:
+    """Folders that hold a DiT expert (or the Fast transformer) of layout A (NF4) or B (bf16);
+    those whose name holds one of ``hints`` first."""
     def visit(kind, root, here, dirnames, filenames):
         if EXPERT_CONFIG in filenames and is_expert_folder(here):
             dirnames[:] = []  # an expert folder holds no further experts
             return [_name(kind, root, here)]
         return []
 
-    return _preferred_first(_scan(kinds, visit), ())
+    return _preferred_first(_scan(kinds, visit), hints)
+
+
+def list_fast_folders() -> list[str]:
+    """The Fast DiT Loader's list: every transformer folder, those named as the official Fast
+    release first (a Base expert given to it is refused with what its files say)."""
+    return list_expert_folders(EXPERT_KINDS, (FAST_FOLDER_PREFIX,))
 
 
 # --------------------------------------------------------------------------- T5 or VAE?
@@ -193,6 +201,13 @@ def default_expert_pair(folders: list[str]) -> tuple[str | None, str | None]:
     lows = [f for f in folders if "low_noise" in _leaf(f)]
     high = highs[0] if highs else folders[0]
     return high, lows[0] if lows else high
+
+
+def default_fast_folder(folders: list[str]) -> str | None:
+    """The Fast DiT Loader's default: a folder named as the official Fast release
+    (``lingbot_world_fast*``; the first in the list's order), else the first folder."""
+    fast = [f for f in folders if _leaf(f).startswith(FAST_FOLDER_PREFIX)]
+    return (fast or folders or [None])[0]
 
 
 def _split(name: str, field: str) -> tuple[str, PurePosixPath]:

@@ -27,6 +27,12 @@ def package(packages) -> Path:
     return packages["nf4"]
 
 
+@pytest.fixture(scope="session")
+def fast_package(tmp_path_factory) -> Path:
+    """The tiny Fast transformer: lingbot_world_fast/ (bf16) and lingbot_world_fast_bnb_nf4/."""
+    return tiny_package.build_fast(tmp_path_factory.getbasetemp() / "tiny-packages")
+
+
 @pytest.fixture
 def comfy_dirs(tmp_path, monkeypatch) -> dict[str, Path]:
     """Empty model folders of every kind the pack reads, and input, output and user folders,
@@ -51,6 +57,15 @@ def installed(comfy_dirs, package) -> dict[str, Path]:
     (comfy_dirs["lingbot"] / "pkg").symlink_to(package, target_is_directory=True)
     comfy_dirs["package"] = package
     return comfy_dirs
+
+
+@pytest.fixture
+def fast_installed(installed, fast_package) -> dict[str, Path]:
+    """``installed`` plus the tiny Fast transformer as models/lingbot/fast/lingbot_world_fast
+    (bf16) and models/lingbot/fast/lingbot_world_fast_bnb_nf4."""
+    (installed["lingbot"] / "fast").symlink_to(fast_package, target_is_directory=True)
+    installed["fast"] = fast_package
+    return installed
 
 
 @pytest.fixture

@@ -100,3 +100,24 @@ def test_experts_of_different_shapes_are_refused_naming_the_folders(installed):
                                       "none")
     assert LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4",
                                          "none")[0].config == TINY  # the package's own pair loads
+
+
+def test_a_fast_transformer_given_to_the_base_loader_is_refused_by_its_files(fast_installed, tmp_path, caplog):
+    """The Fast transformer has an expert's shapes: its config.json says what it is."""
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    for fast in ("lingbot/fast/lingbot_world_fast", "lingbot/fast/lingbot_world_fast_bnb_nf4"):
+        with pytest.raises(CheckpointError, match=r"high_noise: holds LingBot-World Fast, not a LingBot-World Base "
+                           r"expert \(config.json: _class_name 'WanModelFast', has local_attn_size and sink_size\); "
+                           r"load this folder with the LingBot-World Fast DiT Loader"):
+            LingBotWorldDiTLoader.execute(fast, low, "none")
+    with pytest.raises(CheckpointError, match="low_noise: holds LingBot-World Fast"):
+        LingBotWorldDiTLoader.execute(high, "lingbot/fast/lingbot_world_fast", "none")
+    # Files that cannot tell (no class name, a neutral folder name): loaded as Base, and said so.
+    neutral = fast_installed["lingbot"] / "neutral"
+    write_synthetic_nf4_expert(neutral, TINY, seed=5)
+    config = neutral / "config.json"
+    config.write_text(config.read_text().replace('"_class_name": "WanModel",', ""))
+    with caplog.at_level("WARNING"):
+        dit = LingBotWorldDiTLoader.execute("lingbot/neutral", low, "none")[0]
+    assert isinstance(dit, DiTExperts)
+    assert "high_noise: the files of" in caplog.text and "loading them as a LingBot-World Base expert" in caplog.text
