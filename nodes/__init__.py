@@ -24,12 +24,15 @@ from .fast_long_video import LingBotWorldFastLongVideo  # noqa: E402
 from .fast_sampler import LingBotWorldFastSampler  # noqa: E402
 from .lora_loader import LingBotWorldLoraLoader  # noqa: E402
 from .long_video import LingBotWorldLongVideo  # noqa: E402
+from .play import LingBotWorldPlay  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
+from .host.play_routes import register_play_routes  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
+register_play_routes()  # /lingbot/play...: the Play panel's keys and controls
 
 NODES: list[type[io.ComfyNode]] = [
     LingBotWorldTextEncode,
@@ -43,6 +46,7 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldFastDiTLoader,
     LingBotWorldFastSampler,
     LingBotWorldFastLongVideo,
+    LingBotWorldPlay,
 ]
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
@@ -59,6 +63,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldFastDiTLoader": "LingBot-World Fast DiT Loader",
     "LingBotWorldFastSampler": "LingBot-World Fast Sampler",
     "LingBotWorldFastLongVideo": "LingBot-World Fast Long Video",
+    "LingBotWorldPlay": "LingBot-World Play",
 }
 
 

@@ -69,8 +69,6 @@ class LingBotWorldPlay(io.ComfyNode):
                 *inputs.vae_file_inputs(),
                 inputs.width_input(),
                 inputs.height_input(),
-                *inputs.fast_sampling_inputs("Seed of the noise: each chunk draws from (seed, chunk), so the action "
-                                             "log replays with the same seed."),
                 io.Int.Input("chunk_budget", default=DEFAULT_CHUNK_BUDGET, min=1, max=MAX_CHUNK_BUDGET,
                              tooltip="Most chunks the session makes (12 frames each, the first 9): 80 = 957 frames, "
                              "one minute at 16 fps."),
@@ -83,6 +81,8 @@ class LingBotWorldPlay(io.ComfyNode):
                              "ends on its own (the page was closed or the network went away); what was made is "
                              "kept and the GPU freed."),
                 *[i for i in inputs.fast_cache_inputs() if i.id != "kv_cache"],  # a session needs a window
+                *inputs.fast_sampling_inputs("Seed of the noise: each chunk draws from (seed, chunk), so the action "
+                                             "log replays with the same seed."),
                 io.Int.Input("fps", default=16, min=1, max=120, tooltip="Frame rate of the .mp4 and the panel (the "
                              "model's is 16)."),
                 io.String.Input("filename_prefix", default=DEFAULT_PREFIX,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def comfy_models(tmp_path_factory: pytest.TempPathFactory):
 def play_graph(**changes) -> dict:
     """The shipped Play workflow at the tiny size, with a fresh prompt (no cache hit)."""
     graph = json.loads((ROOT / "workflows" / "api" / "lingbot_play.json").read_text())
-    graph[PLAY]["inputs"].update(width=WIDTH, height=HEIGHT, chunk_budget=6, idle_timeout=60, **changes)
+    graph[PLAY]["inputs"].update({"width": WIDTH, "height": HEIGHT, "chunk_budget": 6, "idle_timeout": 60, **changes})
     graph["2"]["inputs"]["prompt"] = f"a walk through a pine forest, take {uuid.uuid4().hex[:8]}"
     return graph
 
@@ -190,10 +191,19 @@ def test_refusals_answer_4xx_and_the_session_goes_on_touching_no_file(comfy_serv
         assert reply.status_code == status, (reply.status_code, reply.text)
         if message:
             assert message in reply.json()["error"], reply.text
-    # a flood: bounded by the rate limit, each refusal a 429 with its reason
-    codes = [post(comfy_server, session_id, "keys", {"keys": "" if i % 2 else "a"}).status_code
-             for i in range(150)]
+    # a flood from 16 connections at once: bounded by the rate limit, each refusal a 429 with its reason
+    url = f"{comfy_server.url}{ROUTE}/{session_id}/keys"
+    body = json.dumps({"client_id": client, "keys": ""}).encode()  # no key pressed: no chunk starts
+
+    def flood(_: int) -> list[tuple[int, str]]:
+        with requests.Session() as http:
+            return [(r.status_code, r.text) for r in (http.post(url, data=body, timeout=30) for _ in range(25))]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = [answer for batch in pool.map(flood, range(16)) for answer in batch]
+    codes = [code for code, _ in answers]
     assert codes.count(429) > 0 and set(codes) <= {200, 429}, codes
+    assert all("too many messages" in text for code, text in answers if code == 429)
     time.sleep(0.5)  # tokens come back
     frames = press(comfy_server, session_id, "d")  # the session was unaffected
     assert frames["chunk"] == 0 and frames["keys"] == "d"
