@@ -10,4 +10,8 @@ TEMPLATES = {
     "lingbot_no_camera": "LingBot-World image to video without camera",
     "lingbot_fast": "LingBot-World fast mode camera preset",
     "lingbot_long_walk": "LingBot-World long walk",
+    "lingbot_play": "LingBot-World Play",
 }
+# A live session: it waits for keys, so it is not run like the others (tests/integration/test_play_server.py
+# runs its API graph; the browser test of the Play panel runs the template).
+LIVE_TEMPLATES = ("lingbot_play",)

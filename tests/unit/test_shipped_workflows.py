@@ -21,13 +21,14 @@ LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_workflows"
 # Combos that list the user's files: what the old graphs name is checked in a real server
 # with the tiny package installed under those names (tests/integration/test_workflows.py).
 FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_file", "intrinsics_file",
-               "pose_export", "lora_high_noise", "lora_low_noise"}
+               "pose_export", "lora_high_noise", "lora_low_noise", "fast_model"}
 
 
 WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
 
 # Widget values the frontend stores right after an input's own value.
-EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LingBotWorldPlay", "seed"): 1,
+                 ("LoadImage", "image"): 1}
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -95,6 +96,22 @@ def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
     assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
 
 
+def test_play_api_workflow_matches_node_schemas(comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_play.json").read_text(encoding="utf-8"))
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        assert set(schema["required"]) <= set(node["inputs"]) <= set(schema["required"]) | set(schema.get("optional", {}))
+    play = next(n for n in graph.values() if n["class_type"] == "LingBotWorldPlay")["inputs"]
+    assert (play["width"], play["height"], play["mode"], play["chunk_budget"], play["fps"]) == (832, 480, "turn", 80, 16)
+    loader = next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldFastDiTLoader")
+    assert play["fast_dit"] == [loader, 0] and graph[loader]["inputs"]["bf16_quantize"] == "nf4"
+    assert {n["class_type"] for n in graph.values()} == {"LoadImage", "LingBotWorldTextEncode",
+                                                         "LingBotWorldFastDiTLoader", "LingBotWorldPlay"}
+
+
 def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
     """Widget values follow INPUT_TYPES order, links follow the API graph."""
     links = {link[0]: link for link in ui["links"]}
@@ -124,7 +141,7 @@ def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
                 values.pop(0)
         assert values == []
     seed_widgets = next(n for n in nodes.values()
-                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"))["widgets_values"]
+                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo", "LingBotWorldPlay"))["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
 
 
