@@ -16,7 +16,7 @@ from comfy_api.latest import io
 from ..loaders.pose_import import CAMERA_AXES
 from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline.camera import (CameraCondition, CameraPath, camera_condition, path_from_act_files, path_from_actions,
-                               path_from_export, path_from_files, path_from_preset)
+                               path_from_export, path_from_files, path_from_play_actions, path_from_preset)
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.long_video import WindowedCamera
 from ..wan.camera_presets import CAMERA_PRESETS
@@ -26,6 +26,9 @@ from . import inputs
 from .host.model_files import (NO_FILE, file_stamp, list_input_files, list_pose_exports, resolve_input_file,
                                resolve_pose_export)
 
+# When the keyframes of an action string are taken (wan/camera_actions.py, wan/play_camera.py).
+KEYFRAMES_OFFICIAL, KEYFRAMES_PLAY = "act2cam (official)", "per chunk (Play)"
+KEYFRAME_TIMINGS = (KEYFRAMES_OFFICIAL, KEYFRAMES_PLAY)
 DEFAULT_PRESET = "dolly_in"
 PREVIEW_SIZE = (512, 512)
 ACTIONS_TOOLTIP = (
@@ -117,6 +120,11 @@ class LingBotWorldCamera(io.ComfyNode):
                                "down -z (USD camera prims, OpenGL, Blender); turned into OpenCV axes by "
                                "diag(1, -1, -1). x_forward_z_up: looking down +x, z up (Isaac Sim's world camera "
                                "axes, a robot's body frame)."),
+                io.Combo.Input("keyframes", options=list(KEYFRAME_TIMINGS), default=KEYFRAMES_OFFICIAL, optional=True,
+                               tooltip="For actions: act2cam (official) spreads the keyframes over the whole video "
+                               "and scales by its largest step; per chunk (Play) is the causal law of LingBot-World "
+                               "Play, so a Play session's action log replays through the Fast sampler with the same "
+                               "seed to the same video (the camera then ignores window/overlap)."),
             ],
             outputs=[
                 inputs.Camera.Output("camera", display_name="camera", tooltip=ONE_PASS_TOOLTIP),
@@ -163,9 +171,14 @@ class LingBotWorldCamera(io.ComfyNode):
     def execute(cls, source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str,
                 width: int, height: int, frames: int, actions: str = DEFAULT_ACTIONS, pose_export: str = NO_FILE,
                 normalize_scale: bool = True, window: int = 81, overlap: int = 1,
-                camera_axes: str = "opencv") -> io.NodeOutput:
+                camera_axes: str = "opencv", keyframes: str = KEYFRAMES_OFFICIAL) -> io.NodeOutput:
+        if keyframes not in KEYFRAME_TIMINGS:
+            raise ValueError(f"keyframes: {keyframes!r} is not one of {', '.join(KEYFRAME_TIMINGS)}")
         path = camera_path(source, preset, speed, poses_file, intrinsics_file, width, height, frames, actions,
-                           pose_export, normalize_scale, camera_axes)
+                           pose_export, normalize_scale, camera_axes, play_timing=keyframes == KEYFRAMES_PLAY)
+        if path.play_keys is not None:  # the Fast sampler's one pass: no windows
+            return io.NodeOutput(camera_condition(path, frames, height, width), preview_image(path.poses[:frames]),
+                                 path)
         plan = plan_windows(frames, window, overlap)  # checks frames, window and overlap
         camera: CameraCondition | None = None
         if len(plan) == 1:
@@ -204,6 +217,7 @@ class CameraInputs:
     pose_export: str = NO_FILE
     normalize_scale: bool = True
     camera_axes: str = "opencv"
+    play_timing: bool = False  # an action string under the per-chunk (Play) keyframes
 
 
 def _from_preset(i: CameraInputs) -> CameraPath:
@@ -216,9 +230,10 @@ def _from_files(i: CameraInputs) -> CameraPath:
 
 
 def _from_actions(i: CameraInputs) -> CameraPath:
-    intrinsics = _intrinsics_row(i.intrinsics_file)
+    intrinsics = _intrinsics_row(i.intrinsics_file)  # its errors name intrinsics_file, not actions
+    build = path_from_play_actions if i.play_timing else path_from_actions
     try:
-        return path_from_actions(i.actions, i.frames, i.height, i.width, intrinsics)
+        return build(i.actions, i.frames, i.height, i.width, intrinsics)
     except ValueError as error:
         raise ValueError(f"actions: {error}") from error
 
@@ -263,10 +278,11 @@ SOURCES = tuple(PATH_SOURCES)
 
 def camera_path(source: str, preset: str, speed: float, poses_file: str, intrinsics_file: str, width: int,
                 height: int, frames: int, actions: str, pose_export: str, normalize_scale: bool,
-                camera_axes: str = "opencv") -> CameraPath:
-    """The whole camera path the node's inputs describe."""
+                camera_axes: str = "opencv", play_timing: bool = False) -> CameraPath:
+    """The whole camera path the node's inputs describe (``play_timing``: an action string
+    under the per-chunk Play keyframes)."""
     build = PATH_SOURCES.get(source)
     if build is None:
         raise ValueError(f"source: {source!r} is not one of {', '.join(SOURCES)}")
     return build(CameraInputs(source, preset, speed, poses_file, intrinsics_file, width, height, frames, actions,
-                              pose_export, normalize_scale, camera_axes))
+                              pose_export, normalize_scale, camera_axes, play_timing))

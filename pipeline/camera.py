@@ -1,5 +1,5 @@
-"""Camera stage: a camera path (preset, .npy files, action string, Act files or pose export)
--> the control tensor the sampler reads.
+"""Camera stage: a camera path (preset, .npy files, action string, Act files, pose export, or
+a Play session's action log) -> the control tensor the sampler reads.
 
 Every source first becomes a ``CameraPath`` (the whole path, each file read once);
 ``camera_condition`` is the one place a ``CameraCondition`` is made from it: the ordinary
@@ -26,9 +26,10 @@ from ..loaders.pose_import import import_poses
 from ..loaders.trajectory import read_action, read_trajectory
 from ..wan.act_control import (act_control, act_control_from_actions, act_control_from_trajectory, check_wasd,
                                wasd_from_actions)
-from ..wan.camera import CameraError, camera_tensor, usable_frames, validate_trajectory
+from ..wan.camera import CameraError, camera_tensor, keyframe_camera, usable_frames, validate_trajectory
 from ..wan.camera_actions import act2cam_camera, act2cam_keys, act2cam_poses, default_intrinsics
 from ..wan.camera_presets import preset_trajectory
+from ..wan.play_camera import integrate_keys, play_action_frames, play_keyframes, play_keys
 from ..wan.conditioning import check_frame_count, check_size
 from ..wan.config import CONTROL_CHANNELS, CONTROL_NAMES
 from ..wan.long_video import Window, window_camera, window_keyframes
@@ -49,6 +50,9 @@ class CameraPath:
     actions: str | None = None
     # W/A/S/D key states per video frame [N, 4] (action.npy): Act controls.
     wasd: np.ndarray | None = None
+    # The per-chunk (Play) timing (wan/play_camera.py): the keys of each action frame; the
+    # one-pass camera then follows the Play law instead of the pose-file chain (Base-Cam rays).
+    play_keys: list[frozenset[str]] | None = None
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -110,6 +114,16 @@ def path_from_actions(actions: str, frames: int, height: int, width: int,
     k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
     shown = actions if len(actions) <= 60 else actions[:59] + "…"
     return CameraPath(act2cam_poses(actions, frames), k, f"actions {shown!r}", actions=actions)
+
+
+def path_from_play_actions(actions: str, frames: int, height: int, width: int,
+                           intrinsics: np.ndarray | None = None) -> CameraPath:
+    """An action string under the per-chunk (Play) timing (``wan.play_camera``): what a Play
+    session's action log replays to. Its ``frames`` poses p_0 … p_{F−1} are kept for
+    drawing; the camera is built from the keys."""
+    keys = play_keys(actions, frames)
+    k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
+    return CameraPath(integrate_keys(keys), k, f"actions {actions!r} (per-chunk Play timing)", play_keys=keys)
 
 
 def path_from_export(source: str | Path, height: int, width: int, name: str | None = None,
@@ -206,6 +220,8 @@ def _one_pass(path: CameraPath, frames: int, height: int, width: int, control_ty
                                            wasd_source=path.source)[0]
     if path.actions is not None:
         return act2cam_camera(path.actions, frames, height, width, k)
+    if path.play_keys is not None:
+        return play_camera_tensor(path, frames, height, width)
     return camera_tensor(path.poses, k, frames, height, width, dtype=torch.float32)
 
 
@@ -234,6 +250,9 @@ def camera_condition(path: CameraPath, frames: int, height: int, width: int, win
         tensor = _one_pass(path, frames, height, width, control_type)
         return CameraCondition(plucker=tensor, frames=frames, height=height, width=width, poses=path.poses[:frames],
                                control_type=control_type, path=path)
+    if path.play_keys is not None:
+        raise CameraError(f"{path.source}: the per-chunk (Play) timing is for one pass of the Fast sampler, not for "
+                          "the windows of a long video; use the act2cam timing there")
     if path_steps is None or frames != window.frames:
         raise ValueError(f"window {window.index} of {window.frames} frames needs the whole path's steps "
                          f"(wan.long_video.path_keyframes) and frames={window.frames}; got frames={frames}")
@@ -246,3 +265,14 @@ def camera_condition(path: CameraPath, frames: int, height: int, width: int, win
         tensor = window_camera(path_steps, scale, window, path.intrinsics, height, width)
     return CameraCondition(plucker=tensor, frames=window.frames, height=height, width=width,
                            poses=path.poses[window.start:window.stop], control_type=control_type, path=path)
+
+
+def play_camera_tensor(path: CameraPath, frames: int, height: int, width: int) -> torch.Tensor:
+    """The Plücker tensor [1, 384, F_lat, H/8, W/8] float32 of a Play-timing path's first
+    ``frames`` frames (``wan.play_camera.play_keyframes``): bitwise what a Play session fed
+    its chunks."""
+    keys = path.play_keys[:play_action_frames(frames)] if path.play_keys is not None else None
+    if keys is None or len(keys) != play_action_frames(frames):
+        raise CameraError(f"{path.source}: holds {0 if keys is None else len(keys)} action frames; {frames} frames "
+                          f"take {play_action_frames(frames)} under the per-chunk (Play) timing")
+    return keyframe_camera(play_keyframes(keys, frames), path.intrinsics, height, width, dtype=torch.float32)

@@ -22,10 +22,12 @@ from shipped_workflows import FAST_WORKFLOWS
 
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
 # The one-pass graphs (sampler, decode, Save Video); the long walk and the LingBot-World
-# Fast graphs (frames in whole chunks) have their own test files.
-ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem != "lingbot_long_walk" and p.stem not in FAST_WORKFLOWS]
+# Fast graphs (frames in whole chunks) have their own test files, and the Play session (live:
+# it waits for keys) test_play_server.py.
+ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS
+                      if p.stem not in ("lingbot_long_walk", "lingbot_play") and p.stem not in FAST_WORKFLOWS]
 LEGACY_API_WORKFLOWS = sorted(p for p in (ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json")
-                              if p.stem not in FAST_WORKFLOWS)
+                              if p.stem not in FAST_WORKFLOWS and p.stem != "lingbot_play")
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
@@ -33,7 +35,7 @@ PACK_NODES = {
     "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"], ["LINGBOT_DIT"]),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
                             "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap",
-                                        "camera_axes"],
+                                        "camera_axes", "keyframes"],
                            ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"],
                               ["LINGBOT_I2V"]),
@@ -53,6 +55,9 @@ PACK_NODES = {
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
                                    "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
                                   ["text", "positive", "camera_path", "vae_model", "precision"], ["VIDEO"]),
+    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
+                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
+                         ["text", "positive", "vae_model", "precision"], ["VIDEO", "STRING", "LATENT"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
@@ -156,7 +161,8 @@ def test_shipped_workflow_saves_a_video(comfy_server: ComfyServer, workflow: Pat
     assert len(previews) == (1 if has_camera else 0), previews  # the camera path drawing
 
 
-@pytest.mark.parametrize("workflow", LEGACY_API_WORKFLOWS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("workflow", [p for p in LEGACY_API_WORKFLOWS if p.stem != "lingbot_play"],  # Play: live
+                         ids=lambda p: p.stem)
 def test_an_api_prompt_saved_before_still_runs(comfy_server: ComfyServer, workflow: Path) -> None:
     """Queued as saved (only shrunk like every graph here): it validates, runs, saves a video."""
     assert len(LEGACY_API_WORKFLOWS) == len([p for p in API_WORKFLOWS if p.stem not in FAST_WORKFLOWS])

@@ -259,3 +259,22 @@ def test_import_source_lists_and_reads_a_csv_camera_log(installed):
     np.testing.assert_allclose(path.poses, poses, atol=1e-9)
     torch.testing.assert_close(camera.plucker, camera_tensor(poses, default_intrinsics(H, W), 21, H, W,
                                                              dtype=torch.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_per_chunk_play_keyframes_give_the_play_camera_without_windows(installed):
+    from comfyui_lingbot_world.nodes.camera import KEYFRAMES_PLAY
+    from comfyui_lingbot_world.pipeline.play.camera import PlayCamera
+
+    session = PlayCamera(H, W)
+    live = torch.cat([session.next_chunk(keys) for keys in ("w", "", "jw", "l")], dim=2)
+    frames = session.frames  # 45: more than the window below, which the Play timing ignores
+    camera, preview, path = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, W, H, frames,
+                                                       actions=session.actions(), window=9,
+                                                       keyframes=KEYFRAMES_PLAY).args
+    assert torch.equal(camera.plucker, live) and camera.frames == frames and path.play_keys is not None
+    assert preview.shape[0] == 1
+    with pytest.raises(ValueError, match=r"actions: action string holds 45 action frames, but a 45-frame"):
+        LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, W, H, frames,
+                                   actions=session.actions() + ",w-1", keyframes=KEYFRAMES_PLAY)
+    with pytest.raises(ValueError, match="keyframes: 'play' is not one of"):
+        LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, W, H, frames, keyframes="play")

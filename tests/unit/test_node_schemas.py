@@ -33,7 +33,7 @@ EXPECTED_INPUTS = {
     # New inputs appended after the original eight, optional: older workflows keep their
     # widget values and older API prompts (without them) still validate.
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
-                           ["actions", "pose_export", "normalize_scale", "window", "overlap", "camera_axes"]),
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap", "camera_axes", "keyframes"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
@@ -50,6 +50,9 @@ EXPECTED_INPUTS = {
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
                                    "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
                                   ["text", "positive", "camera_path", "vae_model", "precision"]),
+    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
+                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
+                         ["text", "positive", "vae_model", "precision"]),
 }
 
 EXPECTED_OUTPUTS = {
@@ -64,6 +67,7 @@ EXPECTED_OUTPUTS = {
     "LingBotWorldFastDiTLoader": ("LINGBOT_FAST_DIT", "STRING"),
     "LingBotWorldFastSampler": ("LATENT",),
     "LingBotWorldFastLongVideo": ("VIDEO",),
+    "LingBotWorldPlay": ("VIDEO", "STRING", "LATENT"),
 }
 
 

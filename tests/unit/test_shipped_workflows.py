@@ -29,9 +29,11 @@ WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "l
 
 # Widget values the frontend stores right after an input's own value.
 EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1,
-                 ("LingBotWorldFastSampler", "seed"): 1, ("LingBotWorldFastLongVideo", "seed"): 1}
+                 ("LingBotWorldFastSampler", "seed"): 1, ("LingBotWorldFastLongVideo", "seed"): 1,
+                 ("LingBotWorldPlay", "seed"): 1}
 # The nodes whose seed widget the graphs fix at 42.
-SEEDED = ("LingBotWorldSampler", "LingBotWorldLongVideo", "LingBotWorldFastSampler", "LingBotWorldFastLongVideo")
+SEEDED = ("LingBotWorldSampler", "LingBotWorldLongVideo", "LingBotWorldFastSampler", "LingBotWorldFastLongVideo",
+          "LingBotWorldPlay")
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -157,6 +159,17 @@ def test_fast_walk_api_workflow_matches_node_schemas(comfy_dirs):
     assert stream["camera_path"] == [camera_id, 2]
     assert not {"LingBotWorldSampler", "LingBotWorldFastSampler", "LingBotWorldVAEEncode"} & \
         {n["class_type"] for n in graph.values()}
+
+
+def test_play_api_workflow_matches_node_schemas(comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_play.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    play = next(n for n in graph.values() if n["class_type"] == "LingBotWorldPlay")["inputs"]
+    assert (play["width"], play["height"], play["mode"], play["chunk_budget"], play["fps"]) == (832, 480, "turn", 80, 16)
+    loader = next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldFastDiTLoader")
+    assert play["fast_dit"] == [loader, 0] and graph[loader]["inputs"]["bf16_quantize"] == "nf4"
+    assert {n["class_type"] for n in graph.values()} == {"LoadImage", "LingBotWorldTextEncode",
+                                                         "LingBotWorldFastDiTLoader", "LingBotWorldPlay"}
 
 
 def _match_schemas(graph: dict) -> None:
