@@ -27,13 +27,14 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from ..wan.camera import CameraError
+from .numpy_files import MAX_POSES
 
 __all__ = ["MAX_CSV_BYTES", "MAX_CSV_POSES", "POSITION_COLUMNS", "QUATERNION_COLUMNS", "read_pose_csv"]
 
 POSITION_COLUMNS = ("x", "y", "z")
 QUATERNION_COLUMNS = ("qx", "qy", "qz", "qw")  # scipy's order (scalar last)
 ORDER_COLUMNS = ("frame", "time", "timestamp", "t")
-MAX_CSV_POSES = 10_000  # the pose cap of the other pose readers
+MAX_CSV_POSES = MAX_POSES  # the pose cap of the other pose readers
 MAX_CSV_BYTES = 16 * 1024 * 1024  # ~1.6 kB a row at the cap: far more than a pose needs
 UNIT_TOLERANCE = 1e-2  # a quaternion further from unit length is a wrong column, not rounding
 
