@@ -73,8 +73,9 @@ def sync(device: torch.device) -> None:
 
 def cap_vram(cap_gb: float | None, device: torch.device) -> None:
     if cap_gb and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), device)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has none
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), index)
 
 
 def policy_of(args: argparse.Namespace) -> CachePolicy:
