@@ -51,7 +51,7 @@ from comfyui_lingbot_world.pipeline.camera import (camera_condition, path_from_a
                                                    path_from_preset)
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
-from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, StreamedI2V,  # noqa: E402
+from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, StreamedI2V, path_camera,  # noqa: E402
                                                  fast_latent_frames, sample_fast)
 from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae, vae_dtype  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
@@ -98,8 +98,7 @@ def stream_camera(args: argparse.Namespace, frames: int, height: int, width: int
     if args.camera_dir:
         poses, intrinsics = read_trajectory(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
         return KeyframeCamera(poses, intrinsics, frames, height, width, source=args.camera_dir)
-    path = path_from_actions(cut_actions(ACTIONS, frames), frames, height, width)
-    return KeyframeCamera(path.poses, path.intrinsics, frames, height, width, source=path.source)
+    return path_camera(path_from_actions(cut_actions(ACTIONS, frames), frames, height, width), frames, height, width)
 
 
 def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: CachePolicy,

@@ -4,12 +4,13 @@ The Fast twin of LingBot-World Long Video. The work is ``pipeline.fast.stream_fa
 one Fast session for the whole video (no windows, no seams), each chunk of 12 frames
 decoded by the VAE's stream decoder and appended to an .mp4 in ComfyUI's output folder as
 soon as it is made. The camera is made chunk by chunk from the whole path
-(``KeyframeCamera``) and the image condition encoded as far as the chunks need
+(``path_camera``: the Camera node's one-pass camera, chunk by chunk) and the image condition encoded as far as the chunks need
 (``StreamedI2V``): no whole-video tensor is ever built. Returns the saved VIDEO and shows it
 like core Save Video; a Cancel keeps every chunk written.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from comfy_api.latest import InputImpl, io, ui
@@ -17,7 +18,7 @@ from comfy_api.latest import InputImpl, io, ui
 import comfy.model_management as mm
 
 from ..pipeline.camera import CameraPath
-from ..pipeline.fast import FastParams, KeyframeCamera, stream_fast_video, stream_frames
+from ..pipeline.fast import FastParams, path_camera, stream_fast_video, stream_frames
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
@@ -26,7 +27,7 @@ from ..wan.scheduler import fast_schedule
 from . import inputs
 from .fast_sampler import FAST_LOADER, check_shift
 from .host.devices import VAE_WORKSPACE, check_interrupt
-from .host.fast_model import FastDiT, loaded_fast_model, run_memory
+from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
 from .host.progress import ChunkProgress
 from .inputs import check_input, vae_source
 from .long_video import output_file
@@ -108,9 +109,8 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
             check_input(camera_path, CameraPath, "camera_path",
                         "LingBot-World Camera Plücker Conditioning (its camera_path output)")
             try:
-                camera = KeyframeCamera(camera_path.poses, camera_path.intrinsics, made, height, width,
-                                        source=camera_path.source)
-            except CameraError as exc:
+                camera = path_camera(camera_path, made, height, width)
+            except ValueError as exc:  # CameraError, or an action string longer than the video
                 raise CameraError(f"camera_path: {exc}") from None
         source_vae, vae_size = vae_source(vae, vae_model)
         vae_bytes = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
@@ -119,6 +119,10 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps)
         device = mm.get_torch_device()
         # Room for the cache and a chunk beside the transformer, and for the VAE and its streams.
+        if kv_dtype == inputs.KV_AUTO:
+            policy = fit_kv_dtype(fast_dit, policy, height // 8, width // 8, latent_frames,
+                                  extra=vae_bytes + VAE_WORKSPACE)
+            params = dataclasses.replace(params, policy=policy)
         memory = run_memory(fast_dit, policy, height // 8, width // 8, latent_frames, extra=vae_bytes + VAE_WORKSPACE)
 
         path, name, subfolder = output_file(filename_prefix, width, height)

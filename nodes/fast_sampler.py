@@ -8,6 +8,7 @@ Wan 2.1 convention, so core VAE Decode and the pack's decoder both read it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from comfy_api.latest import io
@@ -20,7 +21,7 @@ from ..pipeline.sampling import check_camera_matches
 from ..wan.scheduler import fast_schedule
 from . import inputs
 from .host.devices import check_interrupt
-from .host.fast_model import FastDiT, loaded_fast_model, run_memory
+from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
 from .host.progress import ChunkProgress
 from .inputs import check_input
 
@@ -91,6 +92,9 @@ class LingBotWorldFastSampler(io.ComfyNode):
         progress = ChunkProgress(chunks, steps=steps)
         # Each chunk's noise from (seed, chunk): a clip is the start of the stream with the same seed.
         noise = ChunkNoise(seed, renoises=steps - 1)
+        if kv_dtype == inputs.KV_AUTO:
+            policy = fit_kv_dtype(fast_dit, policy, lat_h, lat_w, latent_frames)
+            params = dataclasses.replace(params, policy=policy)
         with loaded_fast_model(fast_dit, run_memory(fast_dit, policy, lat_h, lat_w, latent_frames)) as model:
             latent = sample_fast(model, prompt, i2v, camera, params, i2v.frames, noise=noise,
                                  on_step=progress.on_step, on_preview=progress.on_preview,

@@ -11,6 +11,7 @@ session's latent. A Cancel ends it as any prompt; the .mp4 keeps every finished 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import check_size, image_to_tensor
 from . import inputs
 from .host.devices import check_interrupt
-from .host.fast_model import FastDiT, loaded_fast_model, run_memory
+from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
 from .host.play_routes import client_connected, controller_id, emitter
 from .inputs import check_input, check_precision, vae_source
 from .long_video import output_file
@@ -130,8 +131,11 @@ class LingBotWorldPlay(io.ComfyNode):
         pixels = image_to_tensor(as_pil(image[0]), height, width)
         source, vae_size = vae_source(vae, vae_model)
         vae_weights = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
-        memory = run_memory(fast_dit, policy, height // 8, width // 8, None,
-                            extra=vae_weights + vae_stream_bytes(height, width, precision))
+        stream_bytes = vae_weights + vae_stream_bytes(height, width, precision)
+        if kv_dtype == inputs.KV_AUTO:
+            policy = fit_kv_dtype(fast_dit, policy, height // 8, width // 8, None, extra=stream_bytes)
+            settings = dataclasses.replace(settings, policy=policy)
+        memory = run_memory(fast_dit, policy, height // 8, width // 8, None, extra=stream_bytes)
         path, name, subfolder = output_file(filename_prefix, width, height)
         video_ref = {"filename": name, "subfolder": subfolder, "type": "output"}
         controller = controller_id()

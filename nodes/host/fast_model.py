@@ -6,10 +6,17 @@ ComfyUI unloads it, never keeping a copy in RAM. ``loaded_fast_model`` has Comfy
 with room left for the run (the KV cache and a chunk's activations, plus what the caller
 adds, e.g. the VAE of a stream) and unloads it on every way out of the run: finished,
 cancelled or failed.
+
+``fit_kv_dtype`` is the Fast nodes' kv_dtype "auto": the bf16 cache where it fits the
+device beside the transformer, int8 where it does not (measured on the H100 under a 24 GiB
+cap, bench/RESULTS.md: bf16 with window 9 fits a clip from a pre-encoded image, 20.8 GiB,
+but not a stream that also holds the VAE and its states; int8 does, 22.2 GiB).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -25,6 +32,11 @@ from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
 KV_DTYPE_BYTES = 2  # the cache's compute dtype (bf16) per value; int8 entries are counted by the policy
+# kv_dtype "auto" keeps bf16 while the transformer, the run's memory and ComfyUI's own reserve
+# take at most this share of the device (the rest: fragmentation and other libraries).
+AUTO_FIT_SHARE = 0.95
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +76,22 @@ def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_wi
     return cache + fast.patcher.inference_memory(policy.chunk * frame_tokens, config.dim) + int(extra)
 
 
+def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
+                 latent_frames: int | None, extra: int = 0) -> CachePolicy:
+    """``policy`` (a bf16 cache) where the transformer and ``run_memory`` fit the load
+    device, else the same window in int8; says which, and why, in the log."""
+    device = fast.patcher.load_device
+    total = mm.get_total_memory(device)
+    need = (fast.patcher.model_size() + run_memory(fast, policy, latent_height, latent_width, latent_frames, extra)
+            + mm.minimum_inference_memory())
+    if need <= AUTO_FIT_SHARE * total:
+        log.info("LingBot Fast: kv_dtype auto -> bf16 (%.1f of %.1f GiB on %s)", need / 2**30, total / 2**30, device)
+        return policy
+    log.info("LingBot Fast: kv_dtype auto -> int8: the bf16 cache would need %.1f GiB with the transformer, "
+             "more than %.0f%% of %.1f GiB on %s", need / 2**30, AUTO_FIT_SHARE * 100, total / 2**30, device)
+    return dataclasses.replace(policy, dtype="int8")
+
+
 @contextlib.contextmanager
 def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
     """The transformer, loaded by ComfyUI with ``memory`` bytes left free (other models are
@@ -79,4 +107,4 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
         unload_patcher(fast.patcher)
 
 
-__all__ = ["FastDiT", "loaded_fast_model", "run_memory"]
+__all__ = ["FastDiT", "fit_kv_dtype", "loaded_fast_model", "run_memory"]

@@ -13,11 +13,11 @@
 The cache itself (``CachePolicy``, ``KVCache``) is execution machinery in
 ``wan/runtime/kv_cache.py``; streaming decode is ``WanVAE.stream_decoder``.
 """
-from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V
+from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V, path_camera
 from .generator import DEFAULT_POLICY, FastGenerator, FastParams, fast_latent_frames, sample_fast
 from .noise import ChunkNoise, OfficialOrderNoise
 from .stream import StreamResult, stream_fast_video, stream_frames
 
-__all__ = ["ChunkNoise", "DEFAULT_POLICY", "FastGenerator", "FastParams", "KeyframeCamera", "OfficialOrderNoise",
+__all__ = ["ChunkNoise", "DEFAULT_POLICY", "FastGenerator", "FastParams", "KeyframeCamera", "OfficialOrderNoise", "path_camera",
            "SlicedCamera", "StreamResult", "StreamedI2V", "WholeI2V", "fast_latent_frames", "sample_fast",
            "stream_fast_video", "stream_frames"]

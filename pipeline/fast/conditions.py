@@ -29,7 +29,9 @@ from ...wan.camera import (CameraError, fold_rays, interpolate_poses, latent_fra
                            plucker_rays, relative_poses, scale_intrinsics)
 from ...wan.conditioning import VAE_STRIDE_S, check_size
 from ...wan.vae import TEMPORAL_FACTOR, WanVAE
-from ..camera import CameraCondition
+from ...wan.camera_actions import act2cam_keyframes, act2cam_keys
+from ...wan.play_camera import play_action_frames, play_keyframes
+from ..camera import CameraCondition, CameraPath
 from ..image import I2VCondition
 
 MASK_CHANNELS = 4
@@ -221,6 +223,19 @@ class KeyframeCamera:
         self.keyframes = relative_poses(interpolate_poses(c2ws, latent_frames(frames))).to(torch.float32)
         self.intrinsics = scale_intrinsics(k, height, width).to(torch.float32)
 
+    @classmethod
+    def of_keyframes(cls, keyframes: torch.Tensor, intrinsics: np.ndarray, frames: int, height: int,
+                     width: int) -> "KeyframeCamera":
+        """A camera whose relative keyframes [F_lat, 4, 4] are already made (an action
+        string's act2cam keyframes, a Play log's per-chunk ones); ``intrinsics`` one row in
+        480×832 pixels."""
+        check_size(height, width)
+        camera = cls.__new__(cls)
+        camera.frames, camera.height, camera.width = frames, height, width
+        camera.keyframes = torch.as_tensor(keyframes).to(torch.float32)
+        camera.intrinsics = scale_intrinsics(intrinsics, height, width).to(torch.float32)
+        return camera
+
     def chunk(self, start: int, count: int) -> torch.Tensor:
         if start + count > self.keyframes.shape[0]:
             raise ValueError(f"the camera covers {self.keyframes.shape[0]} latent frames; frames {start}.."
@@ -231,6 +246,27 @@ class KeyframeCamera:
             rays = plucker_rays(self.keyframes[start + i:start + i + 1], self.intrinsics, h, w)
             out[0, :, i:i + 1] = fold_rays(rays)
         return out
+
+
+def path_camera(path: CameraPath, frames: int, height: int, width: int) -> KeyframeCamera:
+    """The chunk source of a whole camera path with the camera a one-pass Camera node gives
+    for it: an action string's act2cam keyframes, a Play log's per-chunk keyframes, else the
+    pose chain. Act controls (action.npy keys) are refused: Fast reads Base-Cam rays."""
+    if path.wasd is not None:
+        raise CameraError(f"{path.source}: gives Act controls (W/A/S/D keys from action.npy), but LingBot-World "
+                          "Fast reads Base-Cam Plücker rays; use the same poses.npy and intrinsics.npy without the "
+                          "keys (the Camera node's source files)")
+    if path.actions is not None:
+        act2cam_keys(path.actions, frames)  # a string longer than the video is refused, naming both lengths
+        return KeyframeCamera.of_keyframes(act2cam_keyframes(path.actions, frames), path.intrinsics, frames, height,
+                                           width)
+    if path.play_keys is not None:
+        keys = path.play_keys[:play_action_frames(frames)]
+        if len(keys) != play_action_frames(frames):
+            raise CameraError(f"{path.source}: holds {len(keys)} action frames; {frames} frames take "
+                              f"{play_action_frames(frames)} under the per-chunk (Play) timing")
+        return KeyframeCamera.of_keyframes(play_keyframes(keys, frames), path.intrinsics, frames, height, width)
+    return KeyframeCamera(path.poses, path.intrinsics, frames, height, width, source=path.source)
 
 
 def as_camera_source(camera: CameraSource | CameraCondition | None) -> CameraSource | None:
@@ -250,5 +286,5 @@ def as_i2v_source(condition: I2VSource | I2VCondition) -> I2VSource:
     raise TypeError(f"condition: expected an I2VCondition or a chunk source, got {type(condition).__name__}")
 
 
-__all__: Sequence[str] = ["CameraSource", "I2VSource", "KeyframeCamera", "SlicedCamera", "StreamedI2V", "WholeI2V",
+__all__: Sequence[str] = ["CameraSource", "I2VSource", "KeyframeCamera", "SlicedCamera", "path_camera", "StreamedI2V", "WholeI2V",
                           "as_camera_source", "as_i2v_source", "chunk_mask"]

@@ -310,10 +310,17 @@ def test_corrupt_expert_met_while_sampling_leaves_nothing_loaded(comfy_dirs, pac
     broken = comfy_dirs["lingbot"] / "broken"
     shutil.copytree(package / "high_noise_model_bnb_nf4", broken)
     weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
     text, i2v = inputs
-    # The loader node only reads config.json and file names; the weights fail at sampling.
+    # The loader node reads config.json and the headers (Base-Cam or Act): a truncated file
+    # is refused there, naming it as the list does.
+    with pytest.raises(CheckpointError, match=r"^lingbot/broken/model.safetensors: .*truncated"):
+        dit_loader("lingbot/broken", LOW)
+    # A file cut after the loader ran (a copy still being written) fails at sampling.
+    weights.write_bytes(whole)
     dit = dit_loader("lingbot/broken", LOW)
+    weights.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(CheckpointError) as info:
         _sample(dit, text, i2v)
     message = str(info.value)

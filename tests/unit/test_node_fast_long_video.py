@@ -33,7 +33,7 @@ def _image() -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(0).random((1, 40, 60, 3), dtype=np.float32))
 
 
-def _path(frames: int, actions: str = "w-10,l-6,w-10"):
+def _path(frames: int, actions: str = "w-8,l-6,w-6"):
     return LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, frames, actions, NONE, True,
                                       81, 1)[2]
 
@@ -81,7 +81,7 @@ def test_the_stream_writes_the_clip_samplers_video_chunk_by_chunk(fast_installed
 
     # The same video as the clip workflow: VAE Encode -> Fast Sampler (whole camera) -> decode.
     i2v = LingBotWorldVAEEncode.execute(_image(), VAE_FILE, W, H, 21, "auto")[0]
-    camera = LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, 21, "w-10,l-6,w-10", NONE, True,
+    camera = LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, 21, "w-8,l-6,w-6", NONE, True,
                                         81, 1)[0]
     samples = run_fast_sampler(fast, text, i2v, camera)
     clip = LingBotWorldVAEDecode.execute(samples, VAE_FILE, 0, "auto")[0]
@@ -130,8 +130,13 @@ def test_the_inputs_are_checked_before_anything_loads(fast_installed, monkeypatc
     monkeypatch.setattr(mm, "load_models_gpu", lambda *a, **k: pytest.fail("loaded before the inputs were checked"))
     with pytest.raises(ValueError, match="camera_path: expected"):
         _stream(fast, text, camera_path="not a path")
-    with pytest.raises(ValueError, match=r"camera_path: actions 'w-8': 9 poses cover only 9 frames but 21"):
-        _stream(fast, text, camera_path=_path(9, "w-8"))
+    short = LingBotWorldCamera.execute("preset", "orbit_left", 1.0, NONE, NONE, W, H, 9)[2]
+    with pytest.raises(ValueError, match=r"camera_path: preset 'orbit_left': 9 poses cover only 9 frames but 21"):
+        _stream(fast, text, camera_path=short)
+    # An action string is the act2cam camera of the stream's own length: longer than it is refused.
+    with pytest.raises(ValueError, match=r"camera_path: action string 'w-40' holds 40 action frames but the video "
+                                         r"has 21 frames"):
+        _stream(fast, text, camera_path=_path(45, "w-40"))
     with pytest.raises(ValueError, match="frames=5 is shorter than one chunk of 12 frames; use at least 9"):
         _stream(fast, text, frames=5)
     with pytest.raises(ValueError, match="kv_sink=9 must be smaller than kv_window=9"):

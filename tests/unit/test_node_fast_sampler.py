@@ -122,8 +122,35 @@ def test_inputs_and_defaults_come_from_one_place():
     required = schema["required"]
     assert required["fast_dit"][0] == "LINGBOT_FAST_DIT" and required["i2v"][0] == "LINGBOT_I2V"
     assert (required["kv_window"][1]["default"], required["kv_sink"][1]["default"],
-            required["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink, DEFAULT_POLICY.dtype)
+            required["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink, "auto")
+    assert required["kv_dtype"][1]["options"] == ["auto", "bf16", "int8"]
     assert required["kv_cache"][1]["default"] == "sliding_window" and required["shift"][1]["default"] == 10.0
+
+
+def test_auto_kv_dtype_keeps_bf16_where_it_fits_and_takes_int8_where_it_does_not(fast_installed, monkeypatch,
+                                                                                    caplog):
+    """kv_dtype auto: the same clip as bf16 on a device with room; as int8 (the same latent as
+    asking for int8) when the bf16 cache and the transformer would take more than the
+    device's AUTO_FIT_SHARE; the log says which."""
+    from comfyui_lingbot_world.nodes.host import fast_model
+
+    text, i2v = encode_prompt(), encode_start(FAST_FRAMES)
+    fast, _ = load_fast()
+    camera = _camera()
+    bf16 = run_fast_sampler(fast, text, i2v, camera, kv_dtype="bf16")["samples"]
+    int8 = run_fast_sampler(fast, text, i2v, camera, kv_dtype="int8")["samples"]
+    assert not torch.equal(bf16, int8)  # the cache's precision shows in the result
+    need = (fast.patcher.model_size() + mm.minimum_inference_memory()
+            + fast_model.run_memory(fast, fast_model.CachePolicy(window=9, sink=3, dtype="bf16"), H // 8, W // 8,
+                                    (FAST_FRAMES - 1) // 4 + 1))
+    with caplog.at_level("INFO"):
+        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: int(need / fast_model.AUTO_FIT_SHARE) + 1)
+        assert torch.equal(run_fast_sampler(fast, text, i2v, camera, kv_dtype="auto")["samples"], bf16)
+        assert "kv_dtype auto -> bf16" in caplog.text
+        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: int(need / fast_model.AUTO_FIT_SHARE) - 1)
+        assert torch.equal(run_fast_sampler(fast, text, i2v, camera, kv_dtype="auto")["samples"], int8)
+        assert "kv_dtype auto -> int8: the bf16 cache would need" in caplog.text
+    assert fast_not_resident(fast)
 
 
 # --------------------------------------------------------------------------- refusals
@@ -143,7 +170,7 @@ BAD_POLICIES = [  # kv_window, kv_sink, kv_dtype: what the node says
     (2, 0, "bf16", r"kv_window=2 latent frames is smaller than one chunk \(3\)"),
     (6, 6, "bf16", r"kv_sink=6 must be smaller than kv_window=6"),
     (6, 4, "bf16", r"kv_sink=4 plus one chunk \(3\) exceeds kv_window=6"),
-    (9, 3, "fp8", r"kv_dtype: 'fp8' is not one of bf16, int8"),
+    (9, 3, "fp8", r"kv_dtype: 'fp8' is not one of auto, bf16, int8"),
     (9.5, 3, "bf16", r"kv_window: 9.5 is not a whole number"),
 ]
 

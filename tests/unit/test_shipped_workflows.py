@@ -141,7 +141,7 @@ def test_fast_clip_api_workflow_matches_node_schemas(comfy_dirs):
     assert sampler["camera"] == [by_type["LingBotWorldCamera"][0], 0]
     assert sampler["i2v"] == [by_type["LingBotWorldVAEEncode"][0], 0]
     assert (sampler["kv_cache"], sampler["kv_window"], sampler["kv_sink"], sampler["kv_dtype"], sampler["shift"]) == \
-        ("sliding_window", DEFAULT_POLICY.window, DEFAULT_POLICY.sink, DEFAULT_POLICY.dtype, 10.0)
+        ("sliding_window", DEFAULT_POLICY.window, DEFAULT_POLICY.sink, "auto", 10.0)
     assert by_type["LingBotWorldFastDiTLoader"][1]["fast_model"].endswith("/lingbot_world_fast")
     assert [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"] == [16.0]
 
