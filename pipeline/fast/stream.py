@@ -89,8 +89,12 @@ def stream_fast_video(
     detail, failed_chunk = None, 0
     try:
         # The decoder needs the VAE to the end, so the condition never releases it; its
-        # encoder state still goes once the condition is proven constant.
+        # encoder state goes once the condition is proven constant, which prefetch reaches
+        # before the first chunk: the encoder's activations and the decoder's state are then
+        # never on the GPU together (bench/RESULTS.md: the difference between an
+        # out-of-memory and 22.2 GiB for 957 frames under a 24 GiB cap).
         source = StreamedI2V(vae, pixels, latent_frames, check_interrupt=check_interrupt)
+        source.prefetch()
         decoder = vae.stream_decoder(decode_tile)
         generator = FastGenerator(model, text, source, params, latent_frames=latent_frames,
                                   check_interrupt=check_interrupt)

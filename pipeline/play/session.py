@@ -53,6 +53,10 @@ _STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
 _PIXELS_480P = 480 * 832
 
 
+# Latent frames encoded ahead when a session opens (the condition's fixed point is at ~30).
+PREFETCH_LATENT_FRAMES = 48
+
+
 def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
     """Memory the session's VAE encoder and decoder states take beside the VAE's weights."""
     scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
@@ -200,6 +204,9 @@ class PlaySession:
     def _open(self) -> None:
         settings = self.settings
         self._i2v = StreamedI2V(self.vae, self.image, None, check_interrupt=self._check)
+        # To its fixed point (~30 latent frames): the encoder's state is gone before the
+        # decoder's exists; bounded, as an open-ended session has no length to stop at.
+        self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
                             attention=settings.attention)
         self._generator = FastGenerator(self.model, self.text, self._i2v, params, latent_frames=None,
