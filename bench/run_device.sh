@@ -3,15 +3,20 @@
 # (once per machine) and runs the benchmark modes given as arguments, writing JSON to $OUT.
 #   bash bench/run_device.sh load naive p480 p720 swap12 frames
 #   bash bench/run_device.sh long; bash bench/run_device.sh long961   (two calls: each < 10 min)
-#   bash bench/run_device.sh fast81 fast81_int8 fast81_full; bash bench/run_device.sh fast957 fast957_int8
+#   bash bench/run_device.sh fast81 fast81_int8 fast81_full; bash bench/run_device.sh fast957
 #   (LingBot-World Fast, bench/fast_chunks.py: the a14b expert has the Fast transformer's shapes)
-#   bash bench/run_device.sh play60; bash bench/run_device.sh play60_cap24   (LingBot-World Play, bench/play_session.py;
-#   PLAY_MODES=turn or =continuous runs one mode per call if both do not fit in 10 minutes)
+#   PLAY_MODES=turn bash bench/run_device.sh play30_cap24   (LingBot-World Play, bench/play_session.py; carry .whl2:
+#   the session writes its .mp4 with PyAV. A 60-second session per mode takes ~4 minutes: one mode per call)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ -d .whl ]]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
+# Wheels carried to the machine: .whl (bitsandbytes), or .whl2 (bitsandbytes without the
+# CUDA 11/12 and ROCm libraries, plus PyAV for the modes that write an .mp4: both fit 64 MiB).
+for wheels in .whl .whl2; do
+    if [[ -d $wheels ]]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site $wheels/*.whl 2>&1 | grep -v "^WARNING: Target"
+        export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+    fi
+done
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
 PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
@@ -64,24 +69,19 @@ for what in "$@"; do
                   --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" 2>&1 | tail -4 ;;
         longkeep) ensure_package; python3 bench/long_video.py --package "$PKG" --frames 321 --steps "${LONG_STEPS:-3}" \
                   --keep-experts --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_321_cap24_keep_experts.json" 2>&1 | tail -4 ;;
-        # LingBot-World Fast: window 9 + sink 3 (the proposed default) in bf16 at 24 GB and int8 at 16 GB,
-        # the official full cache uncapped, and the 957-frame stream (961 does not fill whole chunks)
-        # with every chunk decoded as it comes.
-        fast81) fast --frames 81 --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_bf16_cap24.json" ;;
-        fast81_int8) fast --frames 81 --kv-dtype int8 --vram-cap-gb 16 --out "$OUT/fast_81_w9s3_int8_cap16.json" ;;
-        fast81_bf16_cap16) fast --frames 81 --vram-cap-gb 16 --no-clip --out "$OUT/fast_81_w9s3_bf16_cap16.json" ;;
+        # LingBot-World Fast (window 9 + sink 3) under a 24 GiB cap: the clip with the image encoded first
+        # (as VAE Encode before the Fast Sampler) in bf16 and int8, the official full cache uncapped, and the
+        # 957-frame stream as Fast Long Video runs it (int8, condition prefetched, each chunk decoded as it comes).
+        fast81) fast --frames 81 --prefetch-y --no-clip --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_bf16_cap24_prefetch.json" ;;
+        fast81_int8) fast --frames 81 --kv-dtype int8 --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_int8_cap24.json" ;;
         fast81_full) fast --frames 81 --kv-window 0 --no-clip --out "$OUT/fast_81_full_bf16.json" ;;
-        fast957) fast --frames 957 --stream-decode --no-clip --vram-cap-gb 24 \
-                     --out "$OUT/fast_957_w9s3_bf16_cap24_stream.json" ;;
-        fast957_int8) fast --frames 957 --kv-dtype int8 --stream-decode --no-clip --vram-cap-gb 16 \
-                          --out "$OUT/fast_957_w9s3_int8_cap16_stream.json" ;;
-        # LingBot-World Play: a scripted 60-second session (80 chunks) at 480x832, turn-based and continuous,
-        # with the Fast defaults (window 9, sink 3, bf16 cache, fp32 VAE); then the same under a 24 GB cap,
-        # and the int8 cache with the bf16 VAE under it (the 24 GB proposal if the defaults do not fit).
-        play60) play --size 480x832 --seconds 60 --out "$OUT/play60_${PLAY_MODES:-both}.json" ;;
-        play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --out "$OUT/play60_cap24_${PLAY_MODES:-both}.json" ;;
-        play60_cap24_int8) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
-                               --out "$OUT/play60_cap24_int8_bf16vae_${PLAY_MODES:-both}.json" ;;
+        fast957) fast --frames 957 --kv-dtype int8 --stream-decode --prefetch-y --no-clip --vram-cap-gb 24 \
+                     --out "$OUT/fast_957_w9s3_int8_cap24_stream_prefetch.json" ;;
+        # LingBot-World Play as the node runs it on a 24 GB card: int8 cache, bf16 VAE streams.
+        play30_cap24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
+                          --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+        play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
+                          --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
         ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others
