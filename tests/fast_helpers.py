@@ -3,6 +3,7 @@ weights (non-trivial norms and biases), its conditioning, and a camera path."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from comfyui_lingbot_world.wan.camera import camera_tensor
@@ -53,3 +54,24 @@ def whole_camera(frames: int) -> torch.Tensor:
 
 def video_frames(latent_frames: int) -> int:
     return (latent_frames - 1) * 4 + 1
+
+
+# Module fixtures shared by the Fast engine's test modules (imported there by name).
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread for the module: the tiny models' results are then the same on any
+    machine, and two cores are not fought over."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> LingBotDiT:
+    return tiny_fast_model()
+
+
+@pytest.fixture(scope="module")
+def vae() -> WanVAE:
+    return tiny_vae()

@@ -20,24 +20,12 @@ from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
 from comfyui_lingbot_world.wan.scheduler import FAST_TIMESTEP_INDICES, fast_schedule
 from comfyui_lingbot_world.wan.config import TINY
-from fast_helpers import (HEIGHT, LAT_H, LAT_W, WIDTH, camera_path, image, prompt, tiny_fast_model, tiny_vae,
+from fast_helpers import (HEIGHT, LAT_H, LAT_W, WIDTH, camera_path, image, prompt, tiny_vae,
                           video_frames, whole_camera)
+from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 from reference.official_fast import OfficialFastModel, generate_fast
 
 SEED = 1234
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_fast_model()
 
 
 def conditioning(latent_frames: int):

@@ -15,23 +15,11 @@ from comfyui_lingbot_world.pipeline.fast.noise import chunk_seed
 from comfyui_lingbot_world.wan.model import LingBotDiT, build_rope
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper, SyncTransfer
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy, KVCache
-from fast_helpers import (HEIGHT, LAT_H, LAT_W, WIDTH, camera_path, image, prompt, tiny_fast_model, tiny_vae,
+from fast_helpers import (HEIGHT, LAT_H, LAT_W, WIDTH, camera_path, image, prompt, tiny_vae,
                           video_frames, whole_camera)
+from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 
 FRAME_TOKENS = (LAT_H // 2) * (LAT_W // 2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_fast_model()
 
 
 def random_y(latent_frames: int, seed: int = 2) -> torch.Tensor:

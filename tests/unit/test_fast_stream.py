@@ -16,20 +16,8 @@ from comfyui_lingbot_world.pipeline.camera import CameraCondition
 from comfyui_lingbot_world.pipeline.image import encode_image
 from comfyui_lingbot_world.wan.model import LingBotDiT
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy, KVCache
-from fast_helpers import HEIGHT, WIDTH, camera_path, prompt, tiny_fast_model, tiny_vae, whole_camera
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_fast_model()
+from fast_helpers import HEIGHT, WIDTH, camera_path, prompt, tiny_vae, whole_camera
+from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 
 
 @pytest.fixture(scope="module")

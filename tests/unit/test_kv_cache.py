@@ -11,23 +11,11 @@ from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import SelfAttention
 from comfyui_lingbot_world.wan.runtime.kv_cache import (CachePolicy, KVCache, dequantize_int8, frames_bytes,
                                                          plan_commit, quantize_int8)
-from fast_helpers import LAT_H, LAT_W, prompt, tiny_fast_model, whole_camera, video_frames
+from fast_helpers import LAT_H, LAT_W, prompt, whole_camera, video_frames
+from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 from reference.official_fast import OfficialFastModel, generate_fast
 
 FRAME_TOKENS = (LAT_H // 2) * (LAT_W // 2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_fast_model()
 
 
 # --------------------------------------------------------------------------- the probe

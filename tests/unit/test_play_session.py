@@ -21,25 +21,8 @@ from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
 from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
-from fast_helpers import HEIGHT, WIDTH, image, prompt, tiny_fast_model, tiny_vae
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_fast_model()
-
-
-@pytest.fixture(scope="module")
-def vae():
-    return tiny_vae()
+from fast_helpers import HEIGHT, WIDTH, image, prompt
+from fast_helpers import one_thread, model, vae  # noqa: F401  (module fixtures)
 
 
 class Writer:

@@ -8,20 +8,8 @@ import torch
 
 from comfyui_lingbot_world.pipeline.fast import StreamedI2V
 from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
-from fast_helpers import HEIGHT, LAT_H, LAT_W, WIDTH, image, tiny_vae, video_frames
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def vae():
-    return tiny_vae()
+from fast_helpers import HEIGHT, LAT_H, LAT_W, WIDTH, image, video_frames
+from fast_helpers import one_thread, vae  # noqa: F401  (module fixtures)
 
 
 @pytest.mark.parametrize("tile", [None, 3])
