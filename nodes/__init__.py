@@ -26,6 +26,7 @@ from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
 from .host.client_errors import name_files_relatively  # noqa: E402
+from .host.combo_check import check_combos  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 
@@ -40,8 +41,9 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldLongVideo,
 ]
 
-for _node in NODES:  # errors reach the client naming files relative to ComfyUI's folders
-    name_files_relatively(_node)
+for _node in NODES:
+    name_files_relatively(_node)  # errors reach the client naming files relative to ComfyUI's folders
+    check_combos(_node)  # an unknown combo value is refused when queued, also on hosts that do not check
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
 NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == node_id
