@@ -5,6 +5,9 @@ command-line tools) it is a plain library: ``wan``, ``loaders`` and ``pipeline``
 """
 NODE_CLASS_MAPPINGS: dict = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+# The page's extensions (the Play panel): ComfyUI serves this folder under
+# /extensions/<pack folder>/ and the page imports every .js file in it.
+WEB_DIRECTORY = "./web"
 
 # ComfyUI imports the pack as a package (relative imports work) after putting its own
 # modules on sys.path. pytest, collecting a checkout whose folder holds this file, imports
@@ -18,4 +21,4 @@ if __package__:
     else:
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -1,6 +1,6 @@
 """Run a command-line tool from a plain checkout: ``python <checkout> <tool> [args]``.
 
-Tools: make_checkpoint, generate. Installed copies can also use
+Tools: make_checkpoint, generate, quantize. Installed copies can also use
 ``python -m comfyui_lingbot_world.tools.<tool>``.
 """
 import importlib
@@ -8,10 +8,11 @@ import sys
 
 from _standalone import PACKAGE, import_pack
 
-TOOLS = ("make_checkpoint", "generate")
+TOOLS = ("make_checkpoint", "generate", "quantize")
 USAGE = (f"usage: python <checkout> {{{','.join(TOOLS)}}} [options]   (--help after a tool name for its "
          "options)")
 HELP = (f"{USAGE}\n\n  generate         make a video from a LingBot-World package without ComfyUI\n"
+        "  quantize         turn an official bf16 release into the NF4 layout, once\n"
         "  make_checkpoint  write a synthetic (random-weight) package, for tests and benchmarks")
 
 

@@ -46,6 +46,7 @@ import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_trajectory  # noqa: E402
+from comfyui_lingbot_world.wan.camera_actions import cut_actions  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import (camera_condition, path_from_actions, path_from_files,  # noqa: E402
                                                    path_from_preset)
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
@@ -61,6 +62,7 @@ from memwatch import GB, MemoryWatch  # noqa: E402
 
 PROMPT = "A walk through a sunlit pine forest towards a wooden cabin by a lake, mountains behind it."
 # Enough walking for 961 frames (the path wraps as needed): forward, look around, turn, strafe.
+# A long scripted walk, cut to the video (the camera refuses a string longer than the video).
 ACTIONS = "w-120,l-30,w-120,j-45,w-100,d-40,w-120,i-10,k-10,w-100,l-20,s-20,w-125,j-30,w-70"
 
 
@@ -71,8 +73,9 @@ def sync(device: torch.device) -> None:
 
 def cap_vram(cap_gb: float | None, device: torch.device) -> None:
     if cap_gb and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), device)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has none
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / total), index)
 
 
 def policy_of(args: argparse.Namespace) -> CachePolicy:
@@ -95,7 +98,7 @@ def stream_camera(args: argparse.Namespace, frames: int, height: int, width: int
     if args.camera_dir:
         poses, intrinsics = read_trajectory(Path(args.camera_dir) / "poses.npy", Path(args.camera_dir) / "intrinsics.npy")
         return KeyframeCamera(poses, intrinsics, frames, height, width, source=args.camera_dir)
-    path = path_from_actions(ACTIONS, frames, height, width)
+    path = path_from_actions(cut_actions(ACTIONS, frames), frames, height, width)
     return KeyframeCamera(path.poses, path.intrinsics, frames, height, width, source=path.source)
 
 

@@ -37,6 +37,7 @@ import torch
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline import long_video as lv  # noqa: E402
+from comfyui_lingbot_world.wan.camera_actions import cut_actions  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import path_from_actions  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams  # noqa: E402
@@ -46,6 +47,7 @@ from memwatch import GB, MemoryWatch  # noqa: E402
 
 PROMPT = "A slow walk along a forest path towards an old stone bridge, sunlight through the trees."
 # 961 frames of walking: forward, look around, turn, strafe, forward (wraps as needed).
+# A long scripted walk, cut to the video (the camera refuses a string longer than the video).
 ACTIONS = "w-120,l-30,w-120,j-45,w-100,d-40,w-120,i-10,k-10,w-100,l-20,s-20,w-125,j-30,w-70"
 
 
@@ -118,7 +120,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
     image = Image.open(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
-    camera = path_from_actions(ACTIONS, frames, height, width)
+    camera = path_from_actions(cut_actions(ACTIONS, frames), frames, height, width)
     params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
     record: dict = {
         "frames": frames, "size": args.size, "steps": args.steps, "window": args.window, "overlap": args.overlap,

@@ -5,6 +5,8 @@
 #   bash bench/run_device.sh long; bash bench/run_device.sh long961   (two calls: each < 10 min)
 #   bash bench/run_device.sh fast81 fast81_int8 fast81_full; bash bench/run_device.sh fast957 fast957_int8
 #   (LingBot-World Fast, bench/fast_chunks.py: the a14b expert has the Fast transformer's shapes)
+#   bash bench/run_device.sh play60; bash bench/run_device.sh play60_cap24   (LingBot-World Play, bench/play_session.py;
+#   PLAY_MODES=turn or =continuous runs one mode per call if both do not fit in 10 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -d .whl ]]; then
@@ -21,6 +23,8 @@ ensure_package() {  # only the modes that read a checkpoint need it (~2.5 min to
         | tee "$OUT/make_checkpoint.log"
     grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
 }
+play() { ensure_package; python3 bench/play_session.py --package "$PKG" --image "$CAM/image.jpg" \
+             --modes "${PLAY_MODES:-turn,continuous}" "$@" 2>&1 | grep -v "^Failed to load" | tail -3; }
 bench() { ensure_package; python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
 fast() { ensure_package; python3 bench/fast_chunks.py --package "$PKG" --image "$CAM/image.jpg" "$@" 2>&1 \
              | grep -v "^Failed to load" | tail -3; }
@@ -71,6 +75,13 @@ for what in "$@"; do
                      --out "$OUT/fast_957_w9s3_bf16_cap24_stream.json" ;;
         fast957_int8) fast --frames 957 --kv-dtype int8 --stream-decode --no-clip --vram-cap-gb 16 \
                           --out "$OUT/fast_957_w9s3_int8_cap16_stream.json" ;;
+        # LingBot-World Play: a scripted 60-second session (80 chunks) at 480x832, turn-based and continuous,
+        # with the Fast defaults (window 9, sink 3, bf16 cache, fp32 VAE); then the same under a 24 GB cap,
+        # and the int8 cache with the bf16 VAE under it (the 24 GB proposal if the defaults do not fit).
+        play60) play --size 480x832 --seconds 60 --out "$OUT/play60_${PLAY_MODES:-both}.json" ;;
+        play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --out "$OUT/play60_cap24_${PLAY_MODES:-both}.json" ;;
+        play60_cap24_int8) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
+                               --out "$OUT/play60_cap24_int8_bf16vae_${PLAY_MODES:-both}.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
         ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from safetensors.torch import save_file
@@ -17,9 +17,10 @@ from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.runtime.bnb import Linear4bit
-from ..wan.config import DiTConfig
+from ..wan.config import CONTROL_WEIGHT, DiTConfig
 from ..wan.model import LingBotDiT
-from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
+from .dit_weights import (build_on_meta, check_block_count, check_shapes, config_with_control, float_dtype,
+                          linear_layers)
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
 from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, read_config, require_layout, write_config
@@ -60,6 +61,23 @@ def open_bf16_weights(folder: Path, device: torch.device | str) -> tuple[Safeten
     return source, index
 
 
+def _control_config(config: DiTConfig, source: SafetensorsSource, described_by: Path) -> DiTConfig:
+    """``config`` with the control type of the stored control weight (header only)."""
+    if CONTROL_WEIGHT not in source.keys():
+        return config
+    return config_with_control(config, source.shape(CONTROL_WEIGHT), source.file_of(CONTROL_WEIGHT))
+
+
+def read_bf16_config(folder: str | Path) -> DiTConfig:
+    """config.json of a layout-B expert, with ``control_type`` (Base-Cam or Act) read off the
+    shards' headers; no tensor is read."""
+    folder = require_layout(folder, "bf16")
+    config = read_config(folder)
+    source, described_by = open_bf16_weights(folder, "cpu")
+    with source:
+        return _control_config(config, source, described_by)
+
+
 def load_bf16_expert(
     folder: str | Path,
     device: torch.device | str,
@@ -89,6 +107,7 @@ def load_bf16_expert(
     with source:
         keys = source.keys()
         check_block_count(config_path, config, described_by, keys)  # config against the header, before building
+        config = _control_config(config, source, described_by)  # Base-Cam or Act: by the weight's shape
         model = build_on_meta(config, config_path)
         expected = expected_tensors(model)
         check_keys(described_by, expected, keys)
@@ -195,15 +214,17 @@ def write_bf16_files(
     config: DiTConfig,
     tensors: Iterable[tuple[str, torch.Tensor]],
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write config.json, the shards and the index from a stream of (key, tensor)."""
+    """Write config.json, the shards and the index from a stream of (key, tensor);
+    ``config_fields``: config.json as given (``layout.write_config``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(folder, max_shard_bytes)
     for key, tensor in tensors:
         writer.add(key, tensor)
     writer.finish()
-    write_config(folder, config)
+    write_config(folder, config, config_fields)
     return folder
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from ..wan.checkpoint_keys import count_blocks
-from ..wan.config import DiTConfig
+from ..wan.config import DiTConfig, with_control_weight
 from ..wan.model import LingBotDiT
 from .errors import CheckpointError
 from .layout import MAX_NUM_LAYERS
@@ -31,6 +31,19 @@ def build_on_meta(config: DiTConfig, config_path: Path) -> LingBotDiT:
             return track(LingBotDiT(config))
     except ValueError as exc:
         raise CheckpointError(config_path, str(exc)) from exc
+
+
+def config_with_control(config: DiTConfig, stored_shape: Sequence[int] | None, weights: Path) -> DiTConfig:
+    """``config`` with ``control_type`` told by the stored shape [dim, in_features] of
+    patch_embedding_wancamctrl.weight in ``weights`` (docs/conventions.md#act-checkpoint):
+    config.json is the same for Base-Cam and Act. None (the file lacks the tensor) keeps
+    ``config``; the missing key is reported by ``state_dict.check_keys``."""
+    if stored_shape is None:
+        return config
+    try:
+        return with_control_weight(config, stored_shape)
+    except ValueError as exc:
+        raise CheckpointError(weights, str(exc)) from exc
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:

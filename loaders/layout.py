@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from ..wan.config import DiTConfig
 from .errors import CheckpointError, preview
@@ -139,9 +139,11 @@ def read_config(folder: str | Path) -> DiTConfig:
         raise CheckpointError(path, f"describes an impossible model: {exc}") from exc
 
 
-def write_config(folder: str | Path, config: DiTConfig) -> Path:
-    """Write ``config.json`` with every DiTConfig field (plus the class name diffusers records)."""
+def write_config(folder: str | Path, config: DiTConfig, fields: Mapping[str, Any] | None = None) -> Path:
+    """Write ``config.json`` with every DiTConfig field (plus the class name diffusers records),
+    or ``fields`` as given: another model's file (``loaders.model_kind.fast_config_fields``) or a
+    source folder's own, kept by a copy in another layout."""
     path = Path(folder) / CONFIG_FILE
-    data = {"_class_name": "WanModel", **config.to_dict()}
+    data = dict(fields) if fields is not None else {"_class_name": "WanModel", **config.to_dict()}
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path

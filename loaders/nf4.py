@@ -24,9 +24,10 @@ from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.runtime.bnb import Linear4bit, Params4bit, bnb, unpack_tensor_to_dict
-from ..wan.config import DiTConfig
+from ..wan.config import CONTROL_WEIGHT, DiTConfig
 from ..wan.model import LingBotDiT
-from .dit_weights import build_on_meta, check_block_count, check_shapes, float_dtype, linear_layers
+from .dit_weights import (build_on_meta, check_block_count, check_shapes, config_with_control, float_dtype,
+                          linear_layers)
 from .errors import CheckpointError
 from .json_file import read_json_object
 from .layout import (
@@ -112,15 +113,17 @@ def write_nf4_files(
     config: DiTConfig,
     tensors: dict[str, torch.Tensor],
     meta: NF4Meta,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write model.safetensors (atomically), config.json and quantization_meta.json."""
+    """Write model.safetensors (atomically), config.json and quantization_meta.json;
+    ``config_fields``: config.json as given (``layout.write_config``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NF4_WEIGHTS_FILE
     partial = target.with_name(target.name + ".partial")
     save_file(tensors, str(partial), metadata={"format": "pt"})
     os.replace(partial, target)
-    write_config(folder, config)
+    write_config(folder, config, config_fields)
     (folder / NF4_META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n", encoding="utf-8")
     return folder
 
@@ -314,6 +317,35 @@ def _read_quant_info(source: TensorSource, name: str, weights: Path, meta: NF4Me
     return info
 
 
+def _control_config(config: DiTConfig, source: TensorSource, weights: Path, meta: NF4Meta,
+                    meta_path: Path) -> DiTConfig:
+    """``config`` with the control type of the stored control weight. Stored in 4 bits, its
+    tensor is the packed bytes [n, 1]: the original [dim, in_features] is the quant state's
+    "shape" (the small JSON tensor bitsandbytes writes beside it)."""
+    name = CONTROL_WEIGHT[: -len(".weight")]
+    keys = set(source.keys())
+    if f"{name}.{QUANT_STATE_KEY}" in keys:
+        shape = _read_quant_info(source, name, weights, meta, meta_path)["shape"]
+    elif CONTROL_WEIGHT in keys:  # kept unquantized
+        shape = source.shape(CONTROL_WEIGHT)
+    else:
+        return config
+    return config_with_control(config, shape, weights)
+
+
+def read_nf4_config(folder: str | Path) -> DiTConfig:
+    """config.json of a layout-A expert, with ``control_type`` (Base-Cam or Act) read off the
+    weights file: its header and one layer's quant state, nothing else."""
+    folder = require_layout(folder, "nf4")
+    meta = read_quantization_meta(folder)
+    config = read_config(folder)
+    weights = folder / NF4_WEIGHTS_FILE
+    if not weights.is_file():
+        weights = folder / NF4_LEGACY_WEIGHTS_FILE
+    with open_nf4_weights(folder, "cpu") as source:
+        return _control_config(config, source, weights, meta, folder / NF4_META_FILE)
+
+
 def _check_packed_sizes(source: TensorSource, name: str, info: dict, weights: Path) -> None:
     """The packed tensors of a layer must be as large as its quant state says."""
     out_features, in_features = info["shape"]
@@ -401,6 +433,7 @@ def load_nf4_expert(
     with open_nf4_weights(folder, device) as source, _host_source(folder, resident) as host_source:
         keys = source.keys()
         check_block_count(config_path, config, weights, keys)  # config against the header, before building
+        config = _control_config(config, source, weights, meta, folder / NF4_META_FILE)  # Base-Cam or Act
         model = build_on_meta(config, config_path)
         quantized = _quantized_layer_names(source, model, weights)
         # Quant states first: a blocksize or double-quant disagreement with quantization_meta.json

@@ -10,6 +10,8 @@ from .errors import CheckpointError, preview
 # Expert folders, NF4 (layout A) first: when both are there the NF4 copy is the one that fits.
 HIGH_NOISE_FOLDERS = ("high_noise_model_bnb_nf4", "high_noise_model")
 LOW_NOISE_FOLDERS = ("low_noise_model_bnb_nf4", "low_noise_model")
+# LingBot-World Fast's one transformer (the official README puts it inside the Base-Cam folder).
+FAST_FOLDERS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_FILE = "Wan2.1_VAE.pth"
 TOKENIZER_FOLDER = "tokenizer"

@@ -9,7 +9,17 @@ Accepted sources (camera-to-world matrices in OpenCV axes: x right, y down, z fo
   ``../intrinsics/<name>.npz``, when present);
 - an ``.npz`` with ``poses`` (or ``c2w``/``data``) [N,4,4] and optionally ``intrinsics``
   [N,4] or [4] — the same arrays as poses.npy / intrinsics.npy;
-- a ``poses.npy`` [N,4,4] (intrinsics.npy beside it is used when present).
+- a ``poses.npy`` [N,4,4] (intrinsics.npy beside it is used when present);
+- a ``.csv`` camera log: a header row naming x, y, z, qx, qy, qz, qw (position and
+  camera-to-world quaternion) and optionally frame or time, one row per frame
+  (``loaders.pose_csv``).
+
+Camera axes: a graphics camera (OpenGL, a USD camera prim as Isaac Sim shows it, Blender:
+x right, y up, looking down −z) is turned into OpenCV axes with ``camera_axes="opengl"``:
+each pose is multiplied on the right by diag(1, −1, −1) (180° about the camera's x axis).
+A camera pose with x forward and z up (Isaac Sim's "world" camera axes, a robot body frame)
+takes ``camera_axes="x_forward_z_up"``. The world's axes need no change: the model reads each
+pose relative to the first.
 
 Intrinsics of a pose tool (ViPE's intrinsics/<name>.npz) are in pixels of the video it
 tracked; they are converted to the 480×832 frame the camera code expects, given the source
@@ -33,8 +43,19 @@ import numpy as np
 from ..wan.camera import INTRINSICS_HEIGHT, INTRINSICS_WIDTH, CameraError, validate_trajectory
 from ..wan.camera_actions import MOVE_PER_FRAME
 from .numpy_files import NpzNumbers, read_npy_numbers
+from .pose_csv import read_pose_csv
 
-__all__ = ["ImportedPath", "import_poses", "normalize_translation"]
+__all__ = ["CAMERA_AXES", "ImportedPath", "import_poses", "normalize_translation"]
+
+# Camera axes of a pose file -> OpenCV's (x right, y down, z forward): the pose is multiplied
+# on the right by this matrix, whose columns are OpenCV's camera axes in the file's axes.
+CAMERA_AXES = {
+    "opencv": np.eye(4),  # also ROS optical frames (Isaac Sim's "ros" camera axes)
+    "opengl": np.diag([1.0, -1.0, -1.0, 1.0]),  # x right, y up, looking down -z: USD camera prims, Blender
+    # looking down +x, z up (y left): Isaac Sim's "world" camera axes, a robot's body frame (ROS REP 103)
+    "x_forward_z_up": np.array([[0.0, 0.0, 1.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0],
+                                [0.0, 0.0, 0.0, 1.0]]),
+}
 
 POSE_KEYS = ("poses", "c2w", "c2ws", "cam_c2w", "data")
 INTRINSICS_KEYS = ("intrinsics", "K", "Ks", "data")
@@ -113,13 +134,17 @@ def import_poses(
     source_size: tuple[int, int] | None = None,
     normalize_scale: bool = True,
     world_to_camera: bool = False,
+    camera_axes: str = "opencv",
 ) -> ImportedPath:
     """Read a camera path from a ViPE folder or a pose export (see the module docstring).
 
     ``world_to_camera``: the file holds world-to-camera matrices (COLMAP's convention);
-    they are inverted. Raises CameraError (CheckpointError for an unreadable array) naming the
-    file and the problem.
+    they are inverted. ``camera_axes``: the file's camera axes, a key of ``CAMERA_AXES``
+    (converted after any inversion). Raises CameraError (CheckpointError for an unreadable
+    array) naming the file and the problem.
     """
+    if camera_axes not in CAMERA_AXES:
+        raise CameraError(f"camera_axes: {camera_axes!r} is not one of {', '.join(CAMERA_AXES)}")
     path = Path(source)
     intr_path: Path | None = None
     if path.is_dir():
@@ -134,7 +159,10 @@ def import_poses(
     if path.parent.name == "pose" and intr_path is None:
         beside = path.parent.parent / "intrinsics" / path.name
         intr_path = beside if beside.is_file() else None
-    data = _load(path, ((POSE_KEYS, "poses"), (INTRINSICS_KEYS[:3], "intrinsics")))
+    if path.suffix.lower() == ".csv":
+        data = read_pose_csv(path)
+    else:
+        data = _load(path, ((POSE_KEYS, "poses"), (INTRINSICS_KEYS[:3], "intrinsics")))
     k = None
     # A pose tool's intrinsics are in pixels of the video it tracked; intrinsics.npy and an
     # export's "intrinsics" array follow poses.npy's convention (480×832) unless a source
@@ -166,6 +194,7 @@ def import_poses(
         elif k.shape == (3, 3):
             k = np.array([k[0, 0], k[1, 1], k[0, 2], k[1, 2]])
     validate_trajectory(poses, k if k is not None else np.array([1.0, 1.0, 0.0, 0.0]), source=str(path))
+    poses = poses @ CAMERA_AXES[camera_axes]  # rigid stays rigid: no second check needed
     if k is None:
         k_ref = None
     elif k_in_source_pixels:

@@ -1,8 +1,10 @@
-"""Read a camera trajectory (poses.npy + intrinsics.npy) safely: no pickles, bounded sizes,
-clear errors (``numpy_files`` reads each header before its data).
+"""Read a camera trajectory (poses.npy + intrinsics.npy, and the Act checkpoint's action.npy)
+safely: no pickles, bounded sizes, clear errors (``numpy_files`` reads each header before its
+data).
 
 The one place the pack reads .npy camera files (the Camera node, the CLI and the tests all
-come here); what the arrays must hold is checked by ``wan.camera.validate_trajectory``.
+come here); what the arrays must hold is checked by ``wan.camera.validate_trajectory`` and,
+for the W/A/S/D keys of action.npy, ``wan.act_control.check_wasd``.
 """
 from __future__ import annotations
 
@@ -48,3 +50,16 @@ def read_intrinsics_row(path: str | Path, field: str = "intrinsics") -> np.ndarr
         raise TrajectoryFileError(path, field, f"{field} has shape {list(k.shape)}; expected [N, 4] or [4] "
                                   "(fx, fy, cx, cy in pixels of 832x480)")
     return k.reshape(-1, 4)[0]
+
+
+ACTION_FILE = "action.npy"  # the Act checkpoint's keys, beside poses.npy (the official examples' name)
+
+
+def read_action(path: str | Path) -> np.ndarray:
+    """action.npy [F, 4]: the W/A/S/D key states (columns w, a, s, d; 0 released, 1 held) of
+    each video frame, as float64. Its values are checked by ``wan.act_control.check_wasd``."""
+    keys = read_npy(path, "action")
+    if keys.ndim != 2 or keys.shape[1] != 4 or keys.shape[0] < 1:
+        raise TrajectoryFileError(path, "action", f"action has shape {list(keys.shape)}; expected [frames, 4] "
+                                  "(one row per video frame, columns w, a, s, d)")
+    return keys

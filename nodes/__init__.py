@@ -19,16 +19,22 @@ follow_host_settings()
 
 from .camera import LingBotWorldCamera  # noqa: E402
 from .dit_loader import LingBotWorldDiTLoader  # noqa: E402
+from .fast_dit_loader import LingBotWorldFastDiTLoader  # noqa: E402
+from .fast_long_video import LingBotWorldFastLongVideo  # noqa: E402
+from .fast_sampler import LingBotWorldFastSampler  # noqa: E402
 from .lora_loader import LingBotWorldLoraLoader  # noqa: E402
 from .long_video import LingBotWorldLongVideo  # noqa: E402
+from .play import LingBotWorldPlay  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
+from .host.play_routes import register_play_routes  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
 from .host.client_errors import name_files_relatively  # noqa: E402
 from .host.combo_check import check_combos  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
+register_play_routes()  # /lingbot/play...: the Play panel's keys and controls
 
 NODES: list[type[io.ComfyNode]] = [
     LingBotWorldTextEncode,
@@ -39,6 +45,10 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldVAEDecode,
     LingBotWorldLoraLoader,
     LingBotWorldLongVideo,
+    LingBotWorldFastDiTLoader,
+    LingBotWorldFastSampler,
+    LingBotWorldFastLongVideo,
+    LingBotWorldPlay,
 ]
 
 for _node in NODES:
@@ -56,6 +66,10 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",
     "LingBotWorldLoraLoader": "LingBot-World LoRA Loader",
     "LingBotWorldLongVideo": "LingBot-World Long Video",
+    "LingBotWorldFastDiTLoader": "LingBot-World Fast DiT Loader",
+    "LingBotWorldFastSampler": "LingBot-World Fast Sampler",
+    "LingBotWorldFastLongVideo": "LingBot-World Fast Long Video",
+    "LingBotWorldPlay": "LingBot-World Play",
 }
 
 

@@ -8,16 +8,17 @@ from comfy_api.latest import io
 
 import comfy.model_management as mm
 
-from ..loaders.errors import CheckpointError
-from ..loaders.layout import detect_expert_layout, read_config
+from ..loaders.expert_config import read_expert_pair
+from ..loaders.layout import detect_expert_layout
+from ..loaders.model_kind import assumed_message, require_model
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
-from .host.expert_patcher import QUANTIZE_CHOICES, DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
+from .host.expert_patcher import DiTExperts, ExpertPatcher, experts_for_placement
 from .host.model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
-MAX_BLOCK_SWAP = 40  # the A14B experts have 40 blocks; a larger count means "all on the GPU"
+MAX_BLOCK_SWAP = inputs.MAX_BLOCK_SWAP
 # "NF4" stays in the name: saved workflows carry it as the node's title, and messages name it.
 DISPLAY_NAME = "LingBot-World NF4 DiT Loader (also bf16)"
 
@@ -54,7 +55,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 "time straight from disk to the GPU, and drops it (no copy kept in RAM) when it is done "
                 "or when ComfyUI needs the memory. A smaller GPU runs them with fewer blocks on the GPU "
                 "(block_swap): only the first N blocks stay on the GPU, the rest stream in from pinned RAM as "
-                "they are needed."
+                "they are needed. Base-Cam or Act (the action checkpoint) is read from the weights; both "
+                "experts must be of the same one."
             ),
             inputs=[
                 io.Combo.Input("high_noise", options=experts, default=high,
@@ -64,18 +66,9 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 io.Combo.Input("low_noise", options=experts, default=low,
                                tooltip="Folder of the low-noise expert (e.g. low_noise_model_bnb_nf4), used for "
                                "the late steps that settle the detail."),
-                io.Combo.Input("bf16_quantize", options=list(QUANTIZE_CHOICES), default="none",
-                               tooltip="For official bf16 experts only: nf4 quantizes each expert while it loads "
-                               "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are."),
-                # The id stays "block_swap" (saved workflows and API prompts use it); the number is
-                # the blocks KEPT on the GPU, as the label says.
-                io.Int.Input("block_swap", display_name="blocks on GPU (0 = all)", default=0, min=0,
-                             max=MAX_BLOCK_SWAP, step=1,
-                             tooltip="Blocks kept on the GPU; 0 = all (no block swap). N > 0 keeps only the "
-                             "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
-                             "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
-                             "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
-                             "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed."),
+                inputs.quantize_input("For official bf16 experts only: nf4 quantizes each expert while it loads "
+                                      "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are."),
+                inputs.block_swap_input(),
                 # Optional: API prompts written before this input still validate.
                 io.Combo.Input("devices", options=list(PLACEMENTS), default="single", optional=True,
                                tooltip="single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 "
@@ -96,27 +89,20 @@ class LingBotWorldDiTLoader(io.ComfyNode):
     @classmethod
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,
                 devices: str = "single") -> io.NodeOutput:
-        if bf16_quantize not in QUANTIZE_CHOICES:
-            raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
-        if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
-            raise ValueError(f"block_swap: {block_swap!r} is not a count of blocks kept on the GPU from 0 (all) to "
-                             f"{MAX_BLOCK_SWAP}")
+        options = inputs.load_options(bf16_quantize, block_swap)
         placement = placement_for(devices)  # before any file is read: a missing GPU fails at once
-        options = ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize,
-                                    blocks_on_gpu=block_swap or None)  # the widget's 0 = all blocks
         folders = {
             "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),
             "low": resolve_model_path(low_noise, EXPERT_KINDS, "low_noise", want_dir=True),
         }
-        for folder in folders.values():
+        for field, folder in zip(("high_noise", "low_noise"), folders.values()):
             detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
-        high_config, low_config = read_config(folders["high"]), read_config(folders["low"])
-        if high_config != low_config:
-            raise CheckpointError(
-                folders["low"],
-                f"low_noise has another geometry than high_noise ({folders['high']}): "
-                f"{low_config} vs {high_config}; both experts must come from the same model",
-            )
+            # The Fast transformer has an expert's shapes: only its files tell (loaders/model_kind.py).
+            identity = require_model(folder, "base", field)
+            if identity.kind == "unknown":
+                log.warning("LingBot: %s", assumed_message(identity, "base", field))
+        # config.json and the headers: the geometry, and Base-Cam or Act (by the control weight's shape).
+        high_config = read_expert_pair(folders["high"], folders["low"], ("high_noise", "low_noise"))
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])

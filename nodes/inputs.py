@@ -8,11 +8,14 @@ from pathlib import Path
 import torch
 from comfy_api.latest import io
 
+from ..pipeline.fast import DEFAULT_POLICY
 from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
-from ..pipeline.text_conditioning import text_from_conditioning
+from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_conditioning
+from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy
 from ..wan.long_video import MAX_FRAMES
 from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP
+from .host.expert_patcher import QUANTIZE_CHOICES, ExpertLoadOptions
 from .host.model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
 
 # --------------------------------------------------------------------------- socket types
@@ -22,12 +25,14 @@ DIT = "LINGBOT_DIT"  # nodes.host.expert_patcher.DiTExperts
 CAMERA = "LINGBOT_CAMERA"  # pipeline.camera.CameraCondition
 I2V = "LINGBOT_I2V"  # pipeline.image.I2VCondition
 CAMERA_PATH = "LINGBOT_CAMERA_PATH"  # pipeline.camera.CameraPath
+FAST_DIT = "LINGBOT_FAST_DIT"  # nodes.host.fast_model.FastDiT
 
 Text = io.Custom(TEXT)
 DiT = io.Custom(DIT)
 Camera = io.Custom(CAMERA)
 I2VCond = io.Custom(I2V)
 CameraPathType = io.Custom(CAMERA_PATH)
+FastDiTType = io.Custom(FAST_DIT)
 
 CATEGORY = "LingBot-World"
 SAMPLERS = ("unipc", "euler")
@@ -35,6 +40,25 @@ MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 PRECISIONS = ("fp32", "bf16")  # the VAE's
 
 # --------------------------------------------------------------------------- inputs
+
+MAX_BLOCK_SWAP = 40  # the A14B transformers have 40 blocks; a larger count means "all on the GPU"
+
+
+# The DiT loaders (Base experts, Fast): how the transformer comes into memory.
+def quantize_input(tooltip: str, default: str = "none") -> io.Combo.Input:
+    return io.Combo.Input("bf16_quantize", options=list(QUANTIZE_CHOICES), default=default, tooltip=tooltip)
+
+
+def block_swap_input() -> io.Int.Input:
+    # The id stays "block_swap" (saved workflows and API prompts use it); the number is
+    # the blocks KEPT on the GPU, as the label says.
+    return io.Int.Input("block_swap", display_name="blocks on GPU (0 = all)", default=0, min=0,
+                        max=MAX_BLOCK_SWAP, step=1,
+                        tooltip="Blocks kept on the GPU; 0 = all (no block swap). N > 0 keeps only the "
+                        "first N of the 40 blocks on the GPU; the other blocks' weights wait in pinned RAM and "
+                        "stream to the GPU one block ahead of use. Lower = less VRAM (~0.2 GB per block for an "
+                        "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
+                        "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed.")
 
 
 def device_input() -> io.Combo.Input:
@@ -136,14 +160,71 @@ def vae_model_input() -> io.Vae.Input:
     return io.Vae.Input("vae_model", optional=True, tooltip=VAE_MODEL_TOOLTIP)
 
 
-def precision_input() -> io.Combo.Input:
+def precision_input(note: str = "") -> io.Combo.Input:
     # Optional and last: graphs saved before it keep their widget values and validate.
     return io.Combo.Input(
         "precision", options=list(PRECISIONS), default="fp32", optional=True,
         tooltip="fp32 matches the reference VAE. bf16 halves the VAE's memory (480x832x81 decode: 4.4 instead "
         "of 8.7 GiB on an H100) and is ~1.7x faster; its decoded pixels differed from fp32 by 0.006 on "
-        "average (max 0.06, on the -1..1 scale; synthetic weights, bench/RESULTS.md).",
+        "average (max 0.06, on the -1..1 scale; synthetic weights, bench/RESULTS.md)." + (f" {note}" if note else ""),
     )
+
+
+# LingBot-World Fast: the KV cache policy, shift and seed (the Fast Sampler and Fast Long
+# Video). The defaults are pipeline.fast.DEFAULT_POLICY's, the one place they are set.
+KV_CACHE_CHOICES = ("sliding_window", "full")
+MAX_KV_FRAMES = 240  # the latent frames of 957 video frames, the longest Fast video; more is the full cache
+
+
+def fast_cache_inputs() -> list:
+    default = DEFAULT_POLICY
+    return [
+        io.Combo.Input("kv_cache", options=list(KV_CACHE_CHOICES),
+                       default="full" if default.full else "sliding_window",
+                       tooltip="What each 12-frame chunk attends to. sliding_window: the first kv_sink latent "
+                       "frames (the start image) and the most recent ones, kv_window in all; memory stays the "
+                       "same however long the video. full: every frame made so far, as the official code and the "
+                       "model's training do; memory grows with the video (1.28 GB per latent frame at 480x832 in "
+                       "bf16: ~27 GB at 81 frames)."),
+        io.Int.Input("kv_window", default=default.window or 9, min=3, max=MAX_KV_FRAMES, step=1,
+                     tooltip="sliding_window: latent frames (4 video frames each) one chunk attends to, its own "
+                     "3 included; at least 3, and more than kv_sink + 2. 9 keeps the start frames, the previous "
+                     "chunk and the chunk itself (11.9 GB at 480x832 in bf16). A window as long as the video is "
+                     "the full cache. The model was trained with the full cache: the window's effect on quality "
+                     "with the real weights is not measured here."),
+        io.Int.Input("kv_sink", default=default.sink, min=0, max=MAX_KV_FRAMES, step=1,
+                     tooltip="sliding_window: the video's first latent frames that always stay in view (the "
+                     "start image is latent frame 0); smaller than kv_window - 2."),
+        io.Combo.Input("kv_dtype", options=list(KV_DTYPES), default=default.dtype,
+                       tooltip="bf16: the cache in the model's precision. int8: the cached frames in 8 bits with "
+                       "per-token scales, about 40% of the memory (~4.7 GB instead of 11.9 GB for window 9 at "
+                       "480x832), for 16 GB cards; a small error in what later chunks see."),
+    ]
+
+
+def fast_sampling_inputs(seed_tooltip: str) -> list:
+    return [
+        io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
+                       tooltip="Flow-matching sigma shift of the 4 fixed timesteps (10 as the official Fast CLI)."),
+        io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True, tooltip=seed_tooltip),
+    ]
+
+
+FAST_SEED_TOOLTIP = ("Seed of the noise. Each 12-frame chunk draws its noise from (seed, chunk): a chunk's noise "
+                     "does not depend on how long the video is.")
+
+
+def fast_prompt_inputs() -> list:
+    """The prompt of the Fast nodes: the pack's T5 node, or one core CONDITIONING (no CFG:
+    there is no negative prompt)."""
+    return [
+        Text.Input("text", optional=True,
+                   tooltip="Prompt embeddings from LingBot-World T5 Encode + Unload (its negative prompt is not "
+                   "used: Fast runs without CFG). Leave empty when positive is connected."),
+        io.Conditioning.Input("positive", optional=True,
+                              tooltip="Instead of text: the prompt from CLIP Text Encode, with umt5_xxl loaded by "
+                              "CLIPLoader (type wan). Fast has no negative prompt."),
+    ]
 
 
 # --------------------------------------------------------------------------- reading them
@@ -179,6 +260,17 @@ def check_image(image) -> None:
         raise ValueError(f"image: expected a ComfyUI IMAGE batch [B, H, W, 3], got {shape}")
 
 
+def load_options(bf16_quantize: str, block_swap: int) -> ExpertLoadOptions:
+    """The loaders' bf16_quantize and block_swap widgets, checked, as load options."""
+    if bf16_quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
+    if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
+        raise ValueError(f"block_swap: {block_swap!r} is not a count of blocks kept on the GPU from 0 (all) to "
+                         f"{MAX_BLOCK_SWAP}")
+    return ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize,
+                             blocks_on_gpu=block_swap or None)  # the widget's 0 = all blocks
+
+
 def check_sampler(sampler: str) -> None:
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
@@ -210,6 +302,41 @@ def pick_text(text, positive, negative, text_dim: int) -> TextEmbeddings:
             f"{text_dim}; load umt5_xxl with CLIPLoader type wan"
         )
     return embeddings
+
+
+def pick_prompt(text, positive, text_dim: int) -> torch.Tensor:
+    """The Fast nodes' prompt states [tokens, text_dim] from exactly one source: the pack's
+    T5 node (its positive prompt) or one core CONDITIONING."""
+    if text is not None and positive is not None:
+        raise ValueError("text and positive are both connected; connect either LingBot-World T5 Encode + Unload to "
+                         "text, or CLIP Text Encode to positive")
+    if text is None and positive is None:
+        raise ValueError("no prompt: connect LingBot-World T5 Encode + Unload to text, or CLIP Text Encode "
+                         "(CLIPLoader type wan) to positive")
+    if text is not None:
+        check_input(text, TextEmbeddings, "text", "LingBot-World T5 Encode + Unload")
+        prompt = text.positive
+    else:
+        prompt = embedding_from_conditioning(positive, "positive")
+    if prompt.shape[-1] != text_dim:
+        source = "text" if text is not None else "positive"
+        raise ValueError(f"{source}: the text encoder gives {prompt.shape[-1]} features per token but the Fast "
+                         f"transformer takes {text_dim}; use umT5-XXL (CLIPLoader type wan)")
+    return prompt
+
+
+def cache_policy(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str) -> CachePolicy:
+    """The KV cache policy of the Fast widgets; errors name the widget."""
+    if kv_cache not in KV_CACHE_CHOICES:
+        raise ValueError(f"kv_cache: {kv_cache!r} is not one of {', '.join(KV_CACHE_CHOICES)}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    if kv_cache == "full":
+        return CachePolicy(window=None, sink=0, dtype=kv_dtype)
+    for name, value in (("kv_window", kv_window), ("kv_sink", kv_sink)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: {value!r} is not a whole number of latent frames")
+    return CachePolicy(window=kv_window, sink=kv_sink, dtype=kv_dtype)  # its errors name kv_window / kv_sink
 
 
 def vae_source(vae: str, vae_model) -> tuple[VAESource, int | Path]:

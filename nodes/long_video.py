@@ -21,7 +21,7 @@ from comfy_api.latest import InputImpl, io, ui
 import comfy.model_management as mm
 import folder_paths
 
-from ..pipeline.camera import CameraPath
+from ..pipeline.camera import CameraPath, check_controls
 from ..pipeline.long_video import WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
 from ..pipeline.video_file import VideoWriter, check_writable
@@ -132,7 +132,9 @@ class LingBotWorldLongVideo(io.ComfyNode):
         if camera_path is not None:
             check_input(camera_path, CameraPath, "camera_path",
                          "LingBot-World Camera Plücker Conditioning (its camera_path output)")
-            camera = WindowedCamera(camera_path, frames, height, width, scale_quantile)
+            # Base-Cam or Act: the wrong pairing fails here, before an expert loads.
+            check_controls(camera_path, dit.config.control_type, dit.label)
+            camera = WindowedCamera(camera_path, frames, height, width, scale_quantile, dit.config.control_type)
         source_vae, vae_size = vae_source(vae, vae_model)
         params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler)

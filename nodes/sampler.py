@@ -7,7 +7,7 @@ import os
 
 from comfy_api.latest import io
 
-from ..pipeline.camera import CameraCondition
+from ..pipeline.camera import CameraCondition, camera_for_checkpoint
 from ..pipeline.image import I2VCondition
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
@@ -62,7 +62,8 @@ class LingBotWorldSampler(io.ComfyNode):
                 "the steps above the boundary, then the low-noise expert. ComfyUI loads one expert at a "
                 "time and drops it when the other takes over. The prompt comes from the text input or from "
                 "core CLIP Text Encode nodes (positive and negative). The camera input is optional: without "
-                "it the camera layers are skipped."
+                "it the camera layers are skipped. A Base-Cam checkpoint follows camera paths and action strings; "
+                "the Act checkpoint follows action strings and Act files (poses + action.npy)."
             ),
             inputs=[
                 *inputs.model_inputs(),
@@ -90,10 +91,13 @@ class LingBotWorldSampler(io.ComfyNode):
                                "sageattention, the same kernel as before this input existed. sage and flash need "
                                "their packages (sageattention, flash-attn) and a CUDA GPU."),
                 io.Combo.Input("preset", options=list(SAMPLER_PRESETS), default="none", optional=True,
-                               tooltip="lightning_4step: the Wan2.2-Lightning 4-step settings (4 steps, cfg 1, "
-                               "euler, shift 5, boundary 0.9); overrides steps, shift, cfg, boundary and sampler "
-                               "and turns caching off. Use with the Wan2.2-Lightning LoRAs (LingBot-World LoRA "
-                               "Loader); untested on LingBot's fine-tuned experts."),
+                               tooltip="Overrides steps, shift, cfg, boundary and sampler. lightning_4step: the "
+                               "Wan2.2-Lightning 4-step settings (4 steps, cfg 1, euler, shift 5, boundary 0.9; "
+                               "caching off), for the Wan2.2-Lightning LoRAs (LingBot-World LoRA Loader), untested "
+                               "on LingBot's fine-tuned experts. official_act2cam: the official act2cam example "
+                               "(an action string on Base-Cam): 20 steps, unipc, shift 10, cfg 5/5, boundary 0.947, "
+                               "with 121 frames on the Camera and VAE Encode nodes. official_act: the official Act "
+                               "settings: the same with 70 steps, 81 frames."),
             ],
             outputs=[io.Latent.Output("samples", display_name="samples",
                                       tooltip="The denoised video latent (ComfyUI's Wan 2.1 format), for LingBot-World "
@@ -109,6 +113,9 @@ class LingBotWorldSampler(io.ComfyNode):
         check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         if camera is not None:
             check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
+            # Base-Cam or Act: the wrong pairing fails here, before an expert loads; an action
+            # string's camera is rebuilt with the control the checkpoint reads.
+            camera = camera_for_checkpoint(camera, dit.config.control_type, dit.label)
         inputs.check_sampler(sampler)
         if preset not in SAMPLER_PRESETS:
             raise ValueError(f"preset: {preset!r} is not one of {', '.join(SAMPLER_PRESETS)}")

@@ -12,9 +12,10 @@ from typing import Callable
 
 import torch
 
+from ..loaders.expert_config import read_expert_pair
 from ..loaders.package import find_package
 from ..wan.long_video import plan_windows
-from .camera import CameraPath
+from .camera import CameraPath, check_controls
 from .experts import DiskExperts
 from .image import ImageLike
 from .long_video import LongVideoResult, WindowedCamera, WindowParams, sample_windows
@@ -58,11 +59,17 @@ def generate(
     [3, n, H, W] in [-1, 1], in order. ``loras``: adapters applied to the experts while they
     sample (unmerged). ``blocks_on_gpu``: DiT blocks kept on the GPU (None: all; the rest
     stream from pinned RAM). ``keep_resident``: both experts stay loaded across windows.
+    The package's checkpoint (Base-Cam or Act, told by its weights' headers) must be one
+    ``camera`` can drive: otherwise ``ControlMismatch`` before anything loads.
     """
     files = find_package(package)
     device = resolve_device(device)
     plan_windows(frames, windows.window, windows.overlap)  # fail early on bad sizes
-    windowed = WindowedCamera(camera, frames, height, width, windows.scale_quantile) if camera else None
+    control_type = read_expert_pair(files.high, files.low).control_type
+    windowed = None
+    if camera is not None:
+        check_controls(camera, control_type, f"the package {package}")
+        windowed = WindowedCamera(camera, frames, height, width, windows.scale_quantile, control_type)
     text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
     experts = DiskExperts(files.high, files.low, device, quantize, blocks_on_gpu=blocks_on_gpu,
                           keep_resident=keep_resident)

@@ -16,9 +16,10 @@ from typing import Callable
 
 import torch
 
+from ..wan.camera_actions import act2cam_keyframes
 from ..wan.conditioning import latent_shape
 from ..wan.long_video import Window, given_frames_mask, path_keyframes, plan_windows, translation_scale
-from .camera import CameraCondition, CameraPath, camera_condition, check_path_covers
+from .camera import CameraCondition, CameraPath, ControlMismatch, camera_condition, check_path_covers, video_keys
 from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .memory import release_module, resolve_device
 from .sampling import MAX_SEED, ExpertSource, SamplingParams, sample
@@ -37,17 +38,32 @@ class WindowParams:
 
 class WindowedCamera:
     """A camera path cut into the windows of a plan; ``condition(window)`` is what
-    ``sampling.sample`` takes for that window."""
+    ``sampling.sample`` takes for that window.
 
-    def __init__(self, path: CameraPath, frames: int, height: int, width: int, quantile: float = 1.0) -> None:
+    ``control_type``: the checkpoint's ("cam" Base-Cam rays, "act" Act rays + W/A/S/D keys;
+    None: the first the path gives). The whole path's steps are those of its one-pass camera:
+    an action string's are the official act2cam keyframes (F + 1 poses sampled at
+    linspace(0, F, F_lat)), a pose path's its F poses at the latent rate.
+    """
+
+    def __init__(self, path: CameraPath, frames: int, height: int, width: int, quantile: float = 1.0,
+                 control_type: str | None = None) -> None:
         check_path_covers(path, frames, height, width)
+        self.control_type = path.controls[0] if control_type is None else control_type
+        if self.control_type not in path.controls:
+            raise ControlMismatch(f"{path.source} cannot give {self.control_type!r} controls")
         self.path, self.frames, self.height, self.width = path, frames, height, width
-        self.steps = path_keyframes(path.poses, frames)
+        if path.actions is not None:
+            self.steps = act2cam_keyframes(path.actions, frames, normalize=False)
+        else:
+            self.steps = path_keyframes(path.poses, frames)
         self.scale = translation_scale(self.steps, quantile)
+        self.keys = video_keys(path, frames) if self.control_type == "act" else None  # [frames, 4]
 
     def condition(self, window: Window) -> CameraCondition:
         return camera_condition(self.path, window.frames, self.height, self.width, window=window,
-                                path_steps=self.steps, scale=self.scale)
+                                path_steps=self.steps, scale=self.scale, control_type=self.control_type,
+                                keys=self.keys)
 
 
 # --------------------------------------------------------------------------- windows

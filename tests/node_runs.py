@@ -11,6 +11,7 @@ import torch
 
 H, W, FRAMES = 32, 48, 5
 PKG = "lingbot/pkg"
+ACT_PKG = "lingbot/act"  # the tiny Act package (the installed_act fixture)
 HIGH, LOW = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
 T5_FILE, TOKENIZER, VAE_FILE = f"{PKG}/models_t5_umt5-xxl-enc-bf16.pth", f"{PKG}/tokenizer", f"{PKG}/Wan2.1_VAE.pth"
 
@@ -33,10 +34,11 @@ def encode_start(frames: int = FRAMES):
     return LingBotWorldVAEEncode.execute(start_image(), VAE_FILE, W, H, frames, "auto")[0]
 
 
-def load_dit():
+def load_dit(package: str = PKG):
     from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader
 
-    return LingBotWorldDiTLoader.execute(HIGH, LOW, "none")[0]
+    return LingBotWorldDiTLoader.execute(f"{package}/high_noise_model_bnb_nf4", f"{package}/low_noise_model_bnb_nf4",
+                                         "none")[0]
 
 
 def run_sampler(dit, text, i2v, camera=None, steps: int = 3, seed: int = 1, **inputs) -> dict:
@@ -68,3 +70,34 @@ def core_conditioning(embedding: torch.Tensor, pad_to: int = 512, mask: bool = F
     if mask:
         extras["attention_mask"] = (torch.arange(padded.shape[1]) < len(embedding)).long()[None]
     return [[padded, extras]]
+
+
+# --------------------------------------------------------------------------- LingBot-World Fast
+
+FAST = "lingbot/fast/lingbot_world_fast"  # the fast_installed fixture's tiny Fast transformer (bf16)
+FAST_NF4 = "lingbot/fast/lingbot_world_fast_bnb_nf4"
+FAST_FRAMES = 21  # two chunks of 12 frames (the first 9)
+
+
+def load_fast(folder: str = FAST, quantize: str = "none", block_swap: int = 0):
+    """The Fast DiT Loader's (fast_dit, model_info)."""
+    from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader
+
+    return tuple(LingBotWorldFastDiTLoader.execute(folder, quantize, block_swap).args)
+
+
+def run_fast_sampler(fast_dit, text, i2v, camera=None, seed: int = 1, kv_cache: str = "sliding_window",
+                     kv_window: int = 9, kv_sink: int = 3, kv_dtype: str = "bf16", shift: float = 10.0,
+                     **inputs) -> dict:
+    """The Fast Sampler node: the LATENT dict it returns."""
+    from comfyui_lingbot_world.nodes.fast_sampler import LingBotWorldFastSampler
+
+    return LingBotWorldFastSampler.execute(fast_dit, i2v, kv_cache, kv_window, kv_sink, kv_dtype, shift, seed,
+                                           text=text, camera=camera, **inputs)[0]
+
+
+def fast_not_resident(fast_dit) -> bool:
+    """The Fast transformer not loaded, and not in ComfyUI's list of loaded models."""
+    import comfy.model_management as mm
+
+    return fast_dit.patcher.expert is None and not any(m is fast_dit.patcher for m in mm.loaded_models())

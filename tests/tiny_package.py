@@ -6,32 +6,63 @@ from pathlib import Path
 from comfyui_lingbot_world.tools import make_checkpoint
 
 
-def build(root: Path, layout: str, seed: int = 0) -> Path:
-    out = root / f"tiny_{layout}"
+def build(root: Path, layout: str, seed: int = 0, model: str = "base") -> Path:
+    """A tiny package of ``layout`` (nf4, bf16) and ``model`` (base: Base-Cam, act: Act) under
+    ``root``, written once."""
+    out = root / (f"tiny_{layout}" if model == "base" else f"tiny_{model}_{layout}")
     if not (out / "tokenizer").is_dir():
-        code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed)])
-        assert code == 0, f"make_checkpoint failed for layout {layout}"
+        code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed),
+                                     "--model", model])
+        assert code == 0, f"make_checkpoint failed for layout {layout}, model {model}"
+    return out
+
+
+def build_fast(root: Path, seed: int = 0) -> Path:
+    """The tiny LingBot-World Fast transformer in both layouts, as make_checkpoint writes them:
+    ``lingbot_world_fast/`` (bf16, the official folder) and ``lingbot_world_fast_bnb_nf4/``."""
+    out = root / "tiny_fast"
+    for layout, folder in (("bf16", "lingbot_world_fast"), ("nf4", "lingbot_world_fast_bnb_nf4")):
+        if not (out / folder / "config.json").is_file():
+            code = make_checkpoint.main(["--model", "fast", "--preset", "tiny", "--layout", layout, "--out", str(out),
+                                         "--seed", str(seed), "--parts", "transformer"])
+            assert code == 0, f"make_checkpoint --model fast failed for layout {layout}"
     return out
 
 
 # Names the shipped workflows use (see workflows/README.md).
 COMFY_PACKAGE_NAME = "lingbot-world-base-cam-nf4"
+FAST_FOLDER = "lingbot_world_fast"  # the official Fast download's folder name (bf16)
+ACT_PACKAGE_NAME = "lingbot-world-base-act-nf4"  # where tests install the tiny Act package
 START_IMAGE = "lingbot_world_start.jpg"
 TRAJECTORY_FOLDER = "lingbot_world"
+
+
+def package_with_fast(cache_root: Path) -> Path:
+    """The tiny NF4 package with the tiny Fast transformer (bf16) as its lingbot_world_fast/,
+    where the official README puts it: a folder of links to the cached builds (made once; the
+    builds themselves stay as they are for the tests that use them)."""
+    out = cache_root / "tiny_nf4_with_fast"
+    entries = [*build(cache_root, "nf4").iterdir(), build_fast(cache_root) / FAST_FOLDER]
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        if not (out / entry.name).is_symlink():
+            (out / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return out
 
 
 def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Path:
     """Make a ComfyUI base folder ready for the shipped workflows, with a tiny NF4 package.
 
-    The package is built once under ``cache_root`` and linked into models/lingbot/; the start
-    image and a 41-pose trajectory go into input/.
+    The package is built once under ``cache_root`` and linked into models/lingbot/, with the
+    tiny Fast transformer (bf16) as its lingbot_world_fast/; the start image and a 41-pose
+    trajectory go into input/.
     """
     import numpy as np
     from PIL import Image
 
     from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 
-    package = build(cache_root, "nf4")
+    package = package_with_fast(cache_root)
     target = models_dir / "lingbot" / COMFY_PACKAGE_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
@@ -50,14 +81,23 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
                    window: int | None = None) -> dict:
     """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy).
 
-    ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's."""
+    ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's.
+    The Fast graphs take ``frames`` that fill whole chunks (9, 21, ...); ``steps`` does not
+    apply to them (4 fixed steps). An action string longer than the shrunk video is cut to
+    fit, as a user who shortens the video must (the Camera node refuses a string longer than
+    the video)."""
     import copy
+
+    from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
     graph = copy.deepcopy(graph)
     for node in graph.values():
         inputs = node["inputs"]
-        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo"):
+        if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo",
+                                  "LingBotWorldFastLongVideo"):
             inputs.update(width=width, height=height, frames=frames)
+        if node["class_type"] == "LingBotWorldCamera" and inputs.get("source") == "actions":
+            inputs["actions"] = cut_actions(inputs["actions"], frames)
         if window is not None and node["class_type"] in ("LingBotWorldCamera", "LingBotWorldLongVideo"):
             inputs["window"] = window
         if node["class_type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"):

@@ -7,7 +7,12 @@
 Videos longer than --window frames (81) are made of chained windows, each starting on the
 last --overlap frames of the one before (docs/long_videos.md), and written to the .mp4 as
 each window finishes; Ctrl-C keeps the finished windows. Action strings: KEYS-FRAMES tokens,
-W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py).
+W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py); the official act2cam
+camera, never longer than --frames (a shorter string is padded with frames without keys).
+
+Base-Cam or Act is told by the package's weights. An Act package follows --actions (its
+W/A/S/D keys) or --camera-dir with action.npy beside poses.npy; a Base-Cam package ignores
+action.npy. Presets and pose exports drive Base-Cam only.
 
 Every argument is checked before a model loads; a mistake answers in one line.
 """
@@ -22,14 +27,16 @@ from typing import Sequence
 
 from PIL import Image
 
+from ..loaders.expert_config import read_expert_pair
 from ..loaders.package import find_package
-from ..loaders.trajectory import read_intrinsics_row
+from ..loaders.pose_import import CAMERA_AXES
+from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
 from ..pipeline.long_video import WindowParams
 from ..pipeline.lora import LoraSpec
-from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
+from ..pipeline.sampler_presets import PRESET_FRAMES, SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera_presets import CAMERA_PRESETS
@@ -69,8 +76,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-normalize-scale", action="store_true",
                    help="keep the export's translation units (default: median step 0.05 per frame)")
     p.add_argument("--world-to-camera", action="store_true", help="the export holds world-to-camera matrices")
+    p.add_argument("--poses-axes", choices=list(CAMERA_AXES), default="opencv",
+                   help="camera axes of --poses-from: opencv (x right, y down, looking down +z; ROS optical), "
+                   "opengl (x right, y up, looking down -z: USD camera prims, Blender) or x_forward_z_up (Isaac "
+                   "Sim's world camera axes, a robot body frame)")
     p.add_argument("--frames", type=int, default=None,
-                   help="frames to generate: 4n+1, up to 961 (default: 81, or the action string's length)")
+                   help="frames to generate: 4n+1, up to 961 (default: the action string's length padded to 4n+1, "
+                   "or the official preset's, or 81)")
     p.add_argument("--window", type=int, default=81, help="frames per window (4n+1)")
     p.add_argument("--overlap", type=int, default=1, help="frames each window takes from the previous one (4j+1)")
     p.add_argument("--scale-quantile", type=float, default=1.0,
@@ -102,8 +114,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     fast.add_argument("--attention", choices=ATTENTION_CHOICES,
                       help="attention kernel (default: auto, SDPA on H100-class GPUs)")
     fast.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
-                      help="lightning_4step: the Wan2.2-Lightning 4-step settings (use with its LoRAs); "
-                      "overrides --steps, --shift, --cfg, --boundary and --sampler")
+                      help="overrides --steps, --shift, --cfg, --boundary and --sampler. lightning_4step: the "
+                      "Wan2.2-Lightning 4-step settings (use with its LoRAs); official_act2cam: the official act2cam "
+                      "example (20 steps, unipc, shift 10, cfg 5 5, boundary 0.947; 121 frames unless --frames or "
+                      "--actions say); official_act: the official Act settings (the same with 70 steps, 81 frames)")
     fast.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),
                       help="a LoRA file and its strength on the high- and low-noise experts (repeatable)")
     return p.parse_args(argv)
@@ -155,19 +169,28 @@ def _strength(text: str) -> float:
         raise cli.UsageError("--lora", f"strength {text!r} is not a number (e.g. --lora file.safetensors 1.0 1.0)") from None
 
 
-def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) -> camera_stage.CameraPath | None:
-    """The camera path the flags describe; a missing or bad file answers naming its flag."""
+def camera_path(args: argparse.Namespace, frames: int, height: int, width: int,
+                control_type: str = "cam") -> camera_stage.CameraPath | None:
+    """The camera path the flags describe; a missing or bad file answers naming its flag.
+    ``control_type``: the package's ("cam" Base-Cam, "act" Act), which decides whether
+    --camera-dir reads action.npy."""
     if args.camera_dir:
         cli.existing_dir(args.camera_dir, "--camera-dir", "camera folder")
-        return _flag_error("--camera-dir", camera_stage.path_from_files, args.camera_dir / "poses.npy",
-                           args.camera_dir / "intrinsics.npy")
+        poses, intrinsics = args.camera_dir / "poses.npy", args.camera_dir / "intrinsics.npy"
+        if control_type != "act":
+            return _flag_error("--camera-dir", camera_stage.path_from_files, poses, intrinsics)
+        if not (args.camera_dir / ACTION_FILE).is_file():
+            raise cli.UsageError("--camera-dir", f"the package is an Act checkpoint: it needs the W/A/S/D keys of each "
+                                 f"frame in {args.camera_dir / ACTION_FILE} ([frames, 4]), beside poses.npy")
+        return _flag_error("--camera-dir", camera_stage.path_from_act_files, poses, intrinsics,
+                           args.camera_dir / ACTION_FILE)
     if args.preset:
         return camera_stage.path_from_preset(args.preset, args.speed, frames)
     intrinsics = None
     if args.intrinsics:
         cli.existing_file(args.intrinsics, "--intrinsics", "intrinsics file")
         intrinsics = _flag_error("--intrinsics", read_intrinsics_row, args.intrinsics)
-    if args.actions is not None:
+    if args.actions is not None:  # a string longer than --frames names both lengths
         return _flag_error("--actions", camera_stage.path_from_actions, args.actions, frames, height, width,
                            intrinsics)
     if args.poses_from:
@@ -176,11 +199,16 @@ def camera_path(args: argparse.Namespace, frames: int, height: int, width: int) 
         source_size = _height_width(args.poses_source_size, "--poses-source-size") if args.poses_source_size else None
         path = _flag_error("--poses-from", camera_stage.path_from_export, args.poses_from, height, width,
                            name=args.poses_name, source_size=source_size, normalize_scale=not args.no_normalize_scale,
-                           world_to_camera=args.world_to_camera)
+                           world_to_camera=args.world_to_camera, camera_axes=args.poses_axes)
         if intrinsics is not None:
             path.intrinsics = intrinsics
         return path
     return None
+
+
+def _camera_flag(args: argparse.Namespace) -> str:
+    return next(flag for flag, value in (("--camera-dir", args.camera_dir), ("--preset", args.preset),
+                                         ("--actions", args.actions), ("--poses-from", args.poses_from)) if value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,7 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.output_file(args.preview, "--preview", ".png", args.overwrite)
     device = cli.device(args.device, "--device")
     cli.existing_dir(args.package, "--package", "package folder")
-    _flag_error("--package", find_package, args.package)  # names every missing file at once
+    files = _flag_error("--package", find_package, args.package)  # names every missing file at once
+    # Base-Cam or Act, from the headers
+    control_type = _flag_error("--package", read_expert_pair, files.high, files.low).control_type
     image = cli.open_image(args.image, "--image")
     height, width = _size(args, image.width, image.height)
     # "is not None": an empty --actions or --frames 0 is a mistake to answer, not a default.
@@ -200,8 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _flag_error("--actions", frames_for_actions, args.actions)
     if args.frames is not None:
         frames = args.frames
+    elif args.actions is not None:
+        frames = frames_for_actions(args.actions)
     else:
-        frames = frames_for_actions(args.actions) if args.actions is not None else 81
+        frames = PRESET_FRAMES.get(args.sampling_preset, 81)
     _flag_error("--frames", check_frame_count, frames)
     for flag, value in (("--decode-tile", args.decode_tile), ("--block-swap", args.block_swap)):
         if value < 0:
@@ -213,7 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_windows(frames, windows.window, windows.overlap)
     except ValueError as exc:  # its messages start with the field: "window must ..."
         raise cli.UsageError("--" + str(exc).split(" ", 1)[0], str(exc)) from None
-    camera = camera_path(args, frames, height, width)  # cheap: a bad pose file fails now
+    camera = camera_path(args, frames, height, width, control_type)  # cheap: a bad pose file fails now
+    if camera is not None:
+        try:
+            camera_stage.check_controls(camera, control_type, f"--package {args.package}")
+        except camera_stage.ControlMismatch as exc:
+            raise cli.UsageError(_camera_flag(args), str(exc)) from None
     try:
         params = SamplingParams(steps=args.steps, shift=args.shift, cfg_high=args.cfg[0], cfg_low=args.cfg[1],
                                 boundary=args.boundary, seed=args.seed, sampler=args.sampler,

@@ -3,11 +3,25 @@
 high_noise_model/ and low_noise_model/ with sharded safetensors); docs/conventions.md#checkpoint-layouts.
 
     python <checkout> make_checkpoint --preset tiny --layout nf4 --out DIR
+    python <checkout> make_checkpoint --model act --preset tiny --layout nf4 --out DIR
     python -m comfyui_lingbot_world.tools.make_checkpoint --preset a14b --layout nf4 --out DIR --device cuda
+    python <checkout> make_checkpoint --model fast --preset tiny --layout bf16 --out DIR --parts transformer
+
+``--model fast`` writes the LingBot-World Fast transformer instead of the two experts: one
+folder as the official release places it inside the Base-Cam folder, ``lingbot_world_fast/``
+(bf16 shards; ``--layout bf16``), or ``lingbot_world_fast_bnb_nf4/`` (the NF4 layout of the
+package tool; ``--layout nf4``), each with the official Fast config.json (``_class_name``
+WanModelFast, ``local_attn_size``, ``sink_size``: how loaders/model_kind.py tells it from a
+Base expert). Its default parts are the transformer, T5, VAE and tokenizer; ``--parts
+transformer`` adds it to a package written before.
 
 ``--parts comfy_t5 --comfy-t5 fp8_scaled`` also writes the text encoder as ComfyUI users have
 it (``umt5_xxl_*.safetensors``: HF key names, SentencePiece model inside; see
 tools/synthetic/t5.py); it is not part of the default parts.
+
+``--model act`` writes the Act checkpoint's experts (config.json unchanged; the control
+layer patch_embedding_wancamctrl takes 7 channels, [dim, 1792] at A14B and tiny patch
+sizes, instead of Base-Cam's 6; docs/conventions.md#act-checkpoint).
 
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
@@ -16,12 +30,14 @@ experts are made and quantized part by part on that device, never whole in RAM.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from ..loaders.model_kind import FAST_FOLDER_PREFIX, FAST_NF4_FOLDER, fast_config_fields
 from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
 from .synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
 from .synthetic.t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
@@ -35,32 +51,52 @@ GEOMETRY_PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
     "a14b": {"dit": A14B, "t5": UMT5_XXL, "vae": WAN21},
 }
-PARTS = ("experts", "t5", "vae", "tokenizer")
+# Model -> the control its camera layer reads (wan/config.py): Base-Cam and Fast take Plücker
+# rays, Act ray directions + W/A/S/D keys.
+MODELS = {"base": "cam", "act": "act", "fast": "cam"}
+# The model's own weights first: the two experts of Base and Act, the one transformer of Fast.
+MODEL_PART = {"base": "experts", "act": "experts", "fast": "transformer"}
+SHARED_PARTS = ("t5", "vae", "tokenizer")
+PARTS = (MODEL_PART["base"], *SHARED_PARTS)  # the default parts of --model base
 # Written only when asked for: the text encoder in ComfyUI's layout.
 EXTRA_PARTS = ("comfy_t5",)
 # Folder names per layout: (high-noise, low-noise).
 EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": (HIGH_NOISE_FOLDERS[1], LOW_NOISE_FOLDERS[1])}
+# The Fast transformer's folder per layout: the official download's name, the NF4 package's.
+FAST_FOLDERS = {"bf16": FAST_FOLDER_PREFIX, "nf4": FAST_NF4_FOLDER}
+FAST_SEED_OFFSET = 4  # after the experts (0, 1), T5 (2) and the VAE (3)
+
+
+def parts_for(model: str) -> tuple[str, ...]:
+    """The parts ``--model`` can write, its default set first."""
+    return (MODEL_PART[model], *SHARED_PARTS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="make_checkpoint", description=__doc__)
     p.add_argument("--preset", choices=sorted(GEOMETRY_PRESETS), required=True, help="model geometry")
+    p.add_argument("--model", choices=list(MODELS), default="base",
+                   help="base: LingBot-World Base-Cam's two experts (Plücker rays); act: LingBot-World Act's two "
+                   "experts (ray directions + W/A/S/D keys); fast: the one LingBot-World Fast transformer")
     p.add_argument("--layout", choices=("nf4", "bf16"), required=True,
                    help="nf4: the NF4 package's layout (*_bnb_nf4 expert folders); bf16: the official bf16 "
                    "release's (high_noise_model/, low_noise_model/ with sharded safetensors)")
     p.add_argument("--out", type=Path, required=True, help="package folder to write (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="base seed; each component gets its own offset")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where expert weights are made")
-    p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)}")
+    p.add_argument("--parts", default=None,
+                   help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)} (default: {','.join(PARTS)}); "
+                   f"with --model fast, {MODEL_PART['fast']} instead of {MODEL_PART['base']}")
     p.add_argument("--comfy-t5", choices=sorted(COMFY_T5_FILES), default="bf16",
                    help="format of the comfy_t5 part (ComfyUI's umt5_xxl_*.safetensors layout)")
     args = p.parse_args(argv)
-    parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = sorted(set(parts) - set(PARTS + EXTRA_PARTS))
+    allowed = parts_for(args.model) + EXTRA_PARTS
+    given = args.parts if args.parts is not None else ",".join(parts_for(args.model))
+    parts = [s.strip() for s in given.split(",") if s.strip()]
+    unknown = sorted(set(parts) - set(allowed))
     if unknown or not parts:
-        p.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'}; "
-                f"choose from {', '.join(PARTS + EXTRA_PARTS)}")
+        p.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'} for --model {args.model}; "
+                f"choose from {', '.join(allowed)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     args.parts = parts
@@ -80,11 +116,17 @@ def _human(n: int) -> str:
 
 
 def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
-                  comfy_t5: str = "bf16") -> list[Path]:
-    """Write the chosen parts of a package into ``out``; returns the written paths."""
-    shapes = GEOMETRY_PRESETS[preset]
+                  comfy_t5: str = "bf16", model: str = "base") -> list[Path]:
+    """Write the chosen parts of a package into ``out``; returns the written paths.
+    ``transformer`` is the LingBot-World Fast transformer (``--model fast``)."""
+    shapes = dict(GEOMETRY_PRESETS[preset])
+    shapes["dit"] = dataclasses.replace(shapes["dit"], control_type=MODELS[model])
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    if MODEL_PART["fast"] in parts:
+        write_fast = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
+        written.append(write_fast(out / FAST_FOLDERS[layout], shapes["dit"], seed=seed + FAST_SEED_OFFSET,
+                                  device=device, config_fields=fast_config_fields(shapes["dit"])))
     if "experts" in parts:
         write_expert = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
         for offset, folder in enumerate(EXPERT_FOLDERS[layout]):  # high- and low-noise differ by seed
@@ -105,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts,
-                                args.comfy_t5)
+                                args.comfy_t5, args.model)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
         return 1
-    print(f"{args.preset} package, layout {args.layout}, seed {args.seed}, in {args.out} "
+    print(f"{args.preset} {args.model} package, layout {args.layout}, seed {args.seed}, in {args.out} "
           f"({time.perf_counter() - start:.1f} s):")
     for path in written:
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]

@@ -61,6 +61,7 @@ __all__ = [
     "act2cam_keys",
     "act2cam_poses",
     "action_frames",
+    "cut_actions",
     "action_keys",
     "action_poses",
     "default_intrinsics",
@@ -146,6 +147,25 @@ def frames_for_actions(text: str) -> int:
     (the reference does the same when no frame count is given)."""
     total = action_frames(text)
     return total + (-(total - 1)) % 4
+
+
+def cut_actions(text: str, frames: int) -> str:
+    """An action string holding only the first ``frames`` action frames of ``text`` (``text``
+    itself when it fits), e.g. a long scripted walk for a shorter test or benchmark video:
+    the camera refuses a string longer than the video rather than cutting it silently."""
+    if isinstance(frames, bool) or int(frames) != frames or frames < 1:
+        raise ActionError(f"frames must be a positive integer; got {frames!r}")
+    parsed = parse_actions(text)
+    if sum(t.frames for t in parsed) <= frames:
+        return text
+    tokens, left = [], int(frames)
+    for token in parsed:
+        if left == 0:
+            break
+        count = min(token.frames, left)
+        tokens.append(f"{''.join(k for k in KEYS if k in token.keys) or 'none'}-{count}")
+        left -= count
+    return ",".join(tokens)
 
 
 def action_keys(text: str) -> list[frozenset[str]]:

@@ -26,6 +26,7 @@ __all__ = [
     "translation_scale",
     "window_camera",
     "window_cuts",
+    "window_keyframes",
 ]
 
 MAX_FRAMES = 961  # one minute at 16 fps, the reference's longest example
@@ -118,6 +119,20 @@ def translation_scale(steps: torch.Tensor, quantile: float = 1.0) -> float:
     return float(moving.max() if quantile == 1.0 else torch.quantile(moving, quantile))
 
 
+def window_keyframes(steps: torch.Tensor, scale: float, window: Window) -> torch.Tensor:
+    """Relative keyframes [F_lat(window), 4, 4] float32 of one window: its piece of ``steps``
+    (``path_keyframes`` of the whole path), taken relative to the window's own first frame
+    (its first step is the identity, as the model saw in training) and divided by the whole
+    path's ``scale``, so the speed does not jump where windows meet."""
+    rel = steps[window.latent_start: window.latent_start + window.latent_frames].clone()
+    if rel.shape[0] != window.latent_frames:
+        raise ValueError(f"the path has {steps.shape[0]} latent frames; window {window.index} needs "
+                         f"{window.latent_start}..{window.latent_start + window.latent_frames - 1}")
+    rel[0] = torch.eye(4, dtype=rel.dtype)
+    rel[:, :3, 3] /= scale
+    return rel.to(torch.float32)
+
+
 def window_camera(
     steps: torch.Tensor,
     scale: float,
@@ -129,19 +144,11 @@ def window_camera(
 ) -> torch.Tensor:
     """Plücker tensor [1, 384, F_lat(window), height/8, width/8] of one window.
 
-    ``steps`` from ``path_keyframes`` (the whole path), ``scale`` from ``translation_scale``.
-    The window's poses are taken relative to its own first frame (its first step is the
-    identity, as the model saw in training) and every window divides by the same scale, so
-    the speed does not jump where windows meet. ``intrinsics`` in 480×832 pixels.
+    ``steps`` from ``path_keyframes`` (the whole path), ``scale`` from ``translation_scale``;
+    the window's keyframes are ``window_keyframes``. ``intrinsics`` in 480×832 pixels.
     """
-    rel = steps[window.latent_start: window.latent_start + window.latent_frames].clone()
-    if rel.shape[0] != window.latent_frames:
-        raise ValueError(f"the path has {steps.shape[0]} latent frames; window {window.index} needs "
-                         f"{window.latent_start}..{window.latent_start + window.latent_frames - 1}")
-    rel[0] = torch.eye(4, dtype=rel.dtype)
-    rel[:, :3, 3] /= scale
+    rel = window_keyframes(steps, scale, window)
     k = scale_intrinsics(intrinsics, height, width).to(torch.float32)
-    rel = rel.to(torch.float32)
     out = torch.empty(1, 6 * FOLD * FOLD, rel.shape[0], height // FOLD, width // FOLD, dtype=dtype)
     for i in range(rel.shape[0]):  # one latent frame at a time: full-size rays are large
         out[0, :, i: i + 1] = fold_rays(plucker_rays(rel[i: i + 1], k, height, width)).to(dtype)

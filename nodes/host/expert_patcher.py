@@ -73,6 +73,11 @@ class ExpertSlot(nn.Module):
     def expert(self) -> nn.Module | None:
         return self._expert
 
+    @property
+    def label(self) -> str:
+        """How log lines name it: "the high-noise expert", or another model's name (Fast)."""
+        return f"the {self.name}-noise expert" if self.name in ("high", "low") else f"the {self.name} transformer"
+
     def put(self, module: nn.Module) -> None:
         object.__setattr__(self, "_expert", module)
 
@@ -148,7 +153,7 @@ class ExpertPatcher(ModelPatcher):
             if _same_device(self.current_loaded_device(), device):
                 return
             self._drop()  # never move an expert between devices: that makes a second copy
-        log.info("LingBot: loading the %s-noise expert from %s to %s", self.model.name, self.model.folder, device)
+        log.info("LingBot: loading %s from %s to %s", self.model.label, self.model.folder, device)
         options = self.model.options
         module = load_expert(self.model.folder, device, options.quantize, blocks_on_gpu=options.blocks_on_gpu)
         module.eval()
@@ -187,7 +192,7 @@ class ExpertPatcher(ModelPatcher):
         self.model.model_loaded_weight_memory = 0
         self.model.device = self.offload_device
         if module is not None:
-            log.info("LingBot: dropped the %s-noise expert", self.model.name)
+            log.info("LingBot: dropped %s", self.model.label)
             release_module(module)
 
 
@@ -203,10 +208,16 @@ class DiTExperts:
 
     high: ExpertPatcher
     low: ExpertPatcher
-    config: DiTConfig  # geometry shared by both experts (from config.json)
+    config: DiTConfig  # shared by both experts: config.json, and control_type ("cam"/"act") from the headers
     placement: Placement | None = None  # None: one device, the experts take turns (today's behaviour)
     copies: dict[tuple[str, int], ExpertPatcher] = field(default_factory=dict)
     loras: tuple = ()  # pipeline.lora.LoraSpec from LoRA Loader nodes, applied while the sampler runs
+
+    @property
+    def label(self) -> str:
+        """How messages name the checkpoint: the high-noise expert's folder and its package."""
+        folder = self.high.model.folder
+        return f"the DiT Loader's checkpoint (high_noise {folder.parent.name}/{folder.name})"
 
     def patcher(self, name: str) -> ExpertPatcher:
         if name == "high":

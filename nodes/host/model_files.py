@@ -19,6 +19,7 @@ import folder_paths
 
 from ...loaders.errors import CheckpointError
 from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
+from ...loaders.model_kind import FAST_FOLDER_PREFIX
 from ...loaders.weight_role import weight_role
 from ...wan.tokenizer import SENTENCEPIECE_MODEL, TOKENIZER_JSON
 
@@ -138,15 +139,22 @@ def list_tokenizer_folders(kinds: Iterable[str] = TOKENIZER_KINDS) -> list[str]:
     return _preferred_first(_scan(kinds, visit), ("tokenizer",))
 
 
-def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS) -> list[str]:
-    """Folders that hold a DiT expert of layout A (NF4) or B (bf16)."""
+def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS, hints: tuple[str, ...] = ()) -> list[str]:
+    """Folders that hold a DiT expert (or the Fast transformer) of layout A (NF4) or B (bf16);
+    those whose name holds one of ``hints`` first."""
     def visit(kind, root, here, dirnames, filenames):
         if EXPERT_CONFIG in filenames and is_expert_folder(here):
             dirnames[:] = []  # an expert folder holds no further experts
             return [_name(kind, root, here)]
         return []
 
-    return _preferred_first(_scan(kinds, visit), ())
+    return _preferred_first(_scan(kinds, visit), hints)
+
+
+def list_fast_folders() -> list[str]:
+    """The Fast DiT Loader's list: every transformer folder, those named as the official Fast
+    release first (a Base expert given to it is refused with what its files say)."""
+    return list_expert_folders(EXPERT_KINDS, (FAST_FOLDER_PREFIX,))
 
 
 # --------------------------------------------------------------------------- T5 or VAE?
@@ -193,6 +201,13 @@ def default_expert_pair(folders: list[str]) -> tuple[str | None, str | None]:
     lows = [f for f in folders if "low_noise" in _leaf(f)]
     high = highs[0] if highs else folders[0]
     return high, lows[0] if lows else high
+
+
+def default_fast_folder(folders: list[str]) -> str | None:
+    """The Fast DiT Loader's default: a folder named as the official Fast release
+    (``lingbot_world_fast*``; the first in the list's order), else the first folder."""
+    fast = [f for f in folders if _leaf(f).startswith(FAST_FOLDER_PREFIX)]
+    return (fast or folders or [None])[0]
 
 
 def _split(name: str, field: str) -> tuple[str, PurePosixPath]:
@@ -260,7 +275,8 @@ def resolve_input_file(name: str, field: str, suffix: str) -> Path:
 
 def list_pose_exports() -> list[str]:
     """Pose exports in ComfyUI's input folder: ViPE output folders (with pose/), folders and
-    files named poses.npy, and .npz files (posix names relative to the input folder)."""
+    files named poses.npy, .npz files and .csv camera logs (posix names relative to the input
+    folder)."""
     root = input_root()
     found = []
     for here, dirnames, filenames in _walk(root):
@@ -268,7 +284,7 @@ def list_pose_exports() -> list[str]:
         if rel != "." and ("pose" in dirnames or "poses.npy" in filenames):
             found.append(rel)
         for name in filenames:
-            if name.lower().endswith(".npz") or name == "poses.npy":
+            if name.lower().endswith((".npz", ".csv")) or name == "poses.npy":
                 found.append(name if rel == "." else f"{rel}/{name}")
     return sorted(found, key=str.lower)
 
@@ -276,7 +292,8 @@ def list_pose_exports() -> list[str]:
 def resolve_pose_export(name: str) -> Path:
     """The input-folder file or folder a pose_export value names (never outside it)."""
     if not isinstance(name, str) or not name.strip() or name == NO_FILE:
-        raise ValueError("pose_export: choose a ViPE output folder, an .npz or a poses.npy from ComfyUI's input folder")
+        raise ValueError("pose_export: choose a ViPE output folder, an .npz, a poses.npy or a .csv camera log from "
+                         "ComfyUI's input folder")
     root = input_root().resolve()
     path = (root / name).resolve()
     if not path.is_relative_to(root):

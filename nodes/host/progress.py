@@ -33,3 +33,24 @@ class LivePreview:
     def on_preview(self, done: int, total: int, x0: torch.Tensor) -> None:
         image = self.previewer.decode_latent_to_preview_image(PREVIEW_FORMAT, x0[None].float()) if self.previewer else None
         self.progress.update_absolute(done, total, image)
+
+
+class ChunkProgress:
+    """The LingBot-World Fast nodes' bar and previews: the bar moves once per forward (a
+    chunk's 4 denoising steps, then its commit pass; a clip's last chunk skips the commit),
+    and each finished chunk's latent is the preview, through the same previewer.
+
+    ``on_step`` and ``on_preview`` take ``pipeline.fast.sample_fast``'s counts (steps done of
+    all steps; chunks done of all chunks)."""
+
+    def __init__(self, chunks: int, steps: int = 4, last_commit: bool = False) -> None:
+        self.steps = steps
+        self.total = chunks * (steps + 1) - (0 if last_commit else 1)
+        self.live = LivePreview(self.total)
+
+    def on_step(self, done: int, total: int) -> None:
+        chunk, step = divmod(done - 1, self.steps)
+        self.live.progress.update_absolute(chunk * (self.steps + 1) + step + 1, self.total)
+
+    def on_preview(self, done: int, total: int, x0: torch.Tensor) -> None:
+        self.live.on_preview(min(done * (self.steps + 1), self.total), self.total, x0)

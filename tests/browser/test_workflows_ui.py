@@ -5,7 +5,7 @@ Chromium), must use only node types the page knows, must convert (the frontend's
 graphToPrompt) to exactly the matching API graph in workflows/api/ (inputs that a newer
 host adds to core nodes at their defaults aside), and is queued from the page after its
 size widgets were set small, the way a user would edit them; it must show a latent preview
-on the sampler and end in a saved video. A screenshot of each lands in
+on the sampler (per step; per chunk on the LingBot-World Fast nodes) and end in a saved video. A screenshot of each lands in
 test-artifacts/browser/, and a thumbnail for the Templates dialog (set
 LINGBOT_UPDATE_THUMBNAILS=1 to write them to example_workflows/).
 
@@ -27,12 +27,17 @@ import tiny_package
 from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
-from shipped_workflows import TEMPLATES
+from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, TEMPLATES
+from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
 UI_DIR = ROOT / "example_workflows"
 API_DIR = ROOT / "workflows" / "api"
 LEGACY_DIR = ROOT / "tests" / "data" / "legacy_workflows"  # the same graphs as shipped before
 EXAMPLES = sorted(TEMPLATES)
+# Run from the page to a saved video; a live session (Play) waits for keys: its own browser test drives it.
+RUN_TO_END = [name for name in EXAMPLES if name not in LIVE_TEMPLATES]
+# The templates with a copy as shipped before (tests/data/legacy_workflows/).
+SAVED_BEFORE = [name for name in EXAMPLES if (LEGACY_DIR / "api" / f"{name}.json").is_file()]
 SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"
 LONG_WINDOW = 5  # the long walk runs as two windows of 5 frames (9 frames)
@@ -41,6 +46,8 @@ THUMB_SIZE = (800, 414)
 # LiteGraph.Canvas.MinFontSizeForLOD of 8 px on a 14 px font).
 MIN_READABLE_SCALE = 0.6
 FRAMES, WIDTH, HEIGHT, STEPS = 5, 48, 32, 3
+FAST_WALK = "lingbot_fast_walk"
+FAST_FRAMES, FAST_CHUNKS = 21, 2  # the Fast graphs run two chunks of 12 frames (the first 9)
 DOCS_SHOT = ROOT / "docs" / "graph.png"
 DOCS_WORKFLOW = TEMPLATES["lingbot_camera_files"]
 DOCS_VIEWPORT = {"width": 1600, "height": 900}
@@ -210,7 +217,7 @@ def test_template_opens_at_a_readable_zoom(frontend: ComfyFrontend, comfy_server
     assert 0 <= view["x"] < view["width"] and 0 <= view["y"] < view["height"], view
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", RUN_TO_END)
 def test_example_workflow_loads_converts_and_runs_from_the_page(
         display: ComfyFrontend, frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
     workflow = ui_graph(name)
@@ -221,14 +228,20 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     api = api_graph(name)
     page_prompt_matches(frontend, comfy_server, api)
 
-    long_walk = name == LONG_WALK
-    frames = 2 * LONG_WINDOW - 1 if long_walk else FRAMES
+    long_walk, fast = name == LONG_WALK, name in FAST_WORKFLOWS
+    frames = 2 * LONG_WINDOW - 1 if long_walk else FAST_FRAMES if fast else FRAMES
     size = {"width": WIDTH, "height": HEIGHT, "frames": frames}
+    camera = {**size}
+    camera_inputs = next((n["inputs"] for n in api.values() if n["class_type"] == "LingBotWorldCamera"), {})
+    if camera_inputs.get("source") == "actions":  # a string longer than the video is refused: shorten it too
+        camera["actions"] = cut_actions(camera_inputs["actions"], frames)
     if long_walk:
-        changes = {"LingBotWorldCamera": {**size, "window": LONG_WINDOW},
+        changes = {"LingBotWorldCamera": {**camera, "window": LONG_WINDOW},
                    "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
+    elif fast:  # 4 fixed steps: only the size changes
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldFastLongVideo": size}
     else:
-        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldSampler": {"steps": STEPS}}
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldSampler": {"steps": STEPS}}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
     assert len(changed) == sum(len(v) for k, v in changes.items()
                                if any(n["class_type"] == k for n in api.values()))
@@ -244,34 +257,40 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     assert (info.frames, info.width, info.height) == (frames, WIDTH, HEIGHT), info
 
     # The page got the results too: the Save Video (or Long Video) node shows the clip.
-    shows_video = SAMPLER if long_walk else "9"
+    shows_video = SAMPLER if long_walk or name == FAST_WALK else "9"
     frontend.page.wait_for_function(
         f"() => (window.app.nodeOutputs?.['{shows_video}']?.images || []).some(i => i.filename.endsWith('.mp4'))",
         timeout=20_000)
-    # The sampler node got a live preview image per step (the page shows the latest).
+    # The sampler node got a live preview image per step (the page shows the latest); the
+    # Fast nodes one per chunk.
     previews = frontend.page.evaluate("() => window.__lingbotPreviews")
     on_sampler = [p for p in previews if p["node"] == SAMPLER]
-    assert len(on_sampler) >= STEPS and all(p["type"].startswith("image/") and p["bytes"] > 0
-                                             for p in on_sampler), previews
+    assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
+        p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
     fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
     assert not frontend.page_errors, frontend.page_errors
 
     # The card's picture: the template's own values, with what this run showed (the camera
     # path drawing, the video) on its nodes, so each card shows its own workflow.
-    sized = next(n for n in api.values()
-                 if n["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldLongVideo"))["inputs"]
+    sized = next(n for n in api.values() if n["class_type"] in (
+        "LingBotWorldVAEEncode", "LingBotWorldLongVideo", "LingBotWorldFastLongVideo"))["inputs"]
     shipped = {k: sized[k] for k in ("width", "height", "frames")}
+    shipped_camera = {**shipped, **({"actions": camera_inputs["actions"]} if "actions" in camera else {})}
     if long_walk:
         shipped["window"] = sized["window"]
-        restore = {"LingBotWorldCamera": shipped, "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
+        restore = {"LingBotWorldCamera": {**shipped_camera, "window": sized["window"]},
+                   "LingBotWorldLongVideo": {**shipped, "steps": sized["steps"]}}
+    elif fast:
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
+                   "LingBotWorldFastLongVideo": shipped}
     else:
-        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped,
+        restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
                    "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
     frontend.page.evaluate(_JS_SET_WIDGETS, restore)
     shoot_thumbnail(frontend, name)
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", SAVED_BEFORE)
 def test_a_workflow_saved_before_converts_to_its_prompt_in_the_page(
         frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
     """A user's copy of a shipped workflow as it was before: the frontend loads it with

@@ -201,3 +201,43 @@ def test_core_vae_loader_feeds_the_pack_and_core_decode_equals_the_packs(comfy_s
     diff = (core - pack).abs()
     print(f"core VAE Decode vs the pack's decoder: max {float(diff.max()):.2e}, mean {float(diff.mean()):.2e}")
     assert float(diff.max()) < DECODE_ATOL, f"max |core - pack| = {float(diff.max()):.2e}"
+
+
+def fast_core_graph() -> dict:
+    """The Fast clip template with core nodes around the Fast Sampler: CLIPLoader + CLIP Text
+    Encode on its positive input (no negative: Fast has no CFG), Load VAE feeding the pack's
+    VAE Encode, and its LATENT decoded by core VAE Decode and by the pack's VAE Decode."""
+    graph = tiny_package.small_workflow(
+        json.loads((ROOT / "workflows" / "api" / "lingbot_fast_clip.json").read_text()),
+        frames=FAST_FRAMES, width=WIDTH, height=HEIGHT)
+    by_type = {node["class_type"]: node_id for node_id, node in graph.items()}
+    del graph[by_type["LingBotWorldTextEncode"]]
+    graph["20"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": COMFY_T5_FILES["bf16"], "type": "wan"}}
+    graph["21"] = {"class_type": "CLIPTextEncode", "inputs": {"text": PROMPT, "clip": ["20", 0]}}
+    sampler = by_type["LingBotWorldFastSampler"]
+    graph[sampler]["inputs"].pop("text")
+    graph[sampler]["inputs"]["positive"] = ["21", 0]
+    graph["30"] = {"class_type": "VAELoader", "inputs": {"vae_name": CORE_VAE}}
+    graph[by_type["LingBotWorldVAEEncode"]]["inputs"].update(vae="(none)", vae_model=["30", 0])
+    graph[by_type["LingBotWorldVAEDecode"]]["inputs"].update(vae="(none)", vae_model=["30", 0])
+    graph["31"] = {"class_type": "VAEDecode", "inputs": {"samples": [sampler, 0], "vae": ["30", 0]}}
+    graph["32"] = {"class_type": "LingBotTestSaveTensors", "inputs": {"value": ["31", 0], "name": "fast_core_decode"}}
+    graph["33"] = {"class_type": "LingBotTestSaveTensors",
+                   "inputs": {"value": [by_type["LingBotWorldVAEDecode"], 0], "name": "fast_pack_decode"}}
+    return graph
+
+
+FAST_FRAMES = 9  # one chunk of LingBot-World Fast
+
+
+def test_the_fast_samplers_latent_decodes_with_core_vae_decode_and_the_packs(comfy_server: ComfyServer) -> None:
+    """Core CLIP Text Encode drives the Fast Sampler, and its LATENT (ComfyUI's Wan 2.1
+    convention) decodes with core VAE Decode to the pack decoder's frames."""
+    result = comfy_server.run(fast_core_graph(), timeout=600)
+    videos = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    assert len(videos) == 1 and video_info(videos[0]).frames == FAST_FRAMES
+    core, pack = saved(comfy_server, "fast_core_decode")["image"], saved(comfy_server, "fast_pack_decode")["image"]
+    assert pack.shape == (FAST_FRAMES, HEIGHT, WIDTH, 3), pack.shape
+    diff = (core.reshape(pack.shape) - pack).abs()
+    print(f"Fast: core VAE Decode vs the pack's decoder: max {float(diff.max()):.2e}, mean {float(diff.mean()):.2e}")
+    assert float(diff.max()) < DECODE_ATOL, f"max |core - pack| = {float(diff.max()):.2e}"

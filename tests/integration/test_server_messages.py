@@ -54,7 +54,7 @@ def _run(server: ComfyServer, **inputs_by_node) -> dict:
             "low_noise": "lingbot/broken_config/low_noise_model_bnb_nf4"}},
      "lingbot/broken_config/high_noise_model_bnb_nf4/config.json: field 'num_layers'"),
     ({"5": {"poses_file": "bad_poses/poses.npy", "intrinsics_file": "bad_poses/intrinsics.npy"}},
-     "input/bad_poses/poses.npy: poses"),
+     "poses in input/bad_poses/poses.npy: poses"),
 ], ids=["model-folder", "input-folder"])
 def test_errors_name_files_relative_to_their_folder(comfy_server: ComfyServer, changes, start):
     error = _run(comfy_server, **changes)

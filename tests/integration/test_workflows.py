@@ -18,18 +18,24 @@ import pytest
 import tiny_package
 from comfy_host import ROOT
 from comfy_server import ComfyServer, PromptRejected, video_info
+from shipped_workflows import FAST_WORKFLOWS
 
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
-# The one-pass graphs (sampler, decode, Save Video); the long walk has its own test file.
-ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem != "lingbot_long_walk"]
-LEGACY_API_WORKFLOWS = sorted((ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json"))
+# The one-pass graphs (sampler, decode, Save Video); the long walk and the LingBot-World
+# Fast graphs (frames in whole chunks) have their own test files, and the Play session (live:
+# it waits for keys) test_play_server.py.
+ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS
+                      if p.stem not in ("lingbot_long_walk", "lingbot_play") and p.stem not in FAST_WORKFLOWS]
+LEGACY_API_WORKFLOWS = sorted(p for p in (ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json")
+                              if p.stem not in FAST_WORKFLOWS and p.stem != "lingbot_play")
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
                           ["LINGBOT_TEXT"]),
     "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"], ["LINGBOT_DIT"]),
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
-                            "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap"],
+                            "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap",
+                                        "camera_axes", "keyframes"],
                            ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"],
                               ["LINGBOT_I2V"]),
@@ -43,6 +49,15 @@ PACK_NODES = {
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                                "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
                               ["text", "camera_path", "vae_model", "positive", "negative"], ["VIDEO"]),
+    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], [], ["LINGBOT_FAST_DIT", "STRING"]),
+    "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
+                                ["text", "positive", "camera"], ["LATENT"]),
+    "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
+                                   "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
+                                  ["text", "positive", "camera_path", "vae_model", "precision"], ["VIDEO"]),
+    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
+                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
+                         ["text", "positive", "vae_model", "precision"], ["VIDEO", "STRING", "LATENT"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
@@ -146,10 +161,11 @@ def test_shipped_workflow_saves_a_video(comfy_server: ComfyServer, workflow: Pat
     assert len(previews) == (1 if has_camera else 0), previews  # the camera path drawing
 
 
-@pytest.mark.parametrize("workflow", LEGACY_API_WORKFLOWS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("workflow", [p for p in LEGACY_API_WORKFLOWS if p.stem != "lingbot_play"],  # Play: live
+                         ids=lambda p: p.stem)
 def test_an_api_prompt_saved_before_still_runs(comfy_server: ComfyServer, workflow: Path) -> None:
     """Queued as saved (only shrunk like every graph here): it validates, runs, saves a video."""
-    assert len(LEGACY_API_WORKFLOWS) == len(API_WORKFLOWS)
+    assert len(LEGACY_API_WORKFLOWS) == len([p for p in API_WORKFLOWS if p.stem not in FAST_WORKFLOWS])
     graph = tiny_package.small_workflow(json.loads(workflow.read_text()), frames=5, width=WIDTH, height=HEIGHT,
                                         steps=2)
     comfy_server.free()  # drop cached outputs: the same graph may have run above

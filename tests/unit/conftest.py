@@ -22,9 +22,22 @@ def packages(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def act_packages(tmp_path_factory) -> dict[str, Path]:
+    """Tiny synthetic LingBot-World Act packages of both layouts (7-channel control layer)."""
+    root = tmp_path_factory.getbasetemp() / "tiny-packages"
+    return {layout: tiny_package.build(root, layout, model="act") for layout in ("nf4", "bf16")}
+
+
+@pytest.fixture(scope="session")
 def package(packages) -> Path:
     """The tiny NF4 (layout A) package."""
     return packages["nf4"]
+
+
+@pytest.fixture(scope="session")
+def fast_package(tmp_path_factory) -> Path:
+    """The tiny Fast transformer: lingbot_world_fast/ (bf16) and lingbot_world_fast_bnb_nf4/."""
+    return tiny_package.build_fast(tmp_path_factory.getbasetemp() / "tiny-packages")
 
 
 @pytest.fixture
@@ -51,6 +64,23 @@ def installed(comfy_dirs, package) -> dict[str, Path]:
     (comfy_dirs["lingbot"] / "pkg").symlink_to(package, target_is_directory=True)
     comfy_dirs["package"] = package
     return comfy_dirs
+
+
+@pytest.fixture
+def fast_installed(installed, fast_package) -> dict[str, Path]:
+    """``installed`` plus the tiny Fast transformer as models/lingbot/fast/lingbot_world_fast
+    (bf16) and models/lingbot/fast/lingbot_world_fast_bnb_nf4."""
+    (installed["lingbot"] / "fast").symlink_to(fast_package, target_is_directory=True)
+    installed["fast"] = fast_package
+    return installed
+
+
+@pytest.fixture
+def installed_act(installed, act_packages) -> dict[str, Path]:
+    """``installed`` plus the tiny Act package (NF4) as models/lingbot/act."""
+    (installed["lingbot"] / "act").symlink_to(act_packages["nf4"], target_is_directory=True)
+    installed["act_package"] = act_packages["nf4"]
+    return installed
 
 
 @pytest.fixture

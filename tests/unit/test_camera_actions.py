@@ -135,3 +135,14 @@ def test_trajectory_picture_marks_window_cuts() -> None:
     with pytest.raises(ValueError, match="cut at pose 99"):
         draw_trajectory(poses, (256, 256), cuts=(99,))
     torch.testing.assert_close(torch.from_numpy(plain), torch.from_numpy(draw_trajectory(poses, (256, 256))))
+
+
+def test_cut_actions_keeps_the_first_frames() -> None:
+    from comfyui_lingbot_world.wan.camera_actions import action_keys, cut_actions
+
+    assert cut_actions("w-20,jw-10,none-5", 40) == "w-20,jw-10,none-5"  # fits: unchanged
+    assert cut_actions("w-20,jw-10,none-5", 25) == "w-20,wj-5"
+    assert cut_actions("w-20,jw-10,none-5", 32) == "w-20,wj-10,none-2"
+    assert action_keys(cut_actions("w-20,jw-10", 24)) == action_keys("w-20,jw-10")[:24]
+    with pytest.raises(ActionError, match="positive integer"):
+        cut_actions("w-3", 0)

@@ -3,6 +3,7 @@ before anything is loaded; --help shows defaults; third-party start-up noise is 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,58 @@ def test_checkout_entry_point_is_quiet_and_one_line(tmp_path, image):
     lines = done.stderr.strip().splitlines()
     assert lines == [f"generate: error: --package: package folder {tmp_path / 'nope'} does not exist"], done.stderr
     assert "Traceback" not in done.stderr and "kernels" not in done.stderr
+
+
+# --------------------------------------------------------------------------- generate: Base-Cam or Act
+
+
+def _act_folder(tmp_path: Path, frames: int = 9, action: bool = True) -> Path:
+    import numpy as np
+
+    from comfyui_lingbot_world.wan.act_control import wasd_from_actions
+    from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
+
+    folder = tmp_path / "act_example"
+    folder.mkdir()
+    poses, k = preset_trajectory("orbit_left", frames)
+    np.save(folder / "poses.npy", poses)
+    np.save(folder / "intrinsics.npy", k)
+    if action:
+        np.save(folder / "action.npy", wasd_from_actions("w-4,d-5", frames))
+    return folder
+
+
+def test_an_action_string_longer_than_the_video_is_one_line_naming_both(package, image, tmp_path, capsys,
+                                                                        nothing_loads):
+    code, err = _run_generate(_base(package, image, tmp_path / "v.mp4") + ["--actions", "w-6,j-3"], capsys)
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("generate: error: --actions:") and "9 action frames but the video has 5 frames" in err[0]
+
+
+@pytest.mark.parametrize("camera, fix", [
+    (["--preset", "dolly_in"], "--preset: --package .*tiny_act_nf4 is an Act checkpoint .* the camera "
+                               "\\(preset 'dolly_in'\\) .* --actions and --camera-dir"),
+    ("camera-dir-without-action", "--camera-dir: the package is an Act checkpoint: it needs the W/A/S/D keys"),
+])
+def test_an_act_package_with_base_cam_controls_is_refused_before_loading(act_packages, image, tmp_path, capsys,
+                                                                        nothing_loads, camera, fix):
+    if camera == "camera-dir-without-action":
+        camera = ["--camera-dir", str(_act_folder(tmp_path, action=False))]
+    code, err = _run_generate(_base(act_packages["nf4"], image, tmp_path / "v.mp4") + camera, capsys)
+    assert code == 2 and len(err) == 1
+    assert re.search(fix, err[0]), err[0]
+
+
+def test_generate_runs_the_act_package_from_actions_and_from_action_npy(act_packages, packages, image, tmp_path):
+    """Whole runs on the tiny Act package (CPU): an action string, and poses + action.npy. The
+    Base-Cam package reads the same folder as a plain camera path (action.npy unused)."""
+    folder = _act_folder(tmp_path)
+    runs = {"act-actions": (act_packages["nf4"], ["--actions", "w-3,aj-4"]),
+            "act-files": (act_packages["nf4"], ["--camera-dir", str(folder)]),
+            "base-files": (packages["nf4"], ["--camera-dir", str(folder)])}
+    for name, (package, camera) in runs.items():
+        out = tmp_path / f"{name}.mp4"
+        argv = _base(package, image, out) + camera
+        argv[argv.index("--frames") + 1] = "9"
+        assert cli.run("generate", generate.main, argv) == 0, name
+        assert out.is_file() and out.stat().st_size > 0, name

@@ -20,7 +20,9 @@ from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample
 from comfyui_lingbot_world.pipeline.text import encode_text
 from comfyui_lingbot_world.wan.camera import CameraError, camera_tensor
 from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
-from comfyui_lingbot_world.wan.camera_actions import action_poses, default_intrinsics
+from comfyui_lingbot_world.wan.act_control import act_control_from_actions, wasd_from_actions
+from comfyui_lingbot_world.wan.camera_actions import (ActionError, act2cam_camera, act2cam_keyframes, action_poses,
+                                                      default_intrinsics)
 from comfyui_lingbot_world.wan.conditioning import first_frame_mask
 from comfyui_lingbot_world.wan.long_video import (
     given_frames_mask,
@@ -114,6 +116,40 @@ def test_one_window_camera_is_the_one_pass_tensor_exactly() -> None:
     assert torch.equal(cam, camera_tensor(poses, k, 81, H, W, dtype=torch.float32))
 
 
+def test_action_string_windows_are_the_act2cam_camera_rebased() -> None:
+    """A long video of an action string: each window is its piece of the official act2cam
+    camera (F + 1 poses sampled at linspace(0, F, F_lat)), re-based to its first frame."""
+    text, frames = "w-40,l-30,wj-60,i-10,d-60,none-20,s-80", 321
+    path = cam.path_from_actions(text, frames, H, W)
+    one = act2cam_camera(text, frames, H, W)
+    windowed = lv.WindowedCamera(path, frames, H, W)
+    torch.testing.assert_close(windowed.steps, act2cam_keyframes(text, frames, normalize=False))
+    for w in plan_windows(frames, 81, 1):
+        got = windowed.condition(w).plucker
+        torch.testing.assert_close(got[:, :, :1], one[:, :, :1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(got[:, :, 1:], one[:, :, w.latent_start + 1: w.latent_start + w.latent_frames],
+                                   rtol=0, atol=1e-5)
+
+
+def test_act_windows_take_the_key_rows_of_their_frames() -> None:
+    """Act through the windows: directions-only rays of the window's camera, and the W/A/S/D
+    rows window.start + 4j of the whole video; one window is the one-pass Act control."""
+    text, frames = "w-20,a-10,wj-8,s-12,d-6", 57
+    path = cam.path_from_actions(text, frames, H, W)
+    windowed = lv.WindowedCamera(path, frames, H, W, control_type="act")
+    keys = wasd_from_actions(text, frames)
+    for w in plan_windows(frames, 21, 5):
+        got = windowed.condition(w)
+        assert got.control_type == "act" and got.plucker.shape == (1, 448, w.latent_frames, H // 8, W // 8)
+        np.testing.assert_array_equal(got.plucker[0, 192::64, :, 3, 2].T.numpy(), keys[w.start:w.stop:4])
+        # The rays are the Base-Cam window's directions (channels 3..5 of each pixel's six).
+        base = lv.WindowedCamera(path, frames, H, W).condition(w).plucker
+        torch.testing.assert_close(got.plucker[:, :192], base[:, 192:], rtol=0, atol=1e-6)
+    (only,) = plan_windows(frames, 81, 1)
+    torch.testing.assert_close(windowed.condition(only).plucker, act_control_from_actions(text, frames, H, W),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_one_translation_scale_for_the_whole_path() -> None:
     # Slow walk for 80 frames, then three times as fast: with one scale the slow window's
     # steps stay a third of the fast window's, instead of both being normalized to 1.
@@ -134,9 +170,14 @@ def test_one_translation_scale_for_the_whole_path() -> None:
 
 
 def test_windowed_camera_checks_coverage() -> None:
-    path = cam.path_from_actions("w-20", 21, H, W)
+    path = cam.path_from_preset("dolly_in", 1.0, 21)
     with pytest.raises(CameraError, match="cover only 21 frames"):
         lv.WindowedCamera(path, 41, H, W)
+    # An action string covers any video at least as long as itself, never a shorter one.
+    walk = cam.path_from_actions("w-20", 21, H, W)
+    assert lv.WindowedCamera(walk, 41, H, W).steps.shape[0] == 11
+    with pytest.raises(ActionError, match="20 action frames but the video has 17 frames"):
+        lv.WindowedCamera(walk, 17, H, W)
 
 
 # --------------------------------------------------------------------------- runs (tiny package)

@@ -18,7 +18,7 @@ from comfyui_lingbot_world.loaders.t5_loader import load_t5
 from comfyui_lingbot_world.loaders.vae_loader import load_vae
 from comfyui_lingbot_world.tools.cli import UsageError
 from comfyui_lingbot_world.tools.make_checkpoint import main
-from comfyui_lingbot_world.wan.config import TINY
+from comfyui_lingbot_world.wan.config import TINY, TINY_ACT
 from comfyui_lingbot_world.wan.tokenizer import UMT5Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +83,20 @@ def test_parts_subset_and_bad_arguments(tmp_path: Path) -> None:
         main(["--preset", "huge", "--layout", "nf4", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("layout", ["nf4", "bf16"])
+def test_model_act_writes_the_act_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture, layout: str) -> None:
+    """--model act: config.json as Base-Cam's, the control layer 7 channels wide ([64, 1792] at tiny)."""
+    assert main(["--model", "act", "--preset", "tiny", "--layout", layout, "--out", str(tmp_path),
+                 "--parts", "experts"]) == 0
+    assert "tiny act package" in capsys.readouterr().out
+    for folder in sorted(p for p in tmp_path.iterdir() if p.is_dir()):
+        assert read_config(folder) == TINY  # config.json cannot tell: it is Base-Cam's
+        model = (load_nf4_expert if layout == "nf4" else load_bf16_expert)(folder, "cpu")
+        assert model.config == TINY_ACT and model.patch_embedding_wancamctrl.in_features == 1792
+    with pytest.raises(UsageError, match="--model: invalid choice"):
+        main(["--model", "cam", "--preset", "tiny", "--layout", layout, "--out", str(tmp_path)])
+
+
 def test_runs_from_a_plain_checkout(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT), "make_checkpoint", "--preset", "tiny", "--layout", "nf4",
@@ -92,3 +106,38 @@ def test_runs_from_a_plain_checkout(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "low_noise_model_bnb_nf4/model.safetensors" in result.stdout
     assert detect_expert_layout(tmp_path / "low_noise_model_bnb_nf4") == "nf4"
+
+
+# --------------------------------------------------------------------------- --model fast
+
+
+def test_tiny_fast_transformer_in_both_layouts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The Fast transformer where the official README puts it (lingbot_world_fast/, bf16) or
+    as the package tool's NF4 folder, with the official config.json: the pack tells it from a
+    Base expert and loads it; its weights are not the experts'."""
+    from comfyui_lingbot_world.loaders.model_kind import fast_config_fields, identify_model
+    from comfyui_lingbot_world.pipeline.experts import load_expert
+
+    assert main(["--model", "fast", "--preset", "tiny", "--layout", "bf16", "--out", str(tmp_path)]) == 0
+    assert "lingbot_world_fast/config.json" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Wan2.1_VAE.pth", "lingbot_world_fast",
+                                                          "models_t5_umt5-xxl-enc-bf16.pth", "tokenizer"]
+    assert main(["--model", "fast", "--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path),
+                 "--parts", "transformer"]) == 0
+    assert main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "experts"]) == 0
+    bf16, nf4 = tmp_path / "lingbot_world_fast", tmp_path / "lingbot_world_fast_bnb_nf4"
+    assert detect_expert_layout(bf16) == "bf16" and detect_expert_layout(nf4) == "nf4"
+    for folder in (bf16, nf4):
+        assert json.loads((folder / "config.json").read_text()) == fast_config_fields(TINY)
+        assert read_config(folder) == TINY and identify_model(folder).kind == "fast"
+    fast = load_expert(bf16, "cpu")
+    assert torch.equal(fast.blocks[0].modulation, load_expert(nf4, "cpu").blocks[0].modulation)  # same seed
+    assert not torch.equal(fast.blocks[0].modulation, load_expert(find_package(tmp_path).high, "cpu").blocks[0].modulation)
+    assert identify_model(find_package(tmp_path).high).kind == "base"
+    # The experts are not a Fast part, nor the transformer a Base one.
+    with pytest.raises(UsageError, match="--parts: unknown part.*experts for --model fast"):
+        main(["--model", "fast", "--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "experts"])
+    with pytest.raises(UsageError, match="--parts: unknown part.*transformer for --model base"):
+        main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "transformer"])
+    with pytest.raises(UsageError, match="--model: invalid choice"):
+        main(["--model", "turbo", "--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path)])

@@ -1,6 +1,6 @@
 """nodes/dit_loader.py: LingBot-World NF4 DiT Loader (also bf16) inside the ComfyUI host (CPU):
 nothing loads, folders and geometries are checked, block swap and devices options, and
-the DiT handle frees everything when dropped."""
+the DiT handle frees everything when dropped; Base-Cam or Act from the weights."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,12 +15,12 @@ from comfy_host import comfy_state_reset, use_comfy_in_process
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
-from node_runs import PKG, encode_prompt, encode_start, load_dit, options, run_sampler  # noqa: E402
+from node_runs import ACT_PKG, PKG, encode_prompt, encode_start, load_dit, options, run_sampler  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
 from comfyui_lingbot_world.nodes.dit_loader import LingBotWorldDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.host.expert_patcher import DiTExperts  # noqa: E402
 from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_nf4_expert  # noqa: E402
-from comfyui_lingbot_world.wan.config import TINY  # noqa: E402
+from comfyui_lingbot_world.wan.config import TINY, TINY_ACT  # noqa: E402
 
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
@@ -100,3 +100,37 @@ def test_experts_of_different_shapes_are_refused_naming_the_folders(installed):
                                       "none")
     assert LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4",
                                          "none")[0].config == TINY  # the package's own pair loads
+
+
+def test_a_fast_transformer_given_to_the_base_loader_is_refused_by_its_files(fast_installed, tmp_path, caplog):
+    """The Fast transformer has an expert's shapes: its config.json says what it is."""
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    for fast in ("lingbot/fast/lingbot_world_fast", "lingbot/fast/lingbot_world_fast_bnb_nf4"):
+        with pytest.raises(CheckpointError, match=r"high_noise: holds LingBot-World Fast, not a LingBot-World Base "
+                           r"expert \(config.json: _class_name 'WanModelFast', has local_attn_size and sink_size\); "
+                           r"load this folder with the LingBot-World Fast DiT Loader"):
+            LingBotWorldDiTLoader.execute(fast, low, "none")
+    with pytest.raises(CheckpointError, match="low_noise: holds LingBot-World Fast"):
+        LingBotWorldDiTLoader.execute(high, "lingbot/fast/lingbot_world_fast", "none")
+    # Files that cannot tell (no class name, a neutral folder name): loaded as Base, and said so.
+    neutral = fast_installed["lingbot"] / "neutral"
+    write_synthetic_nf4_expert(neutral, TINY, seed=5)
+    config = neutral / "config.json"
+    config.write_text(config.read_text().replace('"_class_name": "WanModel",', ""))
+    with caplog.at_level("WARNING"):
+        dit = LingBotWorldDiTLoader.execute("lingbot/neutral", low, "none")[0]
+    assert isinstance(dit, DiTExperts)
+    assert "high_noise: the files of" in caplog.text and "loading them as a LingBot-World Base expert" in caplog.text
+
+
+def test_the_dit_carries_the_control_type_of_its_weights(installed_act):
+    """Base-Cam or Act travels with LINGBOT_DIT (told by the control weight's shape, read from
+    the headers; nothing loads); experts of the two checkpoints are refused naming both."""
+    base, act = load_dit(), load_dit(ACT_PKG)
+    assert (base.config.control_type, act.config.control_type) == ("cam", "act")
+    assert act.config == TINY_ACT and act.high.expert is None and act.low.expert is None
+    assert "act/high_noise_model_bnb_nf4" in act.label
+    refusal = (r"low_noise_model_bnb_nf4: low_noise is an Act expert .* but high_noise .*pkg.* is a Base-Cam expert"
+               r".*both experts must come from the same model")
+    with pytest.raises(CheckpointError, match=refusal):
+        LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{ACT_PKG}/low_noise_model_bnb_nf4", "none")

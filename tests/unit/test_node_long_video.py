@@ -1,7 +1,8 @@
 """nodes/long_video.py: LingBot-World Long Video inside the ComfyUI host (CPU) on the tiny
 package: the .mp4 written window by window, cancel, the checks of its inputs, the LoRAs of
-the LoRA Loader (applied and refused as the sampler does), and the output file checked
-before the first window (a read-only folder, a full disk, a bad prefix)."""
+the LoRA Loader (applied and refused as the sampler does), the output file checked before
+the first window (a read-only folder, a full disk, a bad prefix), no latent previews; the
+Act checkpoint through the windows, and the refusal of a wrong checkpoint/controls pairing."""
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ import av  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import comfy.utils  # noqa: E402
 
-from node_runs import H, PKG, W  # noqa: E402
+from node_runs import ACT_PKG, H, PKG, W  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from synthetic_lora import kohya_state, write_kohya_lora  # noqa: E402
 from comfyui_lingbot_world.loaders.errors import CheckpointError  # noqa: E402
@@ -49,13 +50,14 @@ def _text():
                                           "a walk", "blurry", "auto")[0]
 
 
-def _dit():
-    return LingBotWorldDiTLoader.execute(f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4", "none")[0]
+def _dit(package=PKG):
+    return LingBotWorldDiTLoader.execute(f"{package}/high_noise_model_bnb_nf4", f"{package}/low_noise_model_bnb_nf4",
+                                         "none")[0]
 
 
-def _long(installed, frames=13, window=9, steps=2, camera_path=None, dit=None, text=None, **kw):
+def _long(installed, frames=13, window=9, steps=2, camera_path=None, dit=None, text=None, package=PKG, **kw):
     text = text if text is not None else _text()
-    dit = dit if dit is not None else _dit()
+    dit = dit if dit is not None else _dit(package)
     image = torch.from_numpy(np.random.default_rng(0).random((1, 40, 60, 3), dtype=np.float32))
     args = dict(dit=dit, image=image, vae=f"{PKG}/Wan2.1_VAE.pth", width=W, height=H, frames=frames, window=window,
                 overlap=1, scale_quantile=1.0, steps=steps, shift=5.0, cfg_high=4.0, cfg_low=4.0, boundary=0.9, seed=3,
@@ -105,7 +107,8 @@ def test_long_video_node_checks_its_inputs(installed):
         _long(installed, camera_path="not a path")
     with pytest.raises(ValueError, match="overlap"):
         _long(installed, overlap=9)
-    _, _, short = _camera("actions", frames=9, window=9, actions="w-8")
+    # A pose path of 9 frames cannot drive more (an action string can: the camera holds still after it).
+    _, _, short = _camera("preset", frames=9, window=9)
     with pytest.raises(ValueError, match="cover only"):
         _long(installed, camera_path=short)
     assert not list(installed["output"].rglob("*.mp4"))  # nothing written before the checks pass
@@ -255,3 +258,40 @@ def test_long_video_with_live_previews_on_sends_progress_but_no_latent_preview(i
     # 2 windows x 2 steps; newer hosts throttle plain progress but keep the first and last
     assert ticks[0][:2] == (1, 4) and ticks[-1][:2] == (4, 4)
     assert [p for _, _, p in ticks] == [None] * len(ticks)
+
+
+def test_the_act_checkpoint_through_the_windows(installed_act, monkeypatch):
+    """An action string on the Act checkpoint, 13 frames in windows of 9: every window gets
+    the Act control (directions + its W/A/S/D rows), and the video has every frame."""
+    from comfyui_lingbot_world.pipeline import long_video as pipeline_long_video
+    from comfyui_lingbot_world.wan.act_control import wasd_from_actions
+
+    _, _, path = _camera("actions", frames=13, window=9, actions="w-3,d-4,s-5")
+    seen = []
+    real = pipeline_long_video.sample
+
+    def spying_sample(experts, text, condition, camera, *args, **kwargs):
+        seen.append(camera)
+        return real(experts, text, condition, camera, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline_long_video, "sample", spying_sample)
+    dit, _ = _long(installed_act, camera_path=path, package=ACT_PKG)
+    assert dit.config.control_type == "act" and [c.control_type for c in seen] == ["act", "act"]
+    keys = wasd_from_actions("w-3,d-4,s-5", 13)
+    for camera, (start, frames) in zip(seen, ((0, 9), (8, 5))):  # windows 0..8 and 8..12
+        assert camera.plucker.shape == (1, 448, (frames - 1) // 4 + 1, H // 8, W // 8)
+        np.testing.assert_array_equal(camera.plucker[0, 192::64, :, 0, 0].T.numpy(), keys[start:start + frames:4])
+    (video,) = (installed_act["output"] / "LingBotWorld").glob("long_*.mp4")
+    assert _frames_in(video) == 13
+
+
+def test_the_wrong_pairing_is_refused_before_any_expert_loads(installed_act, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("an expert was loaded")
+
+    monkeypatch.setattr(mm, "load_models_gpu", no_load)
+    _, _, preset = _camera("preset", frames=13, window=9)
+    with pytest.raises(ValueError, match=r"act/high_noise_model_bnb_nf4\) is an Act checkpoint .* the camera "
+                                         r"\(preset 'pan_left'\) gives Base-Cam Plücker rays"):
+        _long(installed_act, camera_path=preset, package=ACT_PKG)
+    assert not list(installed_act["output"].rglob("*.mp4"))  # nothing written before the checks pass

@@ -1,6 +1,7 @@
 """nodes/sampler.py: LingBot-World Dual-Expert Sampler inside the ComfyUI host (CPU): both
 experts, one resident at a time; the prompt from text or core CONDITIONING; previews,
-cancel, refusals; the fast-mode inputs (step cache, CFG truncation, attention, preset)."""
+cancel, refusals; the fast-mode inputs (step cache, CFG truncation, attention, preset); the
+Act checkpoint's controls and the refusal of a wrong checkpoint/controls pairing."""
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,8 @@ import comfy.model_management as mm  # noqa: E402
 import comfy.utils  # noqa: E402
 import latent_preview  # noqa: E402
 
-from node_runs import FRAMES, H, W, core_conditioning, encode_prompt, encode_start, load_dit, not_resident, run_sampler  # noqa: E402
+from node_runs import (ACT_PKG, FRAMES, H, W, core_conditioning, encode_prompt, encode_start, load_dit,  # noqa: E402
+                       not_resident, run_sampler)
 from comfyui_lingbot_world.nodes import sampler as sampler_module  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
@@ -159,7 +161,7 @@ def test_fast_inputs_are_optional_widgets_after_the_old_ones():
         {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.05}
     combos = {k: (opt[k][1]["options"], opt[k][1]["default"]) for k in ("attention", "preset")}
     assert combos == {"attention": (["auto", "sdpa", "flash", "sage"], "auto"),
-                      "preset": (["none", "lightning_4step"], "none")}
+                      "preset": (["none", "lightning_4step", "official_act2cam", "official_act"], "none")}
     assert "EasyCache" in opt["cache_threshold"][1]["tooltip"] and "0.05" in opt["cache_threshold"][1]["tooltip"]
 
 
@@ -249,3 +251,68 @@ def test_bad_fast_inputs_name_the_input(installed):
         with pytest.raises(ValueError, match=f"^{field}: "):
             _latent(dit, text, i2v, **fast)
     assert not_resident(dit)
+
+
+# --------------------------------------------------------------------------- Base-Cam or Act
+
+
+def _act_files(installed, frames=FRAMES):
+    import numpy as np
+
+    from comfyui_lingbot_world.wan.act_control import wasd_from_actions
+    from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
+
+    folder = installed["input"] / "act"
+    folder.mkdir()
+    poses, k = preset_trajectory("orbit_left", frames)
+    np.save(folder / "poses.npy", poses)
+    np.save(folder / "intrinsics.npy", k)
+    np.save(folder / "action.npy", wasd_from_actions("w-2,d-3", frames))
+    return LingBotWorldCamera.execute("act_files", "static", 1.0, "act/poses.npy", "act/intrinsics.npy", W, H,
+                                      FRAMES)[0]
+
+
+def test_the_act_checkpoint_follows_action_strings_and_act_files(installed_act, monkeypatch):
+    from comfyui_lingbot_world.wan.act_control import act_control_from_actions
+
+    text, i2v, dit = encode_prompt(), encode_start(), load_dit(ACT_PKG)
+    seen = []
+    real_sample = sampler_module.sample
+
+    def spying_sample(experts, text, condition, camera, *args, **kwargs):
+        seen.append(camera)
+        return real_sample(experts, text, condition, camera, *args, **kwargs)
+
+    monkeypatch.setattr(sampler_module, "sample", spying_sample)
+    # An action string: the Camera node builds the Base-Cam camera, the sampler rebuilds it as Act.
+    strings = LingBotWorldCamera.execute("actions", "static", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H,
+                                         FRAMES, "w-2,aj-2")[0]
+    assert strings.control_type == "cam" and strings.plucker.shape[1] == 384
+    walked = run_sampler(dit, text, i2v, strings, steps=2)["samples"]
+    assert seen[-1].control_type == "act"
+    torch.testing.assert_close(seen[-1].plucker, act_control_from_actions("w-2,aj-2", FRAMES, H, W), rtol=0, atol=0)
+    from_files = run_sampler(dit, text, i2v, _act_files(installed_act), steps=2)["samples"]
+    assert seen[-1].control_type == "act" and seen[-1].plucker.shape[1] == 448
+    assert torch.isfinite(walked).all() and torch.isfinite(from_files).all()
+    assert not torch.allclose(walked, from_files)
+    assert not_resident(dit)
+
+
+def test_the_wrong_pairing_is_refused_naming_both_before_any_expert_loads(installed_act, monkeypatch):
+    text, i2v = encode_prompt(), encode_start()
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("an expert was loaded")
+
+    monkeypatch.setattr(mm, "load_models_gpu", no_load)
+    act_camera = _act_files(installed_act)
+    with pytest.raises(ValueError, match=r"DiT Loader's checkpoint \(high_noise pkg/high_noise_model_bnb_nf4\) is a "
+                                         r"Base-Cam checkpoint .* but the camera \(poses\.npy/intrinsics\.npy/"
+                                         r"action\.npy\) gives Act controls .*robbyant/lingbot-world-base-act"):
+        run_sampler(load_dit(), text, i2v, act_camera)
+    preset = LingBotWorldCamera.execute("preset", "dolly_in", 1.0, model_files.NO_FILE, model_files.NO_FILE, W, H,
+                                        FRAMES)[0]
+    with pytest.raises(ValueError, match=r"\(high_noise act/high_noise_model_bnb_nf4\) is an Act checkpoint .* but "
+                                         r"the camera \(preset 'dolly_in'\) gives Base-Cam Plücker rays, "
+                                         r"without keys"):
+        run_sampler(load_dit(ACT_PKG), text, i2v, preset)

@@ -33,7 +33,7 @@ EXPECTED_INPUTS = {
     # New inputs appended after the original eight, optional: older workflows keep their
     # widget values and older API prompts (without them) still validate.
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
-                           ["actions", "pose_export", "normalize_scale", "window", "overlap"]),
+                           ["actions", "pose_export", "normalize_scale", "window", "overlap", "camera_axes", "keyframes"]),
     "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
     "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
                             ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
@@ -44,6 +44,15 @@ EXPECTED_INPUTS = {
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                                "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
                               ["text", "camera_path", "vae_model", "positive", "negative"]),
+    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], []),
+    "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
+                                ["text", "positive", "camera"]),
+    "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
+                                   "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
+                                  ["text", "positive", "camera_path", "vae_model", "precision"]),
+    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
+                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
+                         ["text", "positive", "vae_model", "precision"]),
 }
 
 EXPECTED_OUTPUTS = {
@@ -55,6 +64,10 @@ EXPECTED_OUTPUTS = {
     "LingBotWorldVAEDecode": ("IMAGE",),
     "LingBotWorldLoraLoader": ("LINGBOT_DIT",),
     "LingBotWorldLongVideo": ("VIDEO",),
+    "LingBotWorldFastDiTLoader": ("LINGBOT_FAST_DIT", "STRING"),
+    "LingBotWorldFastSampler": ("LATENT",),
+    "LingBotWorldFastLongVideo": ("VIDEO",),
+    "LingBotWorldPlay": ("VIDEO", "STRING", "LATENT"),
 }
 
 
@@ -111,6 +124,30 @@ def test_widget_defaults():
         assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
         assert node["width"][1]["step"] == node["height"][1]["step"] == 16
         assert node["frames"][1]["step"] == 4
+
+
+def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
+    """One declaration: the loaders' quantize and block swap, and the Fast nodes' cache
+    policy, prompt, shift and seed are the same widgets everywhere (defaults: DEFAULT_POLICY)."""
+    from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader
+    from comfyui_lingbot_world.nodes.fast_long_video import LingBotWorldFastLongVideo
+    from comfyui_lingbot_world.nodes.fast_sampler import LingBotWorldFastSampler
+    from comfyui_lingbot_world.pipeline.fast import DEFAULT_POLICY
+
+    base, fast = LingBotWorldDiTLoader.INPUT_TYPES()["required"], LingBotWorldFastDiTLoader.INPUT_TYPES()["required"]
+    assert fast["block_swap"] == base["block_swap"]
+    assert options(fast["bf16_quantize"]) == options(base["bf16_quantize"]) == ["none", "nf4"]
+    assert (base["bf16_quantize"][1]["default"], fast["bf16_quantize"][1]["default"]) == ("none", "nf4")
+    sampler, stream = LingBotWorldFastSampler.INPUT_TYPES(), LingBotWorldFastLongVideo.INPUT_TYPES()
+    for name in ("kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"):
+        assert sampler["required"][name] == stream["required"][name], name
+    for name in ("text", "positive"):
+        assert sampler["optional"][name] == stream["optional"][name], name
+    assert (sampler["required"]["kv_window"][1]["default"], sampler["required"]["kv_sink"][1]["default"],
+            sampler["required"]["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink,
+                                                               DEFAULT_POLICY.dtype)
+    frames = stream["required"]["frames"][1]
+    assert (frames["default"], frames["max"]) == (957, 961) and "957" in frames["tooltip"]
 
 
 def test_file_combos_are_validated_by_the_pack(installed, trajectory):

@@ -1,4 +1,5 @@
-"""The few-step preset: the Wan2.2-Lightning I2V schedule, split 2 + 2 between the experts."""
+"""The sampler presets: the few-step Wan2.2-Lightning I2V schedule, split 2 + 2 between the
+experts, and the official LingBot-World settings (act2cam, Act)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 from stand_in_dit import TinyDiT
 
 from comfyui_lingbot_world.pipeline.image import I2VCondition
-from comfyui_lingbot_world.pipeline.sampler_presets import apply_preset, lightning_4step
+from comfyui_lingbot_world.pipeline.sampler_presets import PRESET_FRAMES, SAMPLER_PRESETS, apply_preset, lightning_4step
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, initial_noise, sample
 from comfyui_lingbot_world.pipeline.text import TextEmbeddings
 from comfyui_lingbot_world.wan.scheduler import flow_sigmas, flow_timesteps, make_sampler
@@ -101,3 +102,20 @@ def test_lightning_schedule_values_and_unipc_refused():
         make_sampler("unipc", 4, 5.0, schedule="lightning")
     with pytest.raises(ValueError, match="schedule must be one of"):
         SamplingParams(schedule="karras")
+
+
+@pytest.mark.parametrize("name, steps, frames", [("official_act2cam", 20, 121), ("official_act", 70, 81)])
+def test_official_presets_are_the_published_settings(name: str, steps: int, frames: int) -> None:
+    """The official act2cam example (Base-Cam, action string: 20 steps, 121 frames) and the
+    official Act settings (70 steps, 81 frames): unipc, shift 10, guidance 5/5, boundary 0.947,
+    the reference schedule; seed and the run options kept."""
+    base = SamplingParams(steps=3, shift=2.0, cfg_high=1.0, cfg_low=2.0, boundary=0.5, sampler="euler", seed=9,
+                          attention="sdpa", schedule="lightning", cache_threshold=0.05)
+    p = apply_preset(name, base)
+    assert (p.steps, p.shift, p.cfg_high, p.cfg_low, p.boundary, p.sampler, p.schedule) == \
+        (steps, 10.0, 5.0, 5.0, 0.947, "unipc", "wan")
+    assert (p.seed, p.attention, p.cache_threshold) == (9, "sdpa", 0.05)
+    assert PRESET_FRAMES[name] == frames
+    assert name in SAMPLER_PRESETS
+    with pytest.raises(ValueError, match="unknown sampling preset 'official'"):
+        apply_preset("official", base)

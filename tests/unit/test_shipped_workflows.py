@@ -21,13 +21,19 @@ LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_workflows"
 # Combos that list the user's files: what the old graphs name is checked in a real server
 # with the tiny package installed under those names (tests/integration/test_workflows.py).
 FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_file", "intrinsics_file",
-               "pose_export", "lora_high_noise", "lora_low_noise"}
+               "pose_export", "lora_high_noise", "lora_low_noise", "fast_model"}
 
 
-WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera")  # one pass
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera",
+             "lingbot_act2cam")  # one pass
 
 # Widget values the frontend stores right after an input's own value.
-EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1}
+EXTRA_WIDGETS = {("LingBotWorldSampler", "seed"): 1, ("LingBotWorldLongVideo", "seed"): 1, ("LoadImage", "image"): 1,
+                 ("LingBotWorldFastSampler", "seed"): 1, ("LingBotWorldFastLongVideo", "seed"): 1,
+                 ("LingBotWorldPlay", "seed"): 1}
+# The nodes whose seed widget the graphs fix at 42.
+SEEDED = ("LingBotWorldSampler", "LingBotWorldLongVideo", "LingBotWorldFastSampler", "LingBotWorldFastLongVideo",
+          "LingBotWorldPlay")
 
 
 def _widget_names(class_type: str) -> list[str] | None:
@@ -78,6 +84,27 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
         assert sampler["inputs"]["camera"][0] in graph
 
 
+def test_act2cam_workflow_has_the_official_settings(comfy_dirs):
+    """The official act2cam example's settings: Base-Cam, 121 frames, the README's action
+    string (90 frames: the camera holds still after it), and the official_act2cam preset's
+    sampler values set in the widgets (preset none, so that the steps stay editable)."""
+    from comfyui_lingbot_world.pipeline.sampler_presets import PRESET_FRAMES, apply_preset
+    from comfyui_lingbot_world.pipeline.sampling import SamplingParams
+    from comfyui_lingbot_world.wan.camera_actions import action_frames
+
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_act2cam.json").read_text(encoding="utf-8"))
+    camera = next(n for n in graph.values() if n["class_type"] == "LingBotWorldCamera")["inputs"]
+    sampler = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")["inputs"]
+    dit = next(n for n in graph.values() if n["class_type"] == "LingBotWorldDiTLoader")["inputs"]
+    assert camera["source"] == "actions" and camera["actions"] == "w-10,a-10,d-10,iw-15,none-10,j-10,l-10,s-15"
+    assert action_frames(camera["actions"]) == 90 < camera["frames"] == PRESET_FRAMES["official_act2cam"] == 121
+    assert "base-cam" in dit["high_noise"]
+    official = apply_preset("official_act2cam", SamplingParams())
+    assert [sampler[k] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")] == \
+        [official.steps, official.shift, official.cfg_high, official.cfg_low, official.boundary, official.sampler]
+    assert sampler.get("preset", "none") == "none"
+
+
 def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
     graph = json.loads((REPO / "workflows" / "api" / "lingbot_long_walk.json").read_text(encoding="utf-8"))
     for node_id, node in graph.items():
@@ -93,6 +120,69 @@ def test_long_walk_api_workflow_matches_node_schemas(comfy_dirs):
     assert (long["window"], long["overlap"], long["steps"]) == (81, 1, 40)
     assert long["camera_path"] == [next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldCamera"), 2]
     assert "LingBotWorldSampler" not in {n["class_type"] for n in graph.values()}
+
+
+def test_fast_clip_api_workflow_matches_node_schemas(comfy_dirs):
+    """T5 -> Fast DiT Loader -> Camera -> VAE Encode -> Fast Sampler -> VAE Decode -> Create
+    Video -> Save Video, 81 frames (7 chunks), the cache at the one set of defaults."""
+    from comfyui_lingbot_world.pipeline.fast import DEFAULT_POLICY
+
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_fast_clip.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    by_type = {node["class_type"]: (node_id, node["inputs"]) for node_id, node in graph.items()}
+    assert set(by_type) == {"LoadImage", "LingBotWorldTextEncode", "LingBotWorldFastDiTLoader", "LingBotWorldCamera",
+                            "LingBotWorldVAEEncode", "LingBotWorldFastSampler", "LingBotWorldVAEDecode",
+                            "CreateVideo", "SaveVideo", "PreviewImage"}
+    sampler = by_type["LingBotWorldFastSampler"][1]
+    encode, camera = by_type["LingBotWorldVAEEncode"][1], by_type["LingBotWorldCamera"][1]
+    assert encode["frames"] == camera["frames"] == 81
+    assert [encode[k] for k in ("width", "height")] == [camera[k] for k in ("width", "height")] == [832, 480]
+    assert sampler["fast_dit"][0] == by_type["LingBotWorldFastDiTLoader"][0]
+    assert sampler["camera"] == [by_type["LingBotWorldCamera"][0], 0]
+    assert sampler["i2v"] == [by_type["LingBotWorldVAEEncode"][0], 0]
+    assert (sampler["kv_cache"], sampler["kv_window"], sampler["kv_sink"], sampler["kv_dtype"], sampler["shift"]) == \
+        ("sliding_window", DEFAULT_POLICY.window, DEFAULT_POLICY.sink, DEFAULT_POLICY.dtype, 10.0)
+    assert by_type["LingBotWorldFastDiTLoader"][1]["fast_model"].endswith("/lingbot_world_fast")
+    assert [n["inputs"]["fps"] for n in graph.values() if n["class_type"] == "CreateVideo"] == [16.0]
+
+
+def test_fast_walk_api_workflow_matches_node_schemas(comfy_dirs):
+    """Camera (an action path of 957 frames) -> Fast Long Video: one causal pass."""
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_fast_walk.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    camera_id, camera = next((k, n["inputs"]) for k, n in graph.items() if n["class_type"] == "LingBotWorldCamera")
+    stream = next(n for n in graph.values() if n["class_type"] == "LingBotWorldFastLongVideo")["inputs"]
+    assert camera["source"] == "actions" and camera["frames"] == stream["frames"] == 957
+    assert [camera[k] for k in ("width", "height")] == [stream[k] for k in ("width", "height")]
+    steps = sum(int(token.rsplit("-", 1)[1]) for token in camera["actions"].split(","))
+    assert steps < 957  # the action path covers the video
+    assert stream["camera_path"] == [camera_id, 2]
+    assert not {"LingBotWorldSampler", "LingBotWorldFastSampler", "LingBotWorldVAEEncode"} & \
+        {n["class_type"] for n in graph.values()}
+
+
+def test_play_api_workflow_matches_node_schemas(comfy_dirs):
+    graph = json.loads((REPO / "workflows" / "api" / "lingbot_play.json").read_text(encoding="utf-8"))
+    _match_schemas(graph)
+    play = next(n for n in graph.values() if n["class_type"] == "LingBotWorldPlay")["inputs"]
+    assert (play["width"], play["height"], play["mode"], play["chunk_budget"], play["fps"]) == (832, 480, "turn", 80, 16)
+    loader = next(k for k, n in graph.items() if n["class_type"] == "LingBotWorldFastDiTLoader")
+    assert play["fast_dit"] == [loader, 0] and graph[loader]["inputs"]["bf16_quantize"] == "nf4"
+    assert {n["class_type"] for n in graph.values()} == {"LoadImage", "LingBotWorldTextEncode",
+                                                         "LingBotWorldFastDiTLoader", "LingBotWorldPlay"}
+
+
+def _match_schemas(graph: dict) -> None:
+    for node_id, node in graph.items():
+        cls = pack_nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue
+        schema = cls.INPUT_TYPES()
+        offered = set(schema["required"]) | set(schema.get("optional", {}))
+        assert set(schema["required"]) <= set(node["inputs"]) <= offered, node_id
+        for key, value in node["inputs"].items():
+            if isinstance(value, list):
+                assert value[0] in graph, f"{node_id}.{key} links to a missing node"
 
 
 def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
@@ -123,8 +213,7 @@ def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
             for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
                 values.pop(0)
         assert values == []
-    seed_widgets = next(n for n in nodes.values()
-                        if n["type"] in ("LingBotWorldSampler", "LingBotWorldLongVideo"))["widgets_values"]
+    seed_widgets = next(n for n in nodes.values() if n["type"] in SEEDED)["widgets_values"]
     assert seed_widgets[seed_widgets.index(42) + 1] == "fixed"
 
 

@@ -16,7 +16,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -127,12 +127,14 @@ def write_synthetic_nf4_expert(
     blocksize: int = 64,
     double_quant: bool = True,
     distinct_blocks: int | None = None,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a random NF4 expert (layout A) without ever holding it in bf16.
 
     Each part is made on ``device``, quantized there by bitsandbytes and kept only as packed
     CPU tensors. ``distinct_blocks=k`` makes block i a copy of block i % k (same values, no
-    new quantization): large files for size and memory tests, cheaply.
+    new quantization): large files for size and memory tests, cheaply. ``config_fields``:
+    config.json as given (the Fast transformer's, ``loaders.model_kind.fast_config_fields``).
     """
     with torch.device("meta"):
         model = LingBotDiT(config)
@@ -150,7 +152,7 @@ def write_synthetic_nf4_expert(
     provenance = {"source": "synthetic (comfyui_lingbot_world.tools.synthetic.dit)", "seed": seed}
     meta = NF4Meta(blocksize=blocksize, double_quant=double_quant, compute_dtype=torch.bfloat16,
                    extra={"quantizer": f"bitsandbytes {bnb.__version__}", **provenance})
-    return write_nf4_files(folder, config, tensors, meta)
+    return write_nf4_files(folder, config, tensors, meta, config_fields)
 
 
 def write_synthetic_bf16_expert(
@@ -160,8 +162,10 @@ def write_synthetic_bf16_expert(
     device: torch.device | str = "cpu",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     distinct_blocks: int | None = None,
+    config_fields: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a random bf16 expert (layout B); memory holds one part plus one shard at most."""
+    """Write a random bf16 expert (layout B); memory holds one part plus one shard at most.
+    ``config_fields``: config.json as given (as for the NF4 writer)."""
     with torch.device("meta"):
         model = LingBotDiT(config)
 
@@ -171,4 +175,4 @@ def write_synthetic_bf16_expert(
                 for key, tensor in live.state_dict().items():
                     yield f"{prefix}.{key}", tensor.to("cpu")
 
-    return write_bf16_files(folder, config, stream(), max_shard_bytes)
+    return write_bf16_files(folder, config, stream(), max_shard_bytes, config_fields)

@@ -23,7 +23,7 @@ Pure PyTorch; nothing here knows file formats (see ``loaders.lora``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn

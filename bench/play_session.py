@@ -1,0 +1,253 @@
+"""Benchmark LingBot-World Play: a scripted session of ``--seconds`` of video (60 s = 80
+chunks, 957 frames at 16 fps) with keys pressed programmatically through the same input
+state the Play routes feed (``PlaySession.controls``: ``set_keys`` / ``act``), in
+turn-based and continuous mode.
+
+    python bench/play_session.py --package DIR --size 480x832 --seconds 60 --vram-cap-gb 24 \
+        --out $OUT/play60_cap24.json
+
+The DiT is any expert-shaped folder (``--dit``; by default the package's low-noise expert:
+the synthetic A14B expert of ``python . make_checkpoint --preset a14b --layout nf4`` has the
+Fast transformer's exact shapes). T5 encodes the prompt, the DiT loads once, then each mode
+runs one whole session (its own KV cache, VAE and streams; the .mp4 written to a temporary
+folder and the frames encoded as JPEG for the page, as in ComfyUI):
+
+* turn: the driver releases the keys and presses the next ones of a walking script as soon
+  as the previous chunk's frames arrive (no thinking time): one chunk per press.
+* continuous: chunks back to back; the driver changes the keys every ``--change-s``
+  seconds of wall time, whenever that falls, as a player does.
+
+Recorded per mode: ``key_to_frame_s`` (median, p90, all: the input's arrival → the frames
+of the chunk it steers decoded, written and encoded for the page; a change during a chunk
+steers the next one), ``fps`` (video frames generated per second of the session),
+``chunk_s`` (the transformer's time per chunk), ``decode_s`` per chunk,
+``peak_vram_allocated_gb``; for the run ``peak_rss_anon_gb``, the cache settings and
+``cap_gb``. Checked on the CPU with a tiny package:
+
+    python . make_checkpoint --preset tiny --layout nf4 --out /tmp/tiny
+    python bench/play_session.py --package /tmp/tiny --device cpu --size 32x48 --seconds 2 --out /tmp/play.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
+from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
+from comfyui_lingbot_world.pipeline.image import as_pil, open_vae, vae_dtype  # noqa: E402
+from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
+from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings  # noqa: E402
+from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry  # noqa: E402
+from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
+from comfyui_lingbot_world.pipeline.video_file import VideoWriter  # noqa: E402
+from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
+from memwatch import GB, MemoryWatch  # noqa: E402
+
+# A walk: forward, look around, turn, strafe, back (cycled for as many chunks as needed).
+WALK = ("w", "w", "wj", "w", "wl", "l", "w", "d", "wi", "k", "w", "a", "s", "wj", "", "w")
+FIRST_CHUNK, CHUNK_FRAMES = 9, 12
+
+
+def session_chunks(seconds: float, fps: int) -> int:
+    """Chunks of a session of ``seconds`` of video: 60 s at 16 fps → 80 (957 frames)."""
+    frames = int(round(seconds * fps))
+    return 1 + max(0, frames - FIRST_CHUNK) // CHUNK_FRAMES
+
+
+def summary(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "p90": None, "all": []}
+    p90 = statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+    return {"median": statistics.median(values), "p90": p90, "all": values}
+
+
+class Driver:
+    """Presses keys as a player would, through the session's input state (what the routes call)."""
+
+    def __init__(self, session: PlaySession, mode: str, change_s: float) -> None:
+        self.session, self.mode, self.change_s = session, mode, change_s
+        self.frames_events = threading.Semaphore(0)
+        self.started = threading.Event()
+        self._stop = threading.Event()
+        self.presses = 0
+
+    def on_event(self, event: str, data: dict) -> None:
+        if event == "lingbot.play.frames":
+            self.frames_events.release()
+        elif event == "lingbot.play.started":
+            self.started.set()
+
+    def _wait(self, condition, timeout: float = 600.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.session.ended or time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def run(self) -> None:
+        controls = self.session.controls
+        if not self._wait(self.started.is_set):  # pressed once the session is open, as the page does
+            return
+        step = 0
+        if self.mode == "turn":
+            while not self.session.ended:
+                keys = WALK[step % len(WALK)]
+                step += 1
+                controls.set_keys(frozenset())  # release, then press: every chunk is asked for
+                if not self._wait(lambda: not controls.running):
+                    return
+                if keys:
+                    controls.set_keys(frozenset(keys))
+                else:
+                    controls.act("step")  # a chunk with no keys held
+                self.presses += 1
+                if not self.frames_events.acquire(timeout=600):
+                    return
+        else:
+            while not self.session.ended and not self._stop.wait(self.change_s):
+                keys = WALK[step % len(WALK)]
+                step += 1
+                controls.set_keys(frozenset(keys))
+                self.presses += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels: torch.Tensor,
+             policy: CachePolicy, device: torch.device, watch: MemoryWatch, folder: Path) -> dict:
+    height, width = pixels.shape[1:]
+    chunks = session_chunks(args.seconds, args.fps)
+    settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
+                            idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
+                            attention=args.attention, poll_s=0.001)
+    record: dict = {"mode": mode, "chunks_asked": chunks}
+    with watch.phase(f"session_{mode}") as phase:
+        vae = open_vae(vae_file, device, vae_dtype(device, args.vae_precision))
+        session = None
+        try:
+            with VideoWriter(folder / f"play_{mode}.mp4", fps=args.fps) as writer:
+                holder: dict = {}
+                session = PlaySession(model, text, vae, pixels, settings, writer=writer,
+                                      emit=lambda e, d: holder["driver"].on_event(e, d),
+                                      registry=SessionRegistry())
+                driver = Driver(session, mode, args.change_s)
+                holder["driver"] = driver
+                thread = threading.Thread(target=driver.run, daemon=True)
+                thread.start()
+                started = time.perf_counter()
+                result = session.run()
+                elapsed = time.perf_counter() - started
+                driver.stop()
+                thread.join(5)
+        finally:
+            release_module(vae)
+            del vae
+    record.update({
+        "reason": result.reason, "chunks": result.chunks, "frames": result.frames, "session_s": elapsed,
+        "presses": driver.presses, "fps": result.frames / elapsed,
+        "key_to_frame_s": summary(result.latency_s), "chunk_s": summary(result.chunk_s),
+        "decode_s": summary(result.decode_s),
+        "peak_vram_allocated_gb": phase.get("peak_vram_allocated_gb"),
+        "peak_vram_reserved_gb": phase.get("peak_vram_reserved_gb"),
+        "video_bytes": (folder / f"play_{mode}.mp4").stat().st_size,
+    })
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--package", help="a package folder (T5, VAE, tokenizer, and expert folders)")
+    p.add_argument("--dit", help="the Fast transformer's folder (default: the package's low-noise expert)")
+    p.add_argument("--t5")
+    p.add_argument("--tokenizer")
+    p.add_argument("--vae")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--text-device", help="where T5 runs (default: the device)")
+    p.add_argument("--size", default="480x832")
+    p.add_argument("--seconds", type=float, default=60.0, help="seconds of video a session makes (60: 80 chunks)")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--modes", default="turn,continuous")
+    p.add_argument("--change-s", type=float, default=1.3, help="continuous mode: seconds between key changes")
+    p.add_argument("--kv-window", type=int, default=9)
+    p.add_argument("--kv-sink", type=int, default=3)
+    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
+    p.add_argument("--vae-precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--attention", default=None)
+    p.add_argument("--vram-cap-gb", type=float, default=None)
+    p.add_argument("--blocks-on-gpu", type=int, default=0)
+    p.add_argument("--quantize", default=None)
+    p.add_argument("--image")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    text_device = torch.device(args.text_device) if args.text_device else device
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    files = find_package(args.package) if args.package else None
+    dit = Path(args.dit) if args.dit else files.low
+    t5 = Path(args.t5) if args.t5 else files.t5
+    tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
+    vae_file = Path(args.vae) if args.vae else files.vae
+    policy = CachePolicy(window=args.kv_window, sink=args.kv_sink, dtype=args.kv_dtype)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    cap_vram(args.vram_cap_gb, device)
+    record: dict = {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "date": datetime.date.today().isoformat(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "torch": torch.__version__, "size": args.size, "seconds": args.seconds, "fps_video": args.fps,
+        "chunks": session_chunks(args.seconds, args.fps), "kv_window": policy.window, "kv_sink": policy.sink,
+        "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
+        "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
+    }
+    pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
+    try:
+        with MemoryWatch() as watch, tempfile.TemporaryDirectory(prefix="lingbot-play-bench-") as folder:
+            with watch.phase("text_encode") as ph:
+                text = encode_text(t5, tokenizer, PROMPT, "", text_device,
+                                   cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-play-bench-"))).positive
+            record["text_encode_s"] = ph["seconds"]
+            with watch.phase("dit_load") as ph:
+                model = load_expert(dit, device, quantize=args.quantize, blocks_on_gpu=args.blocks_on_gpu or None)
+                sync(device)
+            record["dit_load_s"] = ph["seconds"]
+            for mode in modes:
+                try:
+                    record["modes"][mode] = run_mode(args, mode, model, text, vae_file, pixels, policy, device,
+                                                     watch, Path(folder))
+                except torch.cuda.OutOfMemoryError as exc:
+                    record["modes"][mode] = {"mode": mode, "oom": str(exc)[:600]}
+                    torch.cuda.empty_cache()
+            release_module(model)
+            del model
+        record["phases"] = watch.phases
+        record["peak_rss_anon_gb"] = watch.peak_anon / GB
+        record["peak_rss_file_gb"] = watch.peak_file / GB
+    except torch.cuda.OutOfMemoryError as exc:
+        record["oom"] = str(exc)[:600]
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    brief = {mode: {k: (v["median"] if isinstance(v, dict) and "median" in v else v)
+                    for k, v in r.items() if k in ("fps", "key_to_frame_s", "chunk_s", "peak_vram_allocated_gb", "oom")}
+             for mode, r in record["modes"].items()}
+    print(json.dumps({"cap_gb": args.vram_cap_gb, "kv_dtype": policy.dtype, **brief}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""LingBot-World Fast DiT Loader: names the Fast transformer's folder; nothing heavy is read until a run."""
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import io
+
+from ..loaders.layout import detect_expert_layout, read_config
+from ..loaders.model_kind import assumed_message, describe, require_model
+from . import inputs
+from .host.fast_model import FastDiT
+from .host.model_files import EXPERT_KINDS, default_fast_folder, list_fast_folders, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+DISPLAY_NAME = "LingBot-World Fast DiT Loader"
+
+
+def load_line(options) -> str:
+    """How the transformer will come into memory, for the model_info output."""
+    how = "bf16 folders quantized to NF4 while loading" if options.quantize == "nf4" else "loaded as stored"
+    swap = f"{options.blocks_on_gpu} blocks on the GPU" if options.blocks_on_gpu else "every block on the GPU"
+    return f"{how}; {swap}"
+
+
+class LingBotWorldFastDiTLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        folders = list_fast_folders()
+        return io.Schema(
+            node_id="LingBotWorldFastDiTLoader",
+            display_name=DISPLAY_NAME,
+            category=inputs.CATEGORY,
+            description=(
+                "Points at the LingBot-World Fast transformer (robbyant/lingbot-world-fast: one causal model, 4 "
+                "steps, no CFG, 12 frames per chunk). Loads nothing here: the Fast Sampler has ComfyUI load it "
+                "straight from disk to the GPU, quantized to NF4 on the way when bf16_quantize is nf4, and drop "
+                "it (no copy kept in RAM) when the run ends. Its weights have a Base expert's shapes, so the "
+                "model is told by its files (config.json, folder name): a Base expert is refused, and where the "
+                "files cannot tell, model_info says which model is assumed."
+            ),
+            inputs=[
+                io.Combo.Input("fast_model", options=folders, default=default_fast_folder(folders),
+                               tooltip="Folder of the Fast transformer: the official download placed as "
+                               "lingbot_world_fast inside the Base-Cam folder (bf16, ~37 GB), or its NF4 package "
+                               "lingbot_world_fast_bnb_nf4 (~9.6 GB). Folders under models/lingbot and "
+                               "models/diffusion_models that hold config.json and the weights are listed."),
+                inputs.quantize_input("For the official bf16 folder: nf4 quantizes the transformer while it loads "
+                                      "(~9.6 GB instead of ~37 GB of VRAM). NF4 folders load as they are.",
+                                      default="nf4"),
+                inputs.block_swap_input(),
+            ],
+            outputs=[
+                inputs.FastDiTType.Output("fast_dit", display_name="fast_dit",
+                                          tooltip="The Fast transformer, for the LingBot-World Fast Sampler and "
+                                          "Fast Long Video."),
+                io.String.Output("model_info", display_name="model_info",
+                                 tooltip="What the folder's files say it holds (or which model is assumed when "
+                                 "they cannot tell), and how it will load."),
+            ],
+        )
+
+    @classmethod
+    def validate_inputs(cls, fast_model) -> bool | str:
+        return inputs.offered(cls, fast_model=fast_model)
+
+    @classmethod
+    def execute(cls, fast_model: str, bf16_quantize: str = "nf4", block_swap: int = 0) -> io.NodeOutput:
+        options = inputs.load_options(bf16_quantize, block_swap)
+        folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)
+        detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
+        identity = require_model(folder, "fast", "fast_model")
+        config = read_config(folder)
+        if identity.kind == "unknown":
+            said = assumed_message(identity, "fast", "fast_model")
+            log.warning("LingBot: %s", said)
+        else:
+            said = describe(identity)
+        info = f"{said}; {load_line(options)}"
+        log.info("LingBot Fast DiT Loader: %s", info)
+        return io.NodeOutput(FastDiT.for_folder(folder, options, config, identity), info)

@@ -1,0 +1,136 @@
+"""LingBot-World Fast Long Video: up to 957 frames in one causal pass, streamed into an .mp4.
+
+The Fast twin of LingBot-World Long Video. The work is ``pipeline.fast.stream_fast_video``:
+one Fast session for the whole video (no windows, no seams), each chunk of 12 frames
+decoded by the VAE's stream decoder and appended to an .mp4 in ComfyUI's output folder as
+soon as it is made. The camera is made chunk by chunk from the whole path
+(``KeyframeCamera``) and the image condition encoded as far as the chunks need
+(``StreamedI2V``): no whole-video tensor is ever built. Returns the saved VIDEO and shows it
+like core Save Video; a Cancel keeps every chunk written.
+"""
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import InputImpl, io, ui
+
+import comfy.model_management as mm
+
+from ..pipeline.camera import CameraPath
+from ..pipeline.fast import FastParams, KeyframeCamera, stream_fast_video, stream_frames
+from ..pipeline.video_file import VideoWriter
+from ..wan.camera import CameraError
+from ..wan.conditioning import check_size
+from ..wan.long_video import MAX_FRAMES
+from ..wan.scheduler import fast_schedule
+from . import inputs
+from .fast_sampler import FAST_LOADER, check_shift
+from .host.devices import VAE_WORKSPACE, check_interrupt
+from .host.fast_model import FastDiT, loaded_fast_model, run_memory
+from .host.progress import ChunkProgress
+from .inputs import check_input, vae_source
+from .long_video import output_file
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "LingBotWorld/fast_long"
+DEFAULT_FRAMES = stream_frames(MAX_FRAMES)  # 957: the longest whole-chunk count within one minute
+
+
+class LingBotWorldFastLongVideo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LingBotWorldFastLongVideo",
+            display_name="LingBot-World Fast Long Video",
+            category=inputs.CATEGORY,
+            description=(
+                "Makes a long video with LingBot-World Fast (up to 957 frames, one minute at 16 fps) in ONE causal "
+                "pass: 12 frames at a time, every chunk seeing the start frames and the recent ones through the KV "
+                "cache, so there are no windows or seams. Each chunk is decoded as it is made and appended to an "
+                ".mp4 in ComfyUI's output folder: memory stays the same however long the video, and a Cancel "
+                "keeps the chunks written. Outputs the saved VIDEO."
+            ),
+            inputs=[
+                inputs.FastDiTType.Input("fast_dit", tooltip=f"The Fast transformer, from the {FAST_LOADER}."),
+                inputs.image_input(),
+                *inputs.vae_file_inputs(),
+                inputs.width_input(),
+                inputs.height_input(),
+                io.Int.Input("frames", default=DEFAULT_FRAMES, min=9, max=MAX_FRAMES, step=4,
+                             tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the count "
+                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81."),
+                *inputs.fast_cache_inputs(),
+                *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
+                io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,
+                             tooltip="0 decodes whole frames. Otherwise the latent tile size (e.g. 32): lower "
+                             "VRAM for large videos, a little slower."),
+                io.Int.Input("fps", default=16, min=1, max=120, tooltip="Frame rate of the .mp4 (the model's is 16)."),
+                io.String.Input("filename_prefix", default=DEFAULT_PREFIX,
+                                tooltip="Where the .mp4 goes in ComfyUI's output folder (as Save Video's prefix)."),
+                *inputs.fast_prompt_inputs(),
+                inputs.CameraPathType.Input("camera_path", optional=True,
+                                           tooltip="The whole camera path from LingBot-World Camera Plücker "
+                                           "Conditioning (camera_path output; its camera output stays unconnected). "
+                                           "Without it the camera layers are skipped."),
+                inputs.vae_model_input(),
+                inputs.precision_input("Here the VAE encodes the start frame and decodes every chunk as it comes: "
+                                       "bf16 also halves the stream decoder's carried state (3.8 GB in fp32 at "
+                                       "480x832)."),
+            ],
+            outputs=[io.Video.Output("video", display_name="video",
+                                     tooltip="The saved .mp4 (for Save Video, Get Video Components, ...).")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def validate_inputs(cls, vae) -> bool | str:
+        return inputs.offered(cls, vae=vae)
+
+    @classmethod
+    def execute(cls, fast_dit, image, vae, width, height, frames, kv_cache, kv_window, kv_sink, kv_dtype, shift,
+                seed, decode_tile, fps, filename_prefix, text=None, positive=None, camera_path=None, vae_model=None,
+                precision: str = "fp32") -> io.NodeOutput:
+        check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
+        prompt = inputs.pick_prompt(text, positive, fast_dit.config.text_dim)
+        inputs.check_image(image)
+        inputs.check_precision(precision)
+        check_size(height, width)
+        made = stream_frames(frames)  # bad counts fail before any load
+        note = None
+        if made != frames:
+            note = f"frames={frames} asked; {made} made (whole 12-frame chunks)"
+            log.warning("LingBot Fast Long Video: %s", note)
+        policy = inputs.cache_policy(kv_cache, kv_window, kv_sink, kv_dtype)
+        params = FastParams(seed=seed, shift=check_shift(shift), policy=policy)
+        camera = None
+        if camera_path is not None:
+            check_input(camera_path, CameraPath, "camera_path",
+                        "LingBot-World Camera Plücker Conditioning (its camera_path output)")
+            try:
+                camera = KeyframeCamera(camera_path.poses, camera_path.intrinsics, made, height, width,
+                                        source=camera_path.source)
+            except CameraError as exc:
+                raise CameraError(f"camera_path: {exc}") from None
+        source_vae, vae_size = vae_source(vae, vae_model)
+        vae_bytes = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
+        latent_frames = (made - 1) // 4 + 1
+        chunks = latent_frames // policy.chunk
+        progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps)
+        device = mm.get_torch_device()
+        # Room for the cache and a chunk beside the transformer, and for the VAE and its streams.
+        memory = run_memory(fast_dit, policy, height // 8, width // 8, latent_frames, extra=vae_bytes + VAE_WORKSPACE)
+
+        path, name, subfolder = output_file(filename_prefix, width, height)
+        with loaded_fast_model(fast_dit, memory) as model, VideoWriter(path, fps=fps) as writer:
+            stream_fast_video(model, prompt, source_vae, image[0], made, height, width, camera, params, writer.write,
+                              device=device, precision=precision, decode_tile=decode_tile or None,
+                              on_step=progress.on_step, on_preview=progress.on_preview,
+                              check_interrupt=check_interrupt)
+        shown = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)]).as_dict()
+        if note is not None:
+            shown["text"] = [note]
+        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=shown)
+
+
+__all__ = ["DEFAULT_FRAMES", "LingBotWorldFastLongVideo"]

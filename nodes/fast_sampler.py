@@ -1,0 +1,101 @@
+"""LingBot-World Fast Sampler: a clip made 12 frames (one chunk) at a time by the causal Fast transformer.
+
+The work is ``pipeline.fast.sample_fast`` (4 fixed steps and a commit pass per chunk, no
+CFG, the chunk's keys and values kept in the KV cache for the chunks after it); this node
+gives it the transformer under ComfyUI's memory manager, ComfyUI's progress bar (one tick
+per forward) and a live preview of each finished chunk, and returns the LATENT in ComfyUI's
+Wan 2.1 convention, so core VAE Decode and the pack's decoder both read it.
+"""
+from __future__ import annotations
+
+import math
+
+from comfy_api.latest import io
+
+from ..pipeline.camera import CameraCondition
+from ..pipeline.fast import ChunkNoise, FastParams, fast_latent_frames, sample_fast
+from ..pipeline.image import I2VCondition
+from ..pipeline.latent import to_comfy_latent
+from ..pipeline.sampling import check_camera_matches
+from ..wan.scheduler import fast_schedule
+from . import inputs
+from .host.devices import check_interrupt
+from .host.fast_model import FastDiT, loaded_fast_model, run_memory
+from .host.progress import ChunkProgress
+from .inputs import check_input
+
+FAST_LOADER = "LingBot-World Fast DiT Loader"
+
+
+def clip_latent_frames(i2v: I2VCondition) -> int:
+    """The clip's latent frames, from the VAE Encode node's frame count (whole chunks only)."""
+    try:
+        return fast_latent_frames(i2v.frames)
+    except ValueError as exc:
+        raise ValueError(f"i2v: the LingBot-World Wan VAE Encode node's {exc}; set its frames there "
+                         "(LingBot-World Fast makes 12 frames a chunk)") from None
+
+
+def check_shift(shift: float) -> float:
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not math.isfinite(shift) or shift <= 0:
+        raise ValueError(f"shift: {shift!r} is not a number above 0 (10 is the official Fast setting)")
+    return float(shift)
+
+
+class LingBotWorldFastSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="LingBotWorldFastSampler",
+            display_name="LingBot-World Fast Sampler",
+            category=inputs.CATEGORY,
+            description=(
+                "Generates the video latent with LingBot-World Fast: 12 frames (3 latent frames) at a time, 4 "
+                "fixed steps each and no CFG, every chunk seeing the ones before it through a KV cache. The "
+                "frame count is the Wan VAE Encode node's (9, 21, ..., 81: whole chunks). The prompt comes "
+                "from the text input or one core CLIP Text Encode (positive); the camera is optional. Shows "
+                "each finished chunk as a preview."
+            ),
+            inputs=[
+                inputs.FastDiTType.Input("fast_dit", tooltip=f"The Fast transformer, from the {FAST_LOADER}."),
+                inputs.I2VCond.Input("i2v", tooltip="Start-frame condition from LingBot-World Wan VAE Encode; its "
+                                     "frames set the clip's length (4n+1 filling 12-frame chunks: 9, 21, ..., 81)."),
+                *inputs.fast_cache_inputs(),
+                *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
+                *inputs.fast_prompt_inputs(),
+                inputs.Camera.Input("camera", optional=True,
+                                   tooltip="Camera path from LingBot-World Camera Plücker Conditioning. Its width, "
+                                   "height and frames must match the VAE Encode node."),
+            ],
+            outputs=[io.Latent.Output("samples", display_name="samples",
+                                      tooltip="The video latent (ComfyUI's Wan 2.1 format), for LingBot-World Wan VAE "
+                                      "Decode or core VAE Decode.")],
+        )
+
+    @classmethod
+    def execute(cls, fast_dit, i2v, kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str, shift: float,
+                seed: int, text=None, positive=None, camera=None) -> io.NodeOutput:
+        check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
+        prompt = inputs.pick_prompt(text, positive, fast_dit.config.text_dim)
+        check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
+        latent_frames = clip_latent_frames(i2v)
+        if camera is not None:
+            check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
+        check_camera_matches(camera, i2v)
+        policy = inputs.cache_policy(kv_cache, kv_window, kv_sink, kv_dtype)
+        params = FastParams(seed=seed, shift=check_shift(shift), policy=policy)
+        # Checked before the transformer loads: everything above fails in milliseconds.
+        _, _, lat_h, lat_w = i2v.y.shape
+        chunks = latent_frames // policy.chunk
+        steps = fast_schedule(params.shift, params.timestep_indices).steps
+        progress = ChunkProgress(chunks, steps=steps)
+        # Each chunk's noise from (seed, chunk): a clip is the start of the stream with the same seed.
+        noise = ChunkNoise(seed, renoises=steps - 1)
+        with loaded_fast_model(fast_dit, run_memory(fast_dit, policy, lat_h, lat_w, latent_frames)) as model:
+            latent = sample_fast(model, prompt, i2v, camera, params, i2v.frames, noise=noise,
+                                 on_step=progress.on_step, on_preview=progress.on_preview,
+                                 check_interrupt=check_interrupt)
+        return io.NodeOutput({"samples": to_comfy_latent(latent)[None]})
+
+
+__all__ = ["LingBotWorldFastSampler", "clip_latent_frames"]

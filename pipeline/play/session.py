@@ -1,0 +1,308 @@
+"""A Play session: LingBot-World Fast driven live by the keys a page holds.
+
+``PlaySession.run()`` is the whole session, in the calling thread (ComfyUI's worker: the
+session is one queued prompt). It makes one Fast chunk at a time with ``FastGenerator``
+(open-ended: a window cache policy), the image condition encoded lazily
+(``StreamedI2V``), the chunk's camera from the keys held when it starts (``PlayCamera``,
+the Play law), decodes each chunk with the VAE's causal stream decoder, appends the frames
+to the video file and sends them to the page. What starts a chunk comes from
+``PlayControls``, which the server's routes feed (docs/play_protocol.md).
+
+The session ends on Stop, when ``chunk_budget`` chunks are done, after ``idle_timeout_s``
+seconds with no input and no page of the controller connected, on an interrupt (raised by
+``check_interrupt``, checked while waiting and before every forward; it propagates) or on
+an error. Every end closes the video file (what was written stays playable), frees the
+cache and the VAE streams, and sends the "ended" state. A replay of the action log through
+the Fast clip path (``pipeline.camera.path_from_play_actions`` + ``sample_fast``, same seed
+and cache settings) gives the same latents bit for bit.
+
+Nothing here imports ComfyUI: the node passes the model, the callbacks and the sinks.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from ...wan.play_camera import format_actions
+from ...wan.runtime.kv_cache import CachePolicy
+from ...wan.vae import WanVAE
+from ..fast.conditions import StreamedI2V
+from ..fast.generator import DEFAULT_POLICY, FastGenerator, FastParams
+from ..guards import NonFiniteError, is_finite
+from ..memory import empty_device_cache
+from ..text import TextEmbeddings
+from .camera import PlayCamera
+from .controls import ChunkRequest, PlayControls
+from .frames import jpeg_frames
+from .protocol import EVENT_FRAMES, EVENT_STARTED, EVENT_STATE, KEYS, MODES, keys_text
+from .registry import SESSIONS, SessionRegistry
+
+MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
+DEFAULT_CHUNK_BUDGET = 80  # 957 frames: one minute
+KEYFRAMES_PLAY = "per chunk (Play)"  # the Camera node's keyframe timing that replays a session
+# The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
+# computed from the layer shapes): the encoder's until the image condition is constant, the
+# decoder's for the whole session. It scales with the frame's pixels; bf16 halves it.
+_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
+_PIXELS_480P = 480 * 832
+
+
+def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
+    """Memory the session's VAE encoder and decoder states take beside the VAE's weights."""
+    scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
+    return int(_STREAM_STATE_BYTES_480P * scale)
+
+
+@dataclass(frozen=True)
+class PlaySettings:
+    width: int
+    height: int
+    seed: int = 0
+    shift: float = 10.0
+    chunk_budget: int = DEFAULT_CHUNK_BUDGET
+    mode: str = "turn"
+    idle_timeout_s: float = 120.0
+    policy: CachePolicy = DEFAULT_POLICY
+    fps: int = 16
+    vae_precision: str = "fp32"  # recorded in the log: the replay's VAE Encode must use the same
+    attention: str | None = None
+    poll_s: float = 0.1  # how often a waiting session looks at the interrupt flag and the page
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        if isinstance(self.chunk_budget, bool) or not 1 <= int(self.chunk_budget) <= MAX_CHUNK_BUDGET:
+            raise ValueError(f"chunk_budget must be 1..{MAX_CHUNK_BUDGET} chunks, got {self.chunk_budget!r}")
+        if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s > 0):
+            raise ValueError(f"idle_timeout must be a number of seconds > 0, got {self.idle_timeout_s!r}")
+        if self.policy.full:
+            raise ValueError("kv_window: a Play session has no known length, so the full cache cannot be used; "
+                             "give a window (e.g. 9 latent frames with kv_sink 3)")
+        if not 1 <= int(self.fps) <= 120:
+            raise ValueError(f"fps must be 1..120, got {self.fps!r}")
+
+
+class VideoSink(Protocol):
+    def write(self, video: torch.Tensor) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class PlayResult:
+    reason: str  # stop | budget | idle
+    latent: torch.Tensor  # normalized [16, F_lat, h/8, w/8] float32 on the CPU
+    log: dict  # the action log and the settings a replay needs
+    chunks: int
+    frames: int
+    latency_s: list[float] = field(default_factory=list)  # input → the frames of the chunk it asked for, sent
+    chunk_s: list[float] = field(default_factory=list)  # the transformer's time per chunk
+    decode_s: list[float] = field(default_factory=list)  # the VAE's per chunk
+
+
+class PlaySession:
+    """One session (see the module docstring). ``image``: the start frame [3, H, W] in
+    [-1, 1] at the session's size; ``vae``: the VAE used to encode it and to decode every
+    chunk (the caller frees it after ``run``). ``emit(event, data)`` sends an event to the
+    page; ``client_connected()`` tells whether the controller's page is connected;
+    ``interrupt_types``: what ``check_interrupt`` raises (reported as reason "interrupt")."""
+
+    def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, vae: WanVAE, image: torch.Tensor,
+                 settings: PlaySettings, *, writer: VideoSink | None = None,
+                 emit: Callable[[str, dict], None] | None = None, controller: str | None = None,
+                 node_id: str | None = None, client_connected: Callable[[], bool] | None = None,
+                 check_interrupt: Callable[[], None] | None = None,
+                 interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
+                 clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
+                 session_id: str | None = None) -> None:
+        if tuple(image.shape) != (3, settings.height, settings.width):
+            raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
+                             f"{list(image.shape)}")
+        self.session_id = session_id or uuid.uuid4().hex
+        self.model, self.text, self.vae, self.image = model, text, vae, image
+        self.settings = settings
+        self.writer, self._emit_to = writer, emit
+        self.controller, self.node_id = controller, node_id
+        self._connected = client_connected
+        self._check = check_interrupt
+        self.interrupt_types = interrupt_types
+        self.video_ref = video_ref
+        self.clock = clock
+        self.registry = registry
+        self.controls = PlayControls(settings.mode, clock=clock)
+        self.camera = PlayCamera(settings.height, settings.width)
+        self.chunks_done = 0
+        self.frames_done = 0
+        self.ended = False
+        self.end_reason: str | None = None
+        self.latency_s: list[float] = []
+        self.chunk_s: list[float] = []
+        self.decode_s: list[float] = []
+        self._latents: list[torch.Tensor] = []
+        self._state: str | None = None
+        self._seen_at = clock()
+        self._generator: FastGenerator | None = None
+        self._i2v: StreamedI2V | None = None
+        self._decoder = None
+
+    # ---------------------------------------------------------------- what the page sees
+    def _emit(self, event: str, data: dict) -> None:
+        if self._emit_to is not None:
+            self._emit_to(event, {"session_id": self.session_id, "node_id": self.node_id, **data})
+
+    def state(self) -> str:
+        return "ended" if self.ended else self.controls.state()
+
+    def status(self) -> dict:
+        """What ``GET /lingbot/play/{id}`` answers."""
+        return {"session_id": self.session_id, "state": self.state(), "mode": self.settings.mode,
+                "chunks_done": self.chunks_done, "frames_done": self.frames_done, "controller": self.controller,
+                "keys": keys_text(self.controls.keys), "reason": self.end_reason}
+
+    def _publish_state(self, force: bool = False) -> None:
+        state = self.state()
+        if state == self._state and not force:
+            return
+        self._state = state
+        data = {"state": state, "chunks_done": self.chunks_done, "frames_done": self.frames_done}
+        if state == "ended":
+            data["reason"] = self.end_reason
+            data["video"] = self.video_ref if self.chunks_done else None
+        self._emit(EVENT_STATE, data)
+
+    # ---------------------------------------------------------------- the session
+    def run(self) -> PlayResult:
+        settings = self.settings
+        self.registry.begin(self)
+        reason = "error"
+        try:
+            self._open()
+            self._emit(EVENT_STARTED, {"controller": self.controller, "mode": settings.mode, "fps": settings.fps,
+                                       "width": settings.width, "height": settings.height,
+                                       "chunk_budget": settings.chunk_budget,
+                                       "idle_timeout_s": settings.idle_timeout_s, "keys": KEYS})
+            self._publish_state(force=True)
+            reason = self._loop()
+        except BaseException as exc:
+            reason = "interrupt" if self.interrupt_types and isinstance(exc, self.interrupt_types) else "error"
+            raise
+        finally:
+            self._close(reason)
+        return PlayResult(reason, self.latent(), self.action_log(), self.chunks_done, self.frames_done,
+                          list(self.latency_s), list(self.chunk_s), list(self.decode_s))
+
+    def _open(self) -> None:
+        settings = self.settings
+        self._i2v = StreamedI2V(self.vae, self.image, None, check_interrupt=self._check)
+        params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
+                            attention=settings.attention)
+        self._generator = FastGenerator(self.model, self.text, self._i2v, params, latent_frames=None,
+                                        check_interrupt=self._check)
+        self._decoder = self.vae.stream_decoder()
+
+    def _loop(self) -> str:
+        while True:
+            if self.chunks_done >= self.settings.chunk_budget:
+                return "budget"
+            request, reason = self._wait_for_request()
+            if request is None:
+                return reason
+            try:
+                self._chunk(request)
+            finally:
+                self.controls.chunk_done()
+            self._publish_state()
+
+    def _idle(self) -> bool:
+        now = self.clock()
+        if self._connected is None or self._connected():
+            self._seen_at = now
+        return now - max(self._seen_at, self.controls.last_input) >= self.settings.idle_timeout_s
+
+    def _wait_for_request(self) -> tuple[ChunkRequest | None, str | None]:
+        while True:
+            if self._check is not None:
+                self._check()
+            if self.controls.stop_requested:
+                return None, "stop"
+            if self._idle():
+                return None, "idle"
+            request = self.controls.take_request()
+            if request is not None:
+                return request, None
+            self._publish_state()
+            self.controls.wait(self.settings.poll_s)
+
+    def _chunk(self, request: ChunkRequest) -> None:
+        self._publish_state()  # running
+        started = self.clock()
+        camera = self.camera.next_chunk(request.keys)
+        x0 = self._generator.next_chunk(camera)
+        del camera
+        if not is_finite(x0):
+            raise NonFiniteError(f"chunk {self.chunks_done + 1} turned NaN/inf; likely cause: NaN or inf weights in "
+                                 "the Fast transformer's file, or an overflow. The session was stopped.")
+        self._latents.append(x0.float().cpu())
+        generated = self.clock()
+        with torch.inference_mode():
+            video = self._decoder.decode_next(x0[None].to(self.vae.dtype), cancel=self._check)[0].float().cpu()
+        del x0
+        self.decode_s.append(self.clock() - generated)
+        frames = jpeg_frames(video)
+        if self.writer is not None:
+            self.writer.write(video)
+        first_frame = self.frames_done
+        self.chunks_done += 1
+        self.frames_done += int(video.shape[1])
+        self.chunk_s.append(generated - started)
+        # Key to frame as the page meets it: decoded, written to the file and encoded for it.
+        latency = None if request.asked_at is None else self.clock() - request.asked_at
+        if latency is not None:
+            self.latency_s.append(latency)
+        self._emit(EVENT_FRAMES, {"chunk": self.chunks_done - 1, "first_frame": first_frame, "frames": frames,
+                                  "keys": keys_text(request.keys), "latency_s": latency,
+                                  "chunk_s": generated - started})
+
+    def _close(self, reason: str) -> None:
+        self.end_reason = reason
+        try:
+            for closer in (self._generator, self._decoder, self._i2v):
+                if closer is not None:
+                    closer.close()
+            self._generator = self._decoder = self._i2v = None
+            if self.writer is not None:
+                self.writer.close()  # the file holds every finished chunk and plays
+        finally:
+            self.ended = True
+            self.controls.stop()
+            self.registry.end(self)
+            self._publish_state(force=True)
+            empty_device_cache()
+
+    # ---------------------------------------------------------------- what it made
+    def latent(self) -> torch.Tensor:
+        """The session's normalized latent [16, F_lat, h/8, w/8] (float32, CPU)."""
+        if not self._latents:
+            h, w = self.settings.height // 8, self.settings.width // 8
+            return torch.empty(16, 0, h, w)
+        return torch.cat(self._latents, dim=1)
+
+    def action_log(self) -> dict:
+        """The keys of every finished frame and the settings that replay them."""
+        settings = self.settings
+        frames = self.frames_done
+        keys = self.camera.law.keys_per_frame[:max(0, frames - 1)]
+        return {
+            "actions": format_actions(keys), "frames": frames, "chunks": self.chunks_done,
+            "chunk_keys": [keys_text(k) for k in self.camera.chunk_keys[:self.chunks_done]],
+            "seed": settings.seed, "shift": settings.shift, "kv_window": settings.policy.window,
+            "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype, "keyframes": KEYFRAMES_PLAY,
+            "width": settings.width, "height": settings.height, "vae_precision": settings.vae_precision,
+            "fps": settings.fps, "mode": settings.mode, "ended": self.end_reason,
+        }

@@ -1,0 +1,160 @@
+"""nodes/play.py: LingBot-World Play inside the ComfyUI host (CPU) on the tiny Fast
+transformer, steered through the session's input state as the routes do: the session's
+latent equals the Fast clip nodes (Camera with the per-chunk Play keyframes, VAE Encode,
+Fast Sampler) run from its action log, bit for bit; the .mp4 and the log beside it; a
+session that makes no chunk; Cancel while waiting; refusals that name the input; nothing
+left resident."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from comfy_host import comfy_state_reset, use_comfy_in_process
+
+HOST = use_comfy_in_process()  # before comfy.model_management is imported
+import comfy.model_management as mm  # noqa: E402
+
+from node_runs import (H, VAE_FILE, W, encode_prompt, fast_not_resident, load_fast, run_fast_sampler,  # noqa: E402
+                       start_image)
+from comfyui_lingbot_world.nodes.camera import KEYFRAMES_PLAY, LingBotWorldCamera  # noqa: E402
+from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
+from comfyui_lingbot_world.nodes.host.routes import live_models  # noqa: E402
+from comfyui_lingbot_world.nodes.play import LingBotWorldPlay  # noqa: E402
+from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEEncode  # noqa: E402
+from comfyui_lingbot_world.pipeline.play import SESSIONS  # noqa: E402
+
+clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
+NONE = model_files.NO_FILE
+
+
+def video_frames(path: Path) -> int:
+    import av
+
+    with av.open(str(path)) as container:
+        return sum(1 for _ in container.decode(container.streams.video[0]))
+
+
+def play_inputs(fast_dit, text, **overrides) -> dict:
+    values = dict(fast_dit=fast_dit, image=start_image(), vae=VAE_FILE, width=W, height=H, chunk_budget=6,
+                  mode="turn", idle_timeout=60, kv_window=6, kv_sink=3, kv_dtype="bf16", shift=10.0, seed=5, fps=16,
+                  filename_prefix="LingBotWorld/play", text=text)
+    return {**values, **overrides}
+
+
+def start(inputs: dict) -> tuple[threading.Thread, dict]:
+    before = set(SESSIONS.running())
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["output"] = LingBotWorldPlay.execute(**inputs)
+        except BaseException as exc:  # noqa: BLE001 (the test reads what was raised)
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (set(SESSIONS.running()) - before) and thread.is_alive():
+        assert time.monotonic() < deadline, "the session never started"
+        time.sleep(0.01)
+    running = set(SESSIONS.running()) - before
+    out["session"] = SESSIONS.get(running.pop()) if running else None
+    return thread, out
+
+
+def wait_until(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def press(session, keys: str) -> None:
+    wait_until(lambda: not session.controls.running)
+    done = session.chunks_done
+    session.controls.set_keys(frozenset())
+    session.controls.set_keys(frozenset(keys))
+    wait_until(lambda: session.chunks_done > done and not session.controls.running)
+
+
+def test_the_action_log_replays_through_the_fast_clip_nodes_bit_for_bit(fast_installed):
+    text = encode_prompt()
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, text))
+    session = out["session"]
+    for keys in ("w", "wj", "l"):
+        press(session, keys)
+    session.controls.act("stop")
+    thread.join(120)
+    video, log_text, latent = out["output"].args
+    log = json.loads(log_text)
+    assert log["actions"] == "w-8,wj-12,l-12" and log["frames"] == 33 and log["keyframes"] == KEYFRAMES_PLAY
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+    path = Path(video.get_stream_source())
+    assert video_frames(path) == 33
+    assert json.loads(path.with_suffix(".json").read_text()) == log
+    assert out["output"].ui["text"] == [log_text]
+
+    # The Fast clip workflow, from the log: Camera (actions, per chunk (Play)), VAE Encode, Fast Sampler.
+    camera = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, log["width"], log["height"],
+                                        log["frames"], actions=log["actions"], keyframes=log["keyframes"])[0]
+    i2v = LingBotWorldVAEEncode.execute(start_image(), VAE_FILE, log["width"], log["height"], log["frames"],
+                                        "auto", precision=log["vae_precision"])[0]
+    replay = run_fast_sampler(fast_dit, text, i2v, camera, seed=log["seed"], kv_window=log["kv_window"],
+                              kv_sink=log["kv_sink"], kv_dtype=log["kv_dtype"], shift=log["shift"])
+    assert replay["samples"].shape == latent["samples"].shape == (1, 16, 9, H // 8, W // 8)
+    assert torch.equal(replay["samples"], latent["samples"])
+    # the official act2cam timing of the same string is another camera: the option matters
+    official = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, W, H, 33,
+                                          actions=log["actions"])[0]
+    assert not torch.equal(official.plucker, camera.plucker)
+
+
+def test_a_session_without_any_chunk_saves_nothing_and_says_so(fast_installed):
+    fast_dit, _ = load_fast()
+    outputs = fast_installed["output"]
+    thread, out = start(play_inputs(fast_dit, encode_prompt(), idle_timeout=1))
+    thread.join(60)  # no controller (no server): nobody is connected, so the idle timeout applies
+    assert isinstance(out["error"], RuntimeError)
+    assert "ended (idle) before any chunk was made" in str(out["error"])
+    assert not list(outputs.rglob("*.mp4")) and not list(outputs.rglob("*.json"))
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+def test_cancel_while_waiting_interrupts_keeps_the_video_and_frees_everything(fast_installed):
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    session = out["session"]
+    press(session, "a")
+    mm.interrupt_current_processing(True)
+    thread.join(60)
+    assert isinstance(out["error"], mm.InterruptProcessingException)
+    assert session.end_reason == "interrupt"
+    (video,) = list(fast_installed["output"].rglob("*.mp4"))
+    assert video_frames(video) == 9
+    assert json.loads(video.with_suffix(".json").read_text())["actions"] == "a-8"
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kv_window": 3, "kv_sink": 3}, "kv_sink=3 must be smaller than kv_window=3"),
+    ({"mode": "fast"}, "mode: 'fast' is not one of turn, continuous"),
+    ({"chunk_budget": 0}, "chunk_budget must be 1..320"),
+    ({"width": 40}, "width"),
+    ({"fast_dit": "not a model"}, "fast_dit: expected the output of LingBot-World Fast DiT Loader"),
+])
+def test_bad_inputs_are_refused_before_anything_loads(fast_installed, change, message):
+    fast_dit, _ = load_fast()
+    with pytest.raises(ValueError, match=message):
+        LingBotWorldPlay.execute(**{**play_inputs(fast_dit, encode_prompt()), **change})
+    assert fast_not_resident(fast_dit) and SESSIONS.running() == []
+
+
+def test_every_queue_runs_a_new_session():
+    assert LingBotWorldPlay.fingerprint_inputs() != LingBotWorldPlay.fingerprint_inputs()

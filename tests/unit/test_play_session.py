@@ -1,0 +1,272 @@
+"""A Play session (pipeline/play/session.py, registry.py, frames.py) on a tiny Fast model:
+its latents replayed through the Fast clip path bit for bit (sliding window with
+eviction, bf16 and int8 caches), the frames written and sent, every way it ends (budget,
+Stop, idle, an interrupt while waiting or mid-chunk, an error) closing the file and
+freeing the cache, and one session at a time."""
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+import weakref
+
+import pytest
+import torch
+from PIL import Image
+
+from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_play_actions
+from comfyui_lingbot_world.pipeline.fast import FastParams, WholeI2V, sample_fast
+from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
+from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
+from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+from fast_helpers import HEIGHT, WIDTH, image, prompt, tiny_fast_model, tiny_vae
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_fast_model()
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return tiny_vae()
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.pieces: list[torch.Tensor] = []
+        self.closed = 0
+
+    def write(self, video: torch.Tensor) -> None:
+        self.pieces.append(video.clone())
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class Interrupted(Exception):
+    pass
+
+
+def settings(**overrides) -> PlaySettings:
+    values = dict(width=WIDTH, height=HEIGHT, seed=11, chunk_budget=20, poll_s=0.005,
+                  policy=CachePolicy(window=6, sink=3, dtype="bf16"))
+    return PlaySettings(**{**values, **overrides})
+
+
+def make_session(model, vae, registry=None, **kwargs) -> tuple[PlaySession, Writer, list]:
+    events: list = []
+    writer = Writer()
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in PlaySettings.__dataclass_fields__}
+    session = PlaySession(model, prompt(), vae, image(), settings(**options), writer=writer,
+                          emit=lambda event, data: events.append((event, data)), controller="tab-1", node_id="7",
+                          registry=registry or SessionRegistry(), **kwargs)
+    return session, writer, events
+
+
+def start(session: PlaySession) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = session.run()
+        except BaseException as exc:  # noqa: BLE001 (the test reads what was raised)
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def wait_until(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def press(session: PlaySession, keys: str) -> None:
+    """Hold ``keys`` (a press in turn mode) and wait for the chunk it starts to finish (a
+    press while a chunk runs only changes the held keys)."""
+    wait_until(lambda: not session.controls.running)
+    before = session.chunks_done
+    session.controls.set_keys(frozenset(keys))
+    wait_until(lambda: session.ended or (session.chunks_done > before and not session.controls.running))
+
+
+def replay(model, vae, log: dict) -> torch.Tensor:
+    """The Fast clip path the replay workflow takes: whole image condition, the Camera
+    node's per-chunk (Play) timing, sample_fast with the same seed and cache settings."""
+    frames = log["frames"]
+    path = path_from_play_actions(log["actions"], frames, HEIGHT, WIDTH)
+    camera = camera_condition(path, frames, HEIGHT, WIDTH)
+    with torch.inference_mode():
+        y = build_i2v_condition(vae, image(), frames)
+    policy = CachePolicy(window=log["kv_window"], sink=log["kv_sink"], dtype=log["kv_dtype"])
+    return sample_fast(model, prompt(), WholeI2V(y), camera, FastParams(seed=log["seed"], shift=log["shift"],
+                                                                        policy=policy), frames)
+
+
+# --------------------------------------------------------------------------- replay
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_the_action_log_replays_through_the_clip_path_bit_for_bit(model, vae, kv_dtype):
+    session, writer, events = make_session(model, vae, policy=CachePolicy(window=6, sink=3, dtype=kv_dtype))
+    thread, out = start(session)
+    for keys in ["w", "", "wj", "l", "", "dk"]:  # 4 chunks: the 6-frame window evicts from chunk 2 on
+        if keys:
+            press(session, keys)
+        else:
+            session.controls.set_keys(frozenset())
+    session.controls.act("stop")
+    thread.join(60)
+    result = out["result"]
+    assert result.reason == "stop" and result.chunks == 4 and result.frames == 45
+    assert result.log["actions"] == "w-8,wj-12,l-12,dk-12" and result.log["chunk_keys"] == ["w", "wj", "l", "dk"]
+    assert result.log["keyframes"] == "per chunk (Play)" and result.log["kv_dtype"] == kv_dtype
+    again = replay(model, vae, result.log)
+    assert again.shape == result.latent.shape == (16, 12, HEIGHT // 8, WIDTH // 8)
+    assert torch.equal(again, result.latent)
+    # the frames written are the stream decode of the session's latent, i.e. its whole decode
+    assert [p.shape[1] for p in writer.pieces] == [9, 12, 12, 12]
+    with torch.inference_mode():
+        decoded = vae.decode(result.latent[None])[0].float()
+    assert torch.equal(torch.cat(writer.pieces, dim=1), decoded)
+
+
+# --------------------------------------------------------------------------- what the page sees
+
+def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
+    session, writer, events = make_session(model, vae)
+    thread, out = start(session)
+    press(session, "w")
+    press(session, "wl")
+    session.controls.act("stop")
+    thread.join(60)
+    names = [event for event, _ in events]
+    assert names[0] == "lingbot.play.started" and names[-1] == "lingbot.play.state"
+    assert all(data["session_id"] == session.session_id and data["node_id"] == "7" for _, data in events)
+    started = events[0][1]
+    assert started["controller"] == "tab-1" and started["mode"] == "turn" and started["keys"] == "wasdijkl"
+    frames = [data for event, data in events if event == "lingbot.play.frames"]
+    assert [(f["chunk"], f["first_frame"], len(f["frames"]), f["keys"]) for f in frames] == [
+        (0, 0, 9, "w"), (1, 9, 12, "wl")]
+    assert all(f["latency_s"] is not None and 0 <= f["latency_s"] < 60 and f["chunk_s"] > 0 for f in frames)
+    picture = Image.open(io.BytesIO(base64.b64decode(frames[1]["frames"][0])))
+    assert picture.format == "JPEG" and picture.size == (WIDTH, HEIGHT)
+    states = [data["state"] for event, data in events if event == "lingbot.play.state"]
+    assert states[0] == "waiting" and "running" in states and states[-1] == "ended"
+    assert events[-1][1]["reason"] == "stop" and events[-1][1]["chunks_done"] == 2
+    assert session.status()["state"] == "ended" and out["result"].latency_s and len(out["result"].chunk_s) == 2
+
+
+# --------------------------------------------------------------------------- endings
+
+def test_budget_ends_a_continuous_session(model, vae):
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=2)
+    result = session.run()  # continuous: nobody has to press anything
+    assert result.reason == "budget" and result.chunks == 2 and writer.closed == 1
+    assert result.log["actions"] == "none-20" and result.latency_s == []
+
+
+def test_idle_ends_the_session_when_the_page_is_gone_and_frees_the_cache(model, vae):
+    connected = {"now": True}
+    session, writer, events = make_session(model, vae, idle_timeout_s=0.3,
+                                           client_connected=lambda: connected["now"])
+    thread, out = start(session)
+    press(session, "w")
+    cache = weakref.ref(session._generator.cache._k)
+    time.sleep(0.5)  # connected: no idle end however long nobody presses
+    assert not session.ended
+    connected["now"] = False  # the tab closed
+    begun = time.monotonic()
+    thread.join(10)
+    assert out["result"].reason == "idle" and 0.25 < time.monotonic() - begun < 5
+    assert writer.closed == 1 and session._generator is None and cache() is None
+    assert events[-1][1] == {"session_id": session.session_id, "node_id": "7", "state": "ended", "chunks_done": 1,
+                             "frames_done": 9, "reason": "idle", "video": None}
+
+
+def test_an_interrupt_while_waiting_propagates_and_ends_the_session(model, vae):
+    flag = {"set": False}
+
+    def check() -> None:
+        if flag["set"]:
+            raise Interrupted("interrupted")
+
+    session, writer, events = make_session(model, vae, check_interrupt=check, interrupt_types=(Interrupted,))
+    thread, out = start(session)
+    press(session, "w")
+    flag["set"] = True
+    thread.join(10)
+    assert isinstance(out["error"], Interrupted)
+    assert session.end_reason == "interrupt" and writer.closed == 1 and session._generator is None
+    assert events[-1][1]["reason"] == "interrupt"
+
+
+def test_an_interrupt_mid_chunk_keeps_the_finished_chunks_and_frees_everything(model, vae):
+    seen = {"in_second_chunk": 0}
+    holder: dict = {}
+
+    def check() -> None:
+        session = holder["session"]
+        if session.chunks_done == 1 and session.controls.running:
+            seen["in_second_chunk"] += 1
+            if seen["in_second_chunk"] > 3:  # a few forwards / blocks into the chunk
+                raise Interrupted("cancelled mid-chunk")
+
+    session, writer, events = make_session(model, vae, check_interrupt=check, interrupt_types=(Interrupted,))
+    holder["session"] = session
+    thread, out = start(session)
+    press(session, "w")
+    session.controls.set_keys(frozenset("wd"))
+    thread.join(30)
+    assert isinstance(out["error"], Interrupted) and seen["in_second_chunk"] == 4
+    assert session.chunks_done == 1 and len(writer.pieces) == 1 and writer.closed == 1
+    assert session.end_reason == "interrupt" and session._generator is None and session._decoder is None
+    assert session.action_log()["actions"] == "w-8"  # only what the finished chunk used
+
+
+def test_an_error_ends_the_session_as_error(model, vae):
+    session, writer, events = make_session(model, vae, mode="continuous")
+    session.camera.next_chunk = lambda keys: (_ for _ in ()).throw(RuntimeError("broken camera"))
+    with pytest.raises(RuntimeError, match="broken camera"):
+        session.run()
+    assert session.end_reason == "error" and writer.closed == 1 and events[-1][1]["state"] == "ended"
+
+
+# --------------------------------------------------------------------------- checks
+
+def test_one_session_at_a_time_and_the_ended_one_stays_readable(model, vae):
+    registry = SessionRegistry()
+    first, _, _ = make_session(model, vae, registry=registry, mode="continuous", chunk_budget=1)
+    registry.begin(first)
+    second, _, _ = make_session(model, vae, registry=registry)
+    with pytest.raises(RuntimeError, match="already running"):
+        second.run()
+    registry.end(first)
+    first.ended = True
+    assert registry.running() == [] and registry.get(first.session_id) is first
+
+
+def test_settings_refuse_the_full_cache_and_bad_values(model, vae):
+    with pytest.raises(ValueError, match="full cache cannot be used"):
+        settings(policy=CachePolicy(window=None, sink=0))
+    with pytest.raises(ValueError, match="chunk_budget must be 1..320"):
+        settings(chunk_budget=0)
+    with pytest.raises(ValueError, match="idle_timeout"):
+        settings(idle_timeout_s=0.0)
+    with pytest.raises(ValueError, match="mode"):
+        settings(mode="fast")
+    with pytest.raises(ValueError, match=r"image: expected \[3, 32, 48\]"):
+        PlaySession(model, prompt(), vae, torch.zeros(3, 16, 16), settings())
