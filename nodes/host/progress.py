@@ -41,12 +41,13 @@ class ChunkProgress:
     and each finished chunk's latent is the preview, through the same previewer.
 
     ``on_step`` and ``on_preview`` take ``pipeline.fast.sample_fast``'s counts (steps done of
-    all steps; chunks done of all chunks)."""
+    all steps; chunks done of all chunks). ``images=False``: the bar only (an output node,
+    see ``LivePreview``)."""
 
-    def __init__(self, chunks: int, steps: int = 4, last_commit: bool = False) -> None:
+    def __init__(self, chunks: int, steps: int = 4, last_commit: bool = False, images: bool = True) -> None:
         self.steps = steps
         self.total = chunks * (steps + 1) - (0 if last_commit else 1)
-        self.live = LivePreview(self.total)
+        self.live = LivePreview(self.total, images=images)
 
     def on_step(self, done: int, total: int) -> None:
         chunk, step = divmod(done - 1, self.steps)

@@ -1,7 +1,8 @@
 """nodes/fast_long_video.py: LingBot-World Fast Long Video inside the ComfyUI host (CPU) on the
 tiny Fast transformer: one causal pass written chunk by chunk into an .mp4 equal to the clip
 sampler's video, the camera made per chunk (never a whole-video tensor), frames rounded down
-to whole chunks, Cancel keeping the chunks written, and the checks of its inputs."""
+to whole chunks, Cancel keeping the chunks written, the checks of its inputs, progress without
+latent previews (an output node), and no empty file after a failure before the first frame."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,7 +34,7 @@ def _image() -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(0).random((1, 40, 60, 3), dtype=np.float32))
 
 
-def _path(frames: int, actions: str = "w-10,l-6,w-10"):
+def _path(frames: int, actions: str = "w-8,l-6,w-6"):
     return LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, frames, actions, NONE, True,
                                       81, 1)[2]
 
@@ -81,7 +82,7 @@ def test_the_stream_writes_the_clip_samplers_video_chunk_by_chunk(fast_installed
 
     # The same video as the clip workflow: VAE Encode -> Fast Sampler (whole camera) -> decode.
     i2v = LingBotWorldVAEEncode.execute(_image(), VAE_FILE, W, H, 21, "auto")[0]
-    camera = LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, 21, "w-10,l-6,w-10", NONE, True,
+    camera = LingBotWorldCamera.execute("actions", "static", 1.0, NONE, NONE, W, H, 21, "w-8,l-6,w-6", NONE, True,
                                         81, 1)[0]
     samples = run_fast_sampler(fast, text, i2v, camera)
     clip = LingBotWorldVAEDecode.execute(samples, VAE_FILE, 0, "auto")[0]
@@ -130,7 +131,7 @@ def test_the_inputs_are_checked_before_anything_loads(fast_installed, monkeypatc
     monkeypatch.setattr(mm, "load_models_gpu", lambda *a, **k: pytest.fail("loaded before the inputs were checked"))
     with pytest.raises(ValueError, match="camera_path: expected"):
         _stream(fast, text, camera_path="not a path")
-    with pytest.raises(ValueError, match=r"camera_path: actions 'w-8': 9 poses cover only 9 frames but 21"):
+    with pytest.raises(ValueError, match=r"camera_path: actions 'w-8': 10 poses cover only 9 frames but 21"):
         _stream(fast, text, camera_path=_path(9, "w-8"))
     with pytest.raises(ValueError, match="frames=5 is shorter than one chunk of 12 frames; use at least 9"):
         _stream(fast, text, frames=5)
@@ -152,3 +153,33 @@ def test_the_camera_is_made_chunk_by_chunk(fast_installed, monkeypatch):
                         lambda self, start, count: asked.append((start, count)) or real_chunk(self, start, count))
     _stream(fast, text, frames=33, camera_path=_path(33))
     assert asked == [(0, 3), (3, 3), (6, 3)]
+
+
+def test_the_stream_sends_progress_but_no_latent_preview(fast_installed, monkeypatch):
+    """An output node: the page shows a node's latent previews instead of its video until it
+    runs again (nodes/host/progress.LivePreview), so the bar moves with no image."""
+    import latent_preview
+    from comfy.cli_args import LatentPreviewMethod
+
+    monkeypatch.setattr(latent_preview.args, "preview_method", LatentPreviewMethod.Latent2RGB)
+    text, (fast, _) = encode_prompt(), load_fast()
+    ticks = []
+    comfy.utils.set_progress_bar_global_hook(
+        lambda value, total, preview, node_id=None: ticks.append((value, total, preview)))
+    _stream(fast, text, frames=21)
+    assert ticks and ticks[-1][:2] == (9, 9)
+    assert [p for _, _, p in ticks] == [None] * len(ticks)
+
+
+def test_a_failure_before_the_first_frame_leaves_no_file(fast_installed, monkeypatch):
+    from comfyui_lingbot_world.nodes import fast_long_video as node
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("out of memory in the first chunk")
+
+    monkeypatch.setattr(node, "stream_fast_video", failing)
+    text, (fast, _) = encode_prompt(), load_fast()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _stream(fast, text, frames=21)
+    assert not list(fast_installed["output"].rglob("*.mp4"))
+    assert fast_not_resident(fast)
