@@ -37,7 +37,10 @@ from .long_video import output_file
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "LingBotWorld/fast_long"
-DEFAULT_FRAMES = stream_frames(MAX_FRAMES)  # 957: the longest whole-chunk count within one minute
+# 81 as on a fresh Camera node, so a fresh pair agrees (a whole-chunk count: 7 chunks); the
+# one-minute template sets 957 (the longest whole-chunk count within a minute) on both.
+DEFAULT_FRAMES = inputs.DEFAULT_FRAMES
+MATCH_CAMERA_PATH = "Must match the Camera node when camera_path is connected."
 
 
 class LingBotWorldFastLongVideo(io.ComfyNode):
@@ -58,11 +61,12 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 inputs.FastDiTType.Input("fast_dit", tooltip=f"The Fast transformer, from the {FAST_LOADER}."),
                 inputs.image_input(),
                 *inputs.vae_file_inputs(),
-                inputs.width_input(),
-                inputs.height_input(),
+                inputs.width_input(MATCH_CAMERA_PATH),
+                inputs.height_input(MATCH_CAMERA_PATH),
                 io.Int.Input("frames", default=DEFAULT_FRAMES, min=9, max=MAX_FRAMES, step=4,
                              tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the count "
-                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81."),
+                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81. "
+                             + MATCH_CAMERA_PATH),
                 *inputs.fast_cache_inputs(),
                 *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
                 io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,

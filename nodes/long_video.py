@@ -88,10 +88,13 @@ class LingBotWorldLongVideo(io.ComfyNode):
                                            tooltip="The whole camera path from LingBot-World Camera Plücker "
                                            "Conditioning (camera_path output). Without it the camera layers are "
                                            "skipped."),
-                inputs.width_input(),
-                inputs.height_input(),
-                io.Int.Input("frames", default=321, min=5, max=MAX_FRAMES, step=4,
-                             tooltip="Frames of the whole video: 4n+1 (321 = 20 s, 961 = 60 s at 16 fps)."),
+                inputs.width_input(inputs.MATCH_CAMERA),
+                inputs.height_input(inputs.MATCH_CAMERA),
+                # 81 as on a fresh Camera node, so a fresh pair agrees (one window; the long
+                # walk template sets 961 on both).
+                io.Int.Input("frames", default=inputs.DEFAULT_FRAMES, min=5, max=MAX_FRAMES, step=4,
+                             tooltip="Frames of the whole video: 4n+1 (81 = 5 s, one window; 961 = 60 s at 16 fps). "
+                             + inputs.MATCH_CAMERA),
                 *inputs.window_inputs(),
                 io.Float.Input("scale_quantile", default=1.0, min=0.5, max=1.0, step=0.01,
                                tooltip="Translation unit of the whole path: 1 = its largest step (as one pass). "
