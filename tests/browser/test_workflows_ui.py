@@ -5,7 +5,10 @@ Chromium), must use only node types the page knows, must convert (the frontend's
 graphToPrompt) to exactly the matching API graph in workflows/api/ (inputs that a newer
 host adds to core nodes at their defaults aside), and is queued from the page after its
 size widgets were set small, the way a user would edit them; it must show a latent preview
-on the sampler (per step; per chunk on the LingBot-World Fast nodes) and end in a saved video. A screenshot of each lands in
+on the sampler (per step; per chunk on the LingBot-World Fast nodes; none on a Long Video
+node, which is the output) and end in a saved video that its output node shows. Templates are
+opened from the Templates dialog as a person does and must be readable there, and every
+saved widget value must fit the node's widgets. A screenshot of each lands in
 test-artifacts/browser/, and a thumbnail for the Templates dialog (set
 LINGBOT_UPDATE_THUMBNAILS=1 to write them to example_workflows/).
 
@@ -306,6 +309,21 @@ def test_template_widget_values_fit_the_node_schemas(frontend: ComfyFrontend, co
     assert problems == []
 
 
+# What a node shows now: its latent previews (the page draws them instead of its outputs)
+# and the sources of the videos in its widgets.
+_JS_SHOWN = """(id) => {
+    const node = window.app.graph.getNodeById(Number(id));
+    const previews = (window.app.nodePreviewImages || {})[id] || [];
+    const videos = [];
+    for (const w of node.widgets || []) {
+        const el = w.element;
+        if (!el) continue;
+        for (const v of (el.tagName === 'VIDEO' ? [el] : el.querySelectorAll('video'))) videos.push(v.currentSrc || v.src);
+    }
+    return {previews: previews.length, videos};
+}"""
+
+
 @pytest.mark.parametrize("name", RUN_TO_END)
 def test_example_workflow_loads_converts_and_runs_from_the_page(
         display: ComfyFrontend, frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
@@ -328,7 +346,7 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
         changes = {"LingBotWorldCamera": {**camera, "window": LONG_WINDOW},
                    "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
     elif fast:  # 4 fixed steps: only the size changes
-        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldFastLongVideo": size}
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldFastLongVideo": size}
     else:
         changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldSampler": {"steps": STEPS}}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
@@ -350,12 +368,25 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     frontend.page.wait_for_function(
         f"() => (window.app.nodeOutputs?.['{shows_video}']?.images || []).some(i => i.filename.endsWith('.mp4'))",
         timeout=20_000)
+    # ... and ends showing that video, not a latent preview nor a previous run's video (with
+    # live previews on, the Long Video node kept showing its last preview).
+    try:  # the page makes its video element on a later frame
+        frontend.page.wait_for_function(
+            f"(id) => ({_JS_SHOWN})(id).videos.some(src => src.includes('filename={video.name}&'))",
+            arg=shows_video, timeout=10_000)
+    except Exception:  # Playwright's TimeoutError: the assertion below says what the node shows
+        pass
+    shown = frontend.page.evaluate(_JS_SHOWN, shows_video)
+    assert shown["previews"] == 0 and any(f"filename={video.name}&" in src for src in shown["videos"]), shown
     # The sampler node got a live preview image per step (the page shows the latest); the
     # Fast nodes one per chunk.
     previews = frontend.page.evaluate("() => window.__lingbotPreviews")
     on_sampler = [p for p in previews if p["node"] == SAMPLER]
-    assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
-        p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
+    if shows_video == SAMPLER:  # an output node that samples sends none: the page would show them instead
+        assert on_sampler == [], previews
+    else:
+        assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
+            p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
     fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
     assert not frontend.page_errors, frontend.page_errors
 
