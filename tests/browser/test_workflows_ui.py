@@ -251,8 +251,13 @@ def test_template_opened_from_the_templates_dialog_is_readable(frontend: ComfyFr
     for node in view["nodes"]:
         x, y, w, h = node["box"]
         assert vx <= x and vy <= y and x + w <= vx + vw and y + h <= vy + vh, (node, view["visible"])
-    for first in view["nodes"]:
-        for second in view["nodes"]:
+    assert_nothing_covered(view["nodes"])
+
+
+def assert_nothing_covered(nodes: list[dict]) -> None:
+    """No node's box (title bar included) overlaps another's, nor a pack node's badge band."""
+    for first in nodes:
+        for second in nodes:
             if first is second:
                 continue
             assert not (first["id"] < second["id"] and _overlap(first["box"], second["box"])), (first, second)
@@ -387,6 +392,9 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     else:
         assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
             p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
+    # Nodes that grew to show their picture or video cover no other node (the fast-mode
+    # Camera, grown, covered the Preview Image's title).
+    assert_nothing_covered(frontend.page.evaluate(_JS_VIEW, BADGE_HEIGHT)["nodes"])
     fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
     assert not frontend.page_errors, frontend.page_errors
 
