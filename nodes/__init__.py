@@ -31,6 +31,7 @@ from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
 from .host.play_routes import register_play_routes  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
 from .host.client_errors import name_files_relatively  # noqa: E402
+from .host.combo_check import check_combos  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 register_play_routes()  # /lingbot/play...: the Play panel's keys and controls
@@ -50,8 +51,9 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldPlay,
 ]
 
-for _node in NODES:  # errors reach the client naming files relative to ComfyUI's folders
-    name_files_relatively(_node)
+for _node in NODES:
+    name_files_relatively(_node)  # errors reach the client naming files relative to ComfyUI's folders
+    check_combos(_node)  # an unknown combo value is refused when queued, also on hosts that do not check
 
 # Written out rather than read off the schemas, which would scan the model folders at import.
 NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == node_id

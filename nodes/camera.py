@@ -101,9 +101,9 @@ class LingBotWorldCamera(io.ComfyNode):
                                tooltip="intrinsics.npy in ComfyUI's input folder: [N,4] fx, fy, cx, cy in pixels of "
                                "832x480. Required for files; for actions and import, (none) means default "
                                "intrinsics for the output size (or the export's own)."),
-                inputs.width_input(),
-                inputs.height_input(),
-                inputs.frames_input(MAX_FRAMES, "Must match the VAE Encode node (one pass) or the Long Video node."),
+                inputs.width_input(inputs.MATCH_CAMERA_FEEDS),
+                inputs.height_input(inputs.MATCH_CAMERA_FEEDS),
+                inputs.frames_input(MAX_FRAMES, inputs.MATCH_CAMERA_FEEDS),
                 # Optional widgets, so API prompts saved before they existed still validate.
                 io.String.Input("actions", default=DEFAULT_ACTIONS, optional=True, tooltip=ACTIONS_TOOLTIP),
                 io.Combo.Input("pose_export", options=[NO_FILE] + list_pose_exports(), optional=True,

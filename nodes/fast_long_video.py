@@ -6,7 +6,10 @@ decoded by the VAE's stream decoder and appended to an .mp4 in ComfyUI's output 
 soon as it is made. The camera is made chunk by chunk from the whole path
 (``path_camera``: the Camera node's one-pass camera, chunk by chunk) and the image condition encoded as far as the chunks need
 (``StreamedI2V``): no whole-video tensor is ever built. Returns the saved VIDEO and shows it
-like core Save Video; a Cancel keeps every chunk written.
+like core Save Video; a Cancel keeps every chunk written. As the Long Video node: the file
+is checked before any load (``long_video.output_file``), a failure before the first frame
+leaves no empty file, and the bar moves without latent previews, which the page would show
+instead of the finished video.
 """
 from __future__ import annotations
 
@@ -35,7 +38,10 @@ from .long_video import output_file
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "LingBotWorld/fast_long"
-DEFAULT_FRAMES = stream_frames(MAX_FRAMES)  # 957: the longest whole-chunk count within one minute
+# 81 as on a fresh Camera node, so a fresh pair agrees (a whole-chunk count: 7 chunks); the
+# one-minute template sets 957 (the longest whole-chunk count within a minute) on both.
+DEFAULT_FRAMES = inputs.DEFAULT_FRAMES
+MATCH_CAMERA_PATH = "Must match the Camera node when camera_path is connected."
 
 
 class LingBotWorldFastLongVideo(io.ComfyNode):
@@ -56,11 +62,12 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 inputs.FastDiTType.Input("fast_dit", tooltip=f"The Fast transformer, from the {FAST_LOADER}."),
                 inputs.image_input(),
                 *inputs.vae_file_inputs(),
-                inputs.width_input(),
-                inputs.height_input(),
+                inputs.width_input(MATCH_CAMERA_PATH),
+                inputs.height_input(MATCH_CAMERA_PATH),
                 io.Int.Input("frames", default=DEFAULT_FRAMES, min=9, max=MAX_FRAMES, step=4,
                              tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the count "
-                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81."),
+                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81. "
+                             + MATCH_CAMERA_PATH),
                 *inputs.fast_cache_inputs(),
                 *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
                 io.Int.Input("decode_tile", default=0, min=0, max=512, step=8,
@@ -116,7 +123,8 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         vae_bytes = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
         latent_frames = (made - 1) // 4 + 1
         chunks = latent_frames // policy.chunk
-        progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps)
+        progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps,
+                                 images=False)  # an output node: the page must end showing the video
         device = mm.get_torch_device()
         # Room for the cache and a chunk beside the transformer, and for the VAE and its streams.
         if kv_dtype == inputs.KV_AUTO:
@@ -126,11 +134,16 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         memory = run_memory(fast_dit, policy, height // 8, width // 8, latent_frames, extra=vae_bytes + VAE_WORKSPACE)
 
         path, name, subfolder = output_file(filename_prefix, width, height)
-        with loaded_fast_model(fast_dit, memory) as model, VideoWriter(path, fps=fps) as writer:
-            stream_fast_video(model, prompt, source_vae, image[0], made, height, width, camera, params, writer.write,
-                              device=device, precision=precision, decode_tile=decode_tile or None,
-                              on_step=progress.on_step, on_preview=progress.on_preview,
-                              check_interrupt=check_interrupt)
+        writer = None
+        try:
+            with loaded_fast_model(fast_dit, memory) as model, VideoWriter(path, fps=fps) as writer:
+                stream_fast_video(model, prompt, source_vae, image[0], made, height, width, camera, params,
+                                  writer.write, device=device, precision=precision, decode_tile=decode_tile or None,
+                                  on_step=progress.on_step, on_preview=progress.on_preview,
+                                  check_interrupt=check_interrupt)
+        finally:
+            if writer is None or writer.frames_written == 0:
+                path.unlink(missing_ok=True)  # failed before its first frame: no empty file left behind
         shown = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)]).as_dict()
         if note is not None:
             shown["text"] = [note]

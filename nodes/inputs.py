@@ -70,20 +70,30 @@ def image_input() -> io.Image.Input:
     return io.Image.Input("image", tooltip="Start frame of the video (the first image of a batch is used).")
 
 
-# Size and length: the Camera, VAE Encode and Long Video nodes must agree.
-def width_input() -> io.Int.Input:
+# Size and length: a Camera node and the node it feeds (VAE Encode for one pass, a Long Video
+# node) must agree. ``match`` says, on each node, which other node that is.
+MATCH_CAMERA = "Must match the Camera node."
+MATCH_CAMERA_FEEDS = "Must match the VAE Encode node it feeds (one pass) or the Long Video node."
+DEFAULT_FRAMES = 81  # the model's trained clip (5 s at 16 fps); every node's default, so fresh nodes agree
+
+
+def _with(text: str, match: str) -> str:
+    return f"{text} {match}" if match else text
+
+
+def width_input(match: str = "") -> io.Int.Input:
     return io.Int.Input("width", default=832, min=16, max=4096, step=16,
-                        tooltip="Video width in pixels (a multiple of 16). Must match the VAE Encode node.")
+                        tooltip=_with("Video width in pixels (a multiple of 16).", match))
 
 
-def height_input() -> io.Int.Input:
+def height_input(match: str = "") -> io.Int.Input:
     return io.Int.Input("height", default=480, min=16, max=4096, step=16,
-                        tooltip="Video height in pixels (a multiple of 16). Must match the VAE Encode node.")
+                        tooltip=_with("Video height in pixels (a multiple of 16).", match))
 
 
-def frames_input(maximum: int = 1601, tooltip: str = "Must match the VAE Encode node.") -> io.Int.Input:
-    return io.Int.Input("frames", default=81, min=1, max=maximum, step=4,
-                        tooltip=f"Frames to generate: 4n+1 (81 = 5 s at 16 fps). {tooltip}")
+def frames_input(maximum: int = 1601, match: str = "") -> io.Int.Input:
+    return io.Int.Input("frames", default=DEFAULT_FRAMES, min=1, max=maximum, step=4,
+                        tooltip=_with("Frames to generate: 4n+1 (81 = 5 s at 16 fps).", match))
 
 
 def window_inputs(default_window: int = 81, optional: bool = False) -> list[io.Int.Input]:

@@ -1,11 +1,15 @@
 """LingBot-World Long Video: up to 961 frames as chained windows, streamed into an .mp4.
 
 The work is ``pipeline.long_video.sample_windows``; this node gives it ComfyUI-managed
-experts (``ComfyExpertSource``), ComfyUI's progress bar and latent previews, and a file in
-ComfyUI's output folder that grows window by window. It returns a VIDEO (the file) and
-shows it in the UI like core Save Video; the frames never come back as an IMAGE batch (961
-frames in float32 would be gigabytes). A Cancel stops between steps or windows; the file
-keeps every finished window.
+experts carrying the LoRA Loaders' LoRAs (``run_experts``, as the sampler), ComfyUI's
+progress bar, and a file in ComfyUI's output folder that grows window by window (a
+fragmented MP4 that plays while it grows, ``pipeline/video_file.py``). The file is created
+and a probe written before the first window, so a bad prefix, a read-only folder or a full
+disk fail before any sampling, naming the file. It returns a VIDEO (the file) and shows it
+in the UI like core Save Video; the frames never come back as an IMAGE batch (961 frames in
+float32 would be gigabytes). No latent previews: the page would show them instead of the
+video (``nodes/host/progress.LivePreview``). A Cancel stops between steps or windows; the
+file keeps every finished window.
 """
 from __future__ import annotations
 
@@ -20,25 +24,47 @@ import folder_paths
 from ..pipeline.camera import CameraPath, check_controls
 from ..pipeline.long_video import WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
-from ..pipeline.video_file import VideoWriter
+from ..pipeline.video_file import VideoWriter, check_writable
 from ..wan.conditioning import latent_shape
 from ..wan.long_video import MAX_FRAMES, plan_windows
 from . import inputs
 from .host.devices import VAE_WORKSPACE, check_interrupt, make_room
-from .host.expert_patcher import ComfyExpertSource, DiTExperts
+from .host.expert_patcher import DiTExperts, run_experts
 from .host.progress import LivePreview
 from .inputs import check_input, pick_text, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
 
 
+def check_prefix(filename_prefix: str) -> None:
+    """A prefix ComfyUI can turn into a file name: no NUL or other control characters."""
+    bad = sorted({repr(c) for c in filename_prefix if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"filename_prefix: {filename_prefix!r} contains the control character(s) "
+                         f"{', '.join(bad)}; use letters, digits, '-', '_' and '/' for subfolders")
+
+
 def output_file(filename_prefix: str, width: int, height: int) -> tuple[Path, str, str]:
-    """A new .mp4 path in ComfyUI's output folder, its file name and subfolder (as Save Video names them)."""
-    folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
-        filename_prefix, folder_paths.get_output_directory(), width, height)
-    os.makedirs(folder, exist_ok=True)
+    """A new .mp4 in ComfyUI's output folder, its file name and subfolder (as Save Video
+    names them). The file is created (empty) and a probe written to it, so a bad prefix, a
+    read-only folder or a full disk fail here, naming the path, before any window."""
+    check_prefix(filename_prefix)
+    output = folder_paths.get_output_directory()
+    try:
+        folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output, width,
+                                                                                   height)
+    except Exception as exc:  # ComfyUI refuses a prefix that leaves the output folder with a bare Exception
+        raise ValueError(f"filename_prefix: {filename_prefix!r} points outside the output folder; use a relative "
+                         f"name such as {DEFAULT_PREFIX!r}") from exc
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{folder}: cannot create the folder for the video ({exc.strerror}); check "
+                                 "filename_prefix and that the output folder is writable") from exc
     name = f"{filename}_{counter:05}_.mp4"
-    return Path(folder) / name, name, subfolder
+    path = Path(folder) / name
+    check_writable(path)
+    return path, name, subfolder
 
 
 class LingBotWorldLongVideo(io.ComfyNode):
@@ -62,10 +88,13 @@ class LingBotWorldLongVideo(io.ComfyNode):
                                            tooltip="The whole camera path from LingBot-World Camera Plücker "
                                            "Conditioning (camera_path output). Without it the camera layers are "
                                            "skipped."),
-                inputs.width_input(),
-                inputs.height_input(),
-                io.Int.Input("frames", default=321, min=5, max=MAX_FRAMES, step=4,
-                             tooltip="Frames of the whole video: 4n+1 (321 = 20 s, 961 = 60 s at 16 fps)."),
+                inputs.width_input(inputs.MATCH_CAMERA),
+                inputs.height_input(inputs.MATCH_CAMERA),
+                # 81 as on a fresh Camera node, so a fresh pair agrees (one window; the long
+                # walk template sets 961 on both).
+                io.Int.Input("frames", default=inputs.DEFAULT_FRAMES, min=5, max=MAX_FRAMES, step=4,
+                             tooltip="Frames of the whole video: 4n+1 (81 = 5 s, one window; 961 = 60 s at 16 fps). "
+                             + inputs.MATCH_CAMERA),
                 *inputs.window_inputs(),
                 io.Float.Input("scale_quantile", default=1.0, min=0.5, max=1.0, step=0.01,
                                tooltip="Translation unit of the whole path: 1 = its largest step (as one pass). "
@@ -110,25 +139,25 @@ class LingBotWorldLongVideo(io.ComfyNode):
             check_controls(camera_path, dit.config.control_type, dit.label)
             camera = WindowedCamera(camera_path, frames, height, width, scale_quantile, dit.config.control_type)
         source_vae, vae_size = vae_source(vae, vae_model)
-        device = mm.get_torch_device()
-        make_room(device, vae_size, VAE_WORKSPACE)
         params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler)
         pt, ph, pw = dit.config.patch_size
         f_lat, lat_h, lat_w = latent_shape(plan[0].frames, height, width)
         tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
-        live = LivePreview(steps * len(plan))
-
-        path, name, subfolder = output_file(filename_prefix, width, height)
-        experts = ComfyExpertSource(dit, inference_memory=dit.high.inference_memory(tokens, dit.config.dim),
-                                    keep_resident=keep_experts)
+        comfy_experts, experts = run_experts(dit, tokens, keep_resident=keep_experts)  # as the sampler: its LoRAs
+        path, name, subfolder = output_file(filename_prefix, width, height)  # before any window
+        device = mm.get_torch_device()
+        live = LivePreview(steps * len(plan), images=False)
+        writer = None
         try:
+            make_room(device, vae_size, VAE_WORKSPACE)
             with VideoWriter(path, fps=fps) as writer:
                 sample_windows(experts, text, source_vae, image[0], frames, height, width, camera, params,
                                WindowParams(window, overlap, scale_quantile), writer.write, device=device,
-                               decode_tile=decode_tile or None, on_step=live.on_step, check_interrupt=check_interrupt,
-                               on_preview=live.on_preview if live.previewer is not None else None)
+                               decode_tile=decode_tile or None, on_step=live.on_step, check_interrupt=check_interrupt)
         finally:
-            experts.close()  # also on a cancel: no expert stays resident after this node
+            comfy_experts.close()  # also on a cancel: no expert stays resident after this node
+            if writer is None or writer.frames_written == 0:
+                path.unlink(missing_ok=True)  # failed before its first frame: no empty file left behind
         saved = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)])
         return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=saved)

@@ -10,14 +10,13 @@ from comfy_api.latest import io
 from ..pipeline.camera import CameraCondition, camera_for_checkpoint
 from ..pipeline.image import I2VCondition
 from ..pipeline.latent import to_comfy_latent
-from ..pipeline.lora import LoraExperts, lora_device_bytes
 from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import inputs
 from .host.devices import check_interrupt
-from .host.expert_patcher import ComfyExpertSource, DiTExperts
+from .host.expert_patcher import DiTExperts, run_experts
 from .host.progress import LivePreview
 from .inputs import check_input, pick_text
 
@@ -130,18 +129,12 @@ class LingBotWorldSampler(io.ComfyNode):
                                 cfg_truncate=cfg_truncate, attention=attention_choice(attention))
         params = apply_preset(preset, params)
         steps = params.steps
-        loras = list(dit.loras)
-        for spec in loras:  # before any expert is loaded: the file may be gone since the loader ran
-            if not spec.path.is_file():
-                raise FileNotFoundError(f"LoRA file {spec.path} no longer exists; pick another in the LoRA Loader")
         _, f_lat, lat_h, lat_w = i2v.y.shape
         pt, ph, pw = dit.config.patch_size
         tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
         live = LivePreview(steps)
 
-        memory = dit.high.inference_memory(tokens, dit.config.dim) + (lora_device_bytes(loras) if loras else 0)
-        comfy_source = ComfyExpertSource(dit, inference_memory=memory)
-        source = LoraExperts(comfy_source, loras) if loras else comfy_source
+        comfy_source, source = run_experts(dit, tokens)  # with the LoRA Loaders' LoRAs
         stats = StepStats()
         try:
             latent = sample(source, text, i2v, camera, params, check_interrupt=check_interrupt, on_preview=live.on_preview,

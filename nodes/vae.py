@@ -42,9 +42,9 @@ class LingBotWorldVAEEncode(io.ComfyNode):
             inputs=[
                 inputs.image_input(),
                 *inputs.vae_file_inputs(),
-                inputs.width_input(),
-                inputs.height_input(),
-                inputs.frames_input(),
+                inputs.width_input(inputs.MATCH_CAMERA),
+                inputs.height_input(inputs.MATCH_CAMERA),
+                inputs.frames_input(match=inputs.MATCH_CAMERA),
                 inputs.device_input(),
                 inputs.vae_model_input(),
                 inputs.precision_input(),

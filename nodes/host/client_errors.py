@@ -64,6 +64,8 @@ def _rename(exc: BaseException) -> None:
     if isinstance(exc, CheckpointError):
         exc.path, exc.problem = relative_names(exc.path), relative_names(exc.problem)
     if isinstance(exc, OSError):
+        if isinstance(exc.strerror, str):  # str(OSError(errno, text)) reads strerror, not args
+            exc.strerror = relative_names(exc.strerror)
         for attr in ("filename", "filename2"):
             value = getattr(exc, attr, None)
             if isinstance(value, (str, os.PathLike)):

@@ -33,8 +33,10 @@ from comfy.model_patcher import ModelPatcher
 
 from ...loaders.expert_size import expert_memory
 from ...pipeline.experts import load_expert
+from ...pipeline.lora import LoraExperts, lora_device_bytes
 from ...pipeline.memory import release_module
 from ...pipeline.placement import Placement
+from ...pipeline.sampling import ExpertSource
 from ...wan.config import DiTConfig
 
 log = logging.getLogger(__name__)
@@ -336,3 +338,22 @@ class ComfyExpertSource:
         if self._placement_keeps():
             return
         self.abort()
+
+
+def run_experts(dit: DiTExperts, tokens: int, keep_resident: bool = False) -> tuple[ComfyExpertSource, ExpertSource]:
+    """The experts one sampling run uses: ``(comfy, source)``. ``comfy`` is the
+    ComfyUI-managed source (close it when the run ends, also on errors); ``source`` is what
+    ``pipeline.sampling.sample`` takes: ``comfy`` itself, or, when LoRA Loaders added
+    LoRAs to ``dit``, ``comfy`` with the LoRAs attached on each acquire and detached on each
+    release (``pipeline.lora.LoraExperts``, which refuses a malformed file naming it).
+
+    Every node that samples gets its experts here, so all apply the same LoRAs the same
+    way. A LoRA file deleted since the LoRA Loader ran is refused before any expert loads.
+    """
+    loras = list(dit.loras)
+    for spec in loras:
+        if not spec.path.is_file():
+            raise FileNotFoundError(f"LoRA file {spec.path} no longer exists; pick another in the LoRA Loader")
+    memory = dit.high.inference_memory(tokens, dit.config.dim) + (lora_device_bytes(loras) if loras else 0)
+    comfy = ComfyExpertSource(dit, inference_memory=memory, keep_resident=keep_resident)
+    return comfy, (LoraExperts(comfy, loras) if loras else comfy)

@@ -14,10 +14,16 @@ PREVIEW_FORMAT = "JPEG"
 class LivePreview:
     """ComfyUI's progress bar with a latent preview each step, through ComfyUI's own
     previewer: it follows the user's preview setting (none, latent2rgb, or the TAE video
-    decoder lighttaew2_1 from models/vae_approx)."""
+    decoder lighttaew2_1 from models/vae_approx).
 
-    def __init__(self, total_steps: int) -> None:
-        self.previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
+    ``images=False``: the bar only. For output nodes: the frontend shows a node's latent
+    previews instead of its outputs for as long as it has any (they are dropped only when
+    the node runs again), so an output node that sent previews would never show its result.
+    """
+
+    def __init__(self, total_steps: int, images: bool = True) -> None:
+        self.previewer = (latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Wan21())
+                          if images else None)
         self.progress = comfy.utils.ProgressBar(total_steps)
 
     def on_step(self, done: int, total: int) -> None:
@@ -35,12 +41,13 @@ class ChunkProgress:
     and each finished chunk's latent is the preview, through the same previewer.
 
     ``on_step`` and ``on_preview`` take ``pipeline.fast.sample_fast``'s counts (steps done of
-    all steps; chunks done of all chunks)."""
+    all steps; chunks done of all chunks). ``images=False``: the bar only (an output node,
+    see ``LivePreview``)."""
 
-    def __init__(self, chunks: int, steps: int = 4, last_commit: bool = False) -> None:
+    def __init__(self, chunks: int, steps: int = 4, last_commit: bool = False, images: bool = True) -> None:
         self.steps = steps
         self.total = chunks * (steps + 1) - (0 if last_commit else 1)
-        self.live = LivePreview(self.total)
+        self.live = LivePreview(self.total, images=images)
 
     def on_step(self, done: int, total: int) -> None:
         chunk, step = divmod(done - 1, self.steps)

@@ -5,7 +5,10 @@ Chromium), must use only node types the page knows, must convert (the frontend's
 graphToPrompt) to exactly the matching API graph in workflows/api/ (inputs that a newer
 host adds to core nodes at their defaults aside), and is queued from the page after its
 size widgets were set small, the way a user would edit them; it must show a latent preview
-on the sampler (per step; per chunk on the LingBot-World Fast nodes) and end in a saved video. A screenshot of each lands in
+on the sampler (per step; per chunk on the LingBot-World Fast nodes; none on a Long Video
+node, which is the output) and end in a saved video that its output node shows. Templates are
+opened from the Templates dialog as a person does and must be readable there, and every
+saved widget value must fit the node's widgets. A screenshot of each lands in
 test-artifacts/browser/, and a thumbnail for the Templates dialog (set
 LINGBOT_UPDATE_THUMBNAILS=1 to write them to example_workflows/).
 
@@ -42,9 +45,6 @@ SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"
 LONG_WINDOW = 5  # the long walk runs as two windows of 5 frames (9 frames)
 THUMB_SIZE = (800, 414)
-# Below this zoom the frontend draws nodes without their bodies (its default
-# LiteGraph.Canvas.MinFontSizeForLOD of 8 px on a 14 px font).
-MIN_READABLE_SCALE = 0.6
 FRAMES, WIDTH, HEIGHT, STEPS = 5, 48, 32, 3
 FAST_WALK = "lingbot_fast_walk"
 FAST_FRAMES, FAST_CHUNKS = 21, 2  # the Fast graphs run two chunks of 12 frames (the first 9)
@@ -197,24 +197,136 @@ def test_templates_list_exactly_the_example_workflows(comfy_server: ComfyServer)
         assert thumb.content == (UI_DIR / f"{title}.jpg").read_bytes()
 
 
+def open_from_the_templates_dialog(frontend: ComfyFrontend, title: str, nodes: int) -> None:
+    """As a person does: the sidebar's Templates button, the pack's entry in the dialog's
+    list, the card with the template's title; then wait until the graph is on the canvas."""
+    page = frontend.page
+    page.get_by_role("button", name="Templates", exact=True).first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text(PACK_NAME, exact=True).first.click()
+    dialog.get_by_text(title, exact=True).first.click()
+    page.wait_for_function(
+        """([title, nodes]) => !document.querySelector('[role=dialog]')
+            && window.app.extensionManager?.workflow?.activeWorkflow?.filename === title
+            && (window.app.graph.nodes || window.app.graph._nodes).length === nodes""",
+        arg=[title, nodes], timeout=30_000)
+    page.wait_for_timeout(500)  # the frontend's own fit of the view runs after the load
+
+
+# The view a template opens at: its zoom, the page's low-quality flag after a draw, and in
+# canvas units the visible area and every node's box (title bar included) with its badge
+# band (the pack's source badge is drawn just above a node's title, right-aligned).
+_JS_VIEW = """(badge) => {
+    const canvas = window.app.canvas;
+    canvas.draw(true, true);
+    const title = window.LiteGraph.NODE_TITLE_HEIGHT || 30;
+    const [ox, oy] = canvas.ds.offset, scale = canvas.ds.scale;
+    const nodes = (window.app.graph.nodes || window.app.graph._nodes).map(n => ({
+        id: String(n.id), type: n.type, box: [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title],
+        badge: n.type.startsWith('LingBotWorld') ? [n.pos[0], n.pos[1] - title - badge, n.size[0], badge] : null}));
+    return {scale, lowQuality: !!canvas.low_quality, nodes,
+            visible: [-ox, -oy, canvas.canvas.clientWidth / scale, canvas.canvas.clientHeight / scale]};
+}"""
+# LiteGraph's default LiteGraph.Canvas.MinFontSizeForLOD (8 px) over its 14 px node text:
+# below this zoom the page draws every node as a grey box.
+LOW_QUALITY_SCALE = 8 / 14
+BADGE_HEIGHT = 26  # the source badge's box, in canvas units
+
+
+def _overlap(a: list, b: list) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_template_opens_at_a_readable_zoom(frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
-    """Opened as the Templates dialog does (by name, default view settings): the saved view
-    is restored at a zoom where node bodies are drawn, with the sampler on screen."""
-    workflow = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{TEMPLATES[name]}.json").json()
-    view = frontend.page.evaluate(
-        """async ([wf, name, id]) => {
-            await window.app.loadGraphData(wf, true, true, name,
-                {showMissingNodesDialog: false, showMissingModelsDialog: false});
-            const canvas = window.app.canvas;
-            canvas.draw(true, true);
-            const node = window.app.graph.getNodeById(Number(id));
-            const [x, y] = canvas.ds.convertOffsetToCanvas(node.pos);
-            return {scale: canvas.ds.scale, x, y, width: canvas.canvas.clientWidth,
-                    height: canvas.canvas.clientHeight};
-        }""", [workflow, TEMPLATES[name], SAMPLER])
-    assert view["scale"] >= MIN_READABLE_SCALE, view
-    assert 0 <= view["x"] < view["width"] and 0 <= view["y"] < view["height"], view
+def test_template_opened_from_the_templates_dialog_is_readable(frontend: ComfyFrontend, name: str) -> None:
+    """Opened from the Templates dialog at the tests' 1280x800 window: node text is drawn
+    (the zoom is at or above the page's low-quality threshold), every node is on screen, and
+    no node or badge covers another (a badge over the DiT Loader hid its devices value)."""
+    workflow = ui_graph(name)
+    open_from_the_templates_dialog(frontend, TEMPLATES[name], len(workflow["nodes"]))
+    view = frontend.page.evaluate(_JS_VIEW, BADGE_HEIGHT)
+    frontend.screenshot(artifacts_dir("browser") / f"dialog-{name}.png")
+    assert view["scale"] >= LOW_QUALITY_SCALE and not view["lowQuality"], view["scale"]
+    vx, vy, vw, vh = view["visible"]
+    for node in view["nodes"]:
+        x, y, w, h = node["box"]
+        assert vx <= x and vy <= y and x + w <= vx + vw and y + h <= vy + vh, (node, view["visible"])
+    assert_nothing_covered(view["nodes"])
+
+
+def assert_nothing_covered(nodes: list[dict]) -> None:
+    """No node's box (title bar included) overlaps another's, nor a pack node's badge band."""
+    for first in nodes:
+        for second in nodes:
+            if first is second:
+                continue
+            assert not (first["id"] < second["id"] and _overlap(first["box"], second["box"])), (first, second)
+            assert not (first["badge"] and _overlap(first["badge"], second["box"])), (first, second)
+
+
+# Each saved node against a fresh node of its type in this page (the widgets the frontend
+# makes from the host's schema): how many values it saves, and whether each saved value
+# fits its widget (a combo's options, a number's range, a toggle's or a text's type).
+_JS_WIDGET_PROBLEMS = """([workflow, optional]) => {
+    const problems = [];
+    for (const saved of workflow.nodes) {
+        const fresh = window.LiteGraph.createNode(saved.type);
+        if (!fresh) { problems.push(`${saved.id} ${saved.type}: unknown node type`); continue; }
+        const widgets = fresh.widgets || [];
+        const expected = fresh.serialize().widgets_values || [];
+        const values = saved.widgets_values || [];
+        const missing = widgets.slice(values.length).filter(w => w.serialize !== false).map(w => w.name);
+        // A newer host may add an optional input to a core node (Create Video's bit_depth in
+        // 0.27): a file that also serves older hosts cannot carry it.
+        const added = !saved.type.startsWith('LingBotWorld') && missing.every(n => (optional[saved.type] || []).includes(n));
+        if (values.length !== expected.length && !(values.length < expected.length && added))
+            problems.push(`${saved.id} ${saved.type}: ${values.length} widget values, its widgets take ${expected.length}`
+                          + (missing.length ? ` (missing ${missing.join(', ')})` : ''));
+        values.forEach((value, i) => {
+            const w = widgets[i];
+            if (!w || w.serialize === false) return;
+            const where = `${saved.id} ${saved.type}.${w.name}=${JSON.stringify(value)}`;
+            let options = w.options?.values;
+            if (typeof options === 'function') options = options(w, fresh);
+            if (Array.isArray(options)) {
+                if (!options.includes(value)) problems.push(`${where}: not one of ${options.length} options`);
+            } else if (typeof expected[i] === 'number') {
+                if (typeof value !== 'number' || !Number.isFinite(value)) problems.push(`${where}: not a number`);
+                else if ((w.options?.min ?? -Infinity) > value || value > (w.options?.max ?? Infinity))
+                    problems.push(`${where}: outside ${w.options.min}..${w.options.max}`);
+            } else if (expected[i] !== null && expected[i] !== undefined && typeof value !== typeof expected[i]) {
+                problems.push(`${where}: a ${typeof value}, the widget holds a ${typeof expected[i]}`);
+            }
+        });
+    }
+    return problems;
+}"""
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_template_widget_values_fit_the_node_schemas(frontend: ComfyFrontend, comfy_server: ComfyServer,
+                                                     name: str) -> None:
+    """Every node of the shipped template holds a value for every widget its node has now,
+    each one its widget can take (the fast-mode template's Camera held 8 of 13)."""
+    info = comfy_server.object_info()
+    optional = {kind: list(spec["input"].get("optional", {})) for kind, spec in info.items()}
+    problems = frontend.page.evaluate(_JS_WIDGET_PROBLEMS, [ui_graph(name), optional])
+    assert problems == []
+
+
+# What a node shows now: its latent previews (the page draws them instead of its outputs)
+# and the sources of the videos in its widgets.
+_JS_SHOWN = """(id) => {
+    const node = window.app.graph.getNodeById(Number(id));
+    const previews = (window.app.nodePreviewImages || {})[id] || [];
+    const videos = [];
+    for (const w of node.widgets || []) {
+        const el = w.element;
+        if (!el) continue;
+        for (const v of (el.tagName === 'VIDEO' ? [el] : el.querySelectorAll('video'))) videos.push(v.currentSrc || v.src);
+    }
+    return {previews: previews.length, videos};
+}"""
 
 
 @pytest.mark.parametrize("name", RUN_TO_END)
@@ -239,7 +351,7 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
         changes = {"LingBotWorldCamera": {**camera, "window": LONG_WINDOW},
                    "LingBotWorldLongVideo": {**size, "window": LONG_WINDOW, "steps": STEPS}}
     elif fast:  # 4 fixed steps: only the size changes
-        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": size, "LingBotWorldFastLongVideo": size}
+        changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldFastLongVideo": size}
     else:
         changes = {"LingBotWorldVAEEncode": size, "LingBotWorldCamera": camera, "LingBotWorldSampler": {"steps": STEPS}}
     changed = frontend.page.evaluate(_JS_SET_WIDGETS, changes)
@@ -261,12 +373,28 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     frontend.page.wait_for_function(
         f"() => (window.app.nodeOutputs?.['{shows_video}']?.images || []).some(i => i.filename.endsWith('.mp4'))",
         timeout=20_000)
+    # ... and ends showing that video, not a latent preview nor a previous run's video (with
+    # live previews on, the Long Video node kept showing its last preview).
+    try:  # the page makes its video element on a later frame
+        frontend.page.wait_for_function(
+            f"(id) => ({_JS_SHOWN})(id).videos.some(src => src.includes('filename={video.name}&'))",
+            arg=shows_video, timeout=10_000)
+    except Exception:  # Playwright's TimeoutError: the assertion below says what the node shows
+        pass
+    shown = frontend.page.evaluate(_JS_SHOWN, shows_video)
+    assert shown["previews"] == 0 and any(f"filename={video.name}&" in src for src in shown["videos"]), shown
     # The sampler node got a live preview image per step (the page shows the latest); the
     # Fast nodes one per chunk.
     previews = frontend.page.evaluate("() => window.__lingbotPreviews")
     on_sampler = [p for p in previews if p["node"] == SAMPLER]
-    assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
-        p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
+    if shows_video == SAMPLER:  # an output node that samples sends none: the page would show them instead
+        assert on_sampler == [], previews
+    else:
+        assert len(on_sampler) >= (FAST_CHUNKS if fast else STEPS) and all(
+            p["type"].startswith("image/") and p["bytes"] > 0 for p in on_sampler), previews
+    # Nodes that grew to show their picture or video cover no other node (the fast-mode
+    # Camera, grown, covered the Preview Image's title).
+    assert_nothing_covered(frontend.page.evaluate(_JS_VIEW, BADGE_HEIGHT)["nodes"])
     fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
     assert not frontend.page_errors, frontend.page_errors
 

@@ -466,6 +466,10 @@ class ComfyServer:
         while not entry and time.monotonic() < settle:
             time.sleep(0.1)
             entry = self.history(prompt_id)
+        if self._events is not None:
+            # Found through /history: its websocket message may still be on the way (0.28
+            # writes the history entry before the last message reaches the socket).
+            self._events.wait_for(lambda: _terminal(self._events.for_prompt(prompt_id)), timeout=5)
         events = self._events.for_prompt(prompt_id) if self._events else []
         if not events:
             events = [(k, d) for k, d in entry.get("status", {}).get("messages", [])]

@@ -16,7 +16,7 @@ import pytest
 
 import tiny_package
 from comfy_host import ROOT
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, PromptRejected
 
 WORKFLOW = json.loads((ROOT / "workflows" / "api" / "lingbot_camera_files.json").read_text())
 
@@ -71,3 +71,67 @@ def test_start_log_has_no_bitsandbytes_kernels_advice(comfy_server: ComfyServer)
     log = comfy_server.log_text()
     assert "LingBotWorld" in log or comfy_server.pack_node_types()  # the pack was imported
     assert "pip install kernels" not in log, comfy_server.log_tail()
+
+
+def _feeds(graph: dict, node: str) -> set[str]:
+    """``node`` and every node downstream of it."""
+    found, grown = {node}, True
+    while grown:
+        grown = False
+        for key, entry in graph.items():
+            if key not in found and any(isinstance(v, list) and len(v) == 2 and str(v[0]) in found
+                                        for v in entry["inputs"].values()):
+                found.add(key)
+                grown = True
+    return found
+
+
+def _upstream(graph: dict, outputs: set[str]) -> dict:
+    """The part of ``graph`` that ``outputs`` need."""
+    keep, todo = set(), list(outputs)
+    while todo:
+        key = todo.pop()
+        if key not in keep:
+            keep.add(key)
+            todo += [str(v[0]) for v in graph[key]["inputs"].values() if isinstance(v, list) and len(v) == 2]
+    return {key: graph[key] for key in keep}
+
+
+def test_unknown_combo_values_are_refused_at_validation_naming_the_input(comfy_server: ComfyServer):
+    """Every combo of every pack node in the shipped API workflows (files, and the fixed
+    ones: sampler, device, source, preset, ...), required or optional, given a value it does
+    not offer: HTTP 400 before anything runs, naming the node and the input, as ComfyUI does
+    for its own combos. Without the pack's check the 0.3.x hosts queue such a prompt and it
+    fails at run time."""
+    info = comfy_server.object_info()
+    pack = set(comfy_server.pack_node_types())
+    checked, accepted = set(), []
+    for path in sorted((ROOT / "workflows" / "api").glob("*.json")):
+        graph = tiny_package.small_workflow(json.loads(path.read_text()))
+        for node, entry in graph.items():
+            kind = entry["class_type"]
+            if kind not in pack:
+                continue
+            spec = {**info[kind]["input"].get("required", {}), **info[kind]["input"].get("optional", {})}
+            combos = [name for name, s in spec.items() if s[0] == "COMBO" or isinstance(s[0], list)]
+            outputs = {k for k in _feeds(graph, node) if info[graph[k]["class_type"]].get("output_node")}
+            for name in combos:
+                if (kind, name) in checked:
+                    continue
+                checked.add((kind, name))
+                bad = _upstream(graph, outputs)
+                bad[node] = {**entry, "inputs": {**entry["inputs"], name: "no-such-choice"}}
+                try:
+                    prompt_id = comfy_server.queue(bad)
+                except PromptRejected as rejected:
+                    errors = rejected.node_errors.get(node, {}).get("errors", [])
+                    assert rejected.status == 400 and any(
+                        e["extra_info"].get("input_name") == name and "no-such-choice" in e["details"]
+                        for e in errors), (kind, name, rejected.response)
+                else:
+                    accepted.append(f"{kind}.{name}")
+                    comfy_server.interrupt(prompt_id)
+                    comfy_server.wait(prompt_id, timeout=120)
+    assert not accepted, f"queued with an unknown value instead of refused: {accepted}"
+    assert ("LingBotWorldSampler", "sampler") in checked and ("LingBotWorldCamera", "source") in checked
+    assert ("LingBotWorldTextEncode", "device") in checked and ("LingBotWorldLongVideo", "sampler") in checked

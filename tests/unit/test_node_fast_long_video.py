@@ -1,7 +1,8 @@
 """nodes/fast_long_video.py: LingBot-World Fast Long Video inside the ComfyUI host (CPU) on the
 tiny Fast transformer: one causal pass written chunk by chunk into an .mp4 equal to the clip
 sampler's video, the camera made per chunk (never a whole-video tensor), frames rounded down
-to whole chunks, Cancel keeping the chunks written, and the checks of its inputs."""
+to whole chunks, Cancel keeping the chunks written, the checks of its inputs, progress without
+latent previews (an output node), and no empty file after a failure before the first frame."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -157,3 +158,33 @@ def test_the_camera_is_made_chunk_by_chunk(fast_installed, monkeypatch):
                         lambda self, start, count: asked.append((start, count)) or real_chunk(self, start, count))
     _stream(fast, text, frames=33, camera_path=_path(33))
     assert asked == [(0, 3), (3, 3), (6, 3)]
+
+
+def test_the_stream_sends_progress_but_no_latent_preview(fast_installed, monkeypatch):
+    """An output node: the page shows a node's latent previews instead of its video until it
+    runs again (nodes/host/progress.LivePreview), so the bar moves with no image."""
+    import latent_preview
+    from comfy.cli_args import LatentPreviewMethod
+
+    monkeypatch.setattr(latent_preview.args, "preview_method", LatentPreviewMethod.Latent2RGB)
+    text, (fast, _) = encode_prompt(), load_fast()
+    ticks = []
+    comfy.utils.set_progress_bar_global_hook(
+        lambda value, total, preview, node_id=None: ticks.append((value, total, preview)))
+    _stream(fast, text, frames=21)
+    assert ticks and ticks[-1][:2] == (9, 9)
+    assert [p for _, _, p in ticks] == [None] * len(ticks)
+
+
+def test_a_failure_before_the_first_frame_leaves_no_file(fast_installed, monkeypatch):
+    from comfyui_lingbot_world.nodes import fast_long_video as node
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("out of memory in the first chunk")
+
+    monkeypatch.setattr(node, "stream_fast_video", failing)
+    text, (fast, _) = encode_prompt(), load_fast()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _stream(fast, text, frames=21)
+    assert not list(fast_installed["output"].rglob("*.mp4"))
+    assert fast_not_resident(fast)

@@ -147,7 +147,8 @@ def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
             sampler["required"]["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink,
                                                                "auto")  # fit to the device: fast_model.fit_kv_dtype
     frames = stream["required"]["frames"][1]
-    assert (frames["default"], frames["max"]) == (957, 961) and "957" in frames["tooltip"]
+    # 81 as a fresh Camera node (issue 17: fresh nodes agree); the tooltip tells 961 -> 957.
+    assert (frames["default"], frames["max"]) == (81, 961) and "957" in frames["tooltip"]
 
 
 def test_file_combos_are_validated_by_the_pack(installed, trajectory):
@@ -162,3 +163,41 @@ def test_file_combos_are_validated_by_the_pack(installed, trajectory):
     assert LingBotWorldTextEncode.validate_inputs(t5_file=f"{PKG}/Wan2.1_VAE.pth", tokenizer=f"{PKG}/tokenizer") \
         .startswith("t5_file:")  # the VAE is not offered as a T5 file
     assert LingBotWorldCamera.validate_inputs(poses_file="traj/poses.npy", intrinsics_file=model_files.NO_FILE) is True
+
+
+# The node a "Must match the X node" sentence may not name on each node: itself.
+OWN_NAMES = {"LingBotWorldCamera": "Camera", "LingBotWorldVAEEncode": "VAE Encode", "LingBotWorldLongVideo": "Long Video",
+             "LingBotWorldFastLongVideo": "Long Video", "LingBotWorldPlay": "Play"}
+
+
+def _texts(node) -> dict[str, str]:
+    """Every tooltip of a node's inputs, and its description, by where they are."""
+    schema = node.define_schema()
+    texts = {f"{i.id} tooltip": i.tooltip or "" for i in schema.inputs}
+    texts["description"] = schema.description or ""
+    return texts
+
+
+@pytest.mark.parametrize("node_id", sorted(OWN_NAMES))
+def test_size_tooltips_name_the_node_to_match_never_the_node_itself(node_id, comfy_dirs):
+    texts = _texts(pack_nodes.NODE_CLASS_MAPPINGS[node_id])
+    for where, text in texts.items():
+        for sentence in text.split(". "):
+            if "Must match the" in sentence:
+                assert OWN_NAMES[node_id] not in sentence.split("Must match the", 1)[1], (where, text)
+
+
+@pytest.mark.parametrize("node_id", ["LingBotWorldLongVideo", "LingBotWorldFastLongVideo", "LingBotWorldPlay"])
+def test_a_node_without_a_vae_encode_in_its_graph_never_mentions_one(node_id, comfy_dirs):
+    for where, text in _texts(pack_nodes.NODE_CLASS_MAPPINGS[node_id]).items():
+        assert "VAE Encode" not in text, (where, text)
+
+
+def test_fresh_camera_long_video_and_vae_encode_nodes_agree_on_frames(comfy_dirs):
+    """A fresh Camera wired to a fresh Long Video (or VAE Encode) runs without edits: all
+    default to 81 frames, the model's trained clip (5 s at 16 fps)."""
+    defaults = {}
+    for node_id in ("LingBotWorldCamera", "LingBotWorldVAEEncode", "LingBotWorldLongVideo", "LingBotWorldFastLongVideo"):
+        spec = pack_nodes.NODE_CLASS_MAPPINGS[node_id].INPUT_TYPES()["required"]
+        defaults[node_id] = (spec["width"][1]["default"], spec["height"][1]["default"], spec["frames"][1]["default"])
+    assert set(defaults.values()) == {(832, 480, 81)}, defaults
