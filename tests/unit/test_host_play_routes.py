@@ -6,6 +6,7 @@ a real ComfyUI server: tests/integration/test_play_server.py."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import sys
 
@@ -60,7 +61,10 @@ def run(scenario, session: Session | None = None):
         async with TestClient(TestServer(app)) as client:
             return await scenario(client, session)
 
-    return asyncio.run(main())
+    # A thread of its own: in a whole-suite run the browser tests' Playwright keeps an event
+    # loop running in the main thread, where asyncio.run() refuses to start another.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 async def post(client, path: str, body, raw: bytes | None = None) -> tuple[int, dict]:
