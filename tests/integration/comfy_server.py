@@ -367,6 +367,23 @@ class ComfyServer:
         tail = self.log_text().splitlines()[-lines:]
         return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "\n".join(tail)
 
+    def rss_anon_after_free(self, target: int | None = None, deadline_s: float = 20.0) -> int:
+        """RssAnon after POST /free. The worker frees asynchronously, and only when it next
+        looks at its flags (up to a second later, longer on a loaded machine): with ``target``,
+        wait up to ``deadline_s`` for the reading to reach it (a real leak still stays above
+        it); without, until it stops falling."""
+        self.free(settle=0.5)
+        readings = [self.rss()["rss_anon"]]
+        started = time.monotonic()
+        while time.monotonic() - started < deadline_s:
+            if target is not None and readings[-1] <= target:
+                break
+            time.sleep(0.3)
+            readings.append(self.rss()["rss_anon"])
+            if target is None and readings[-1] >= readings[-2] and time.monotonic() - started > 3.0:
+                break
+        return readings[-1]
+
     def rss(self) -> dict[str, int]:
         """Memory of the server process in bytes: ``rss``, ``rss_anon`` (heap and anonymous
         mappings, not file-backed mmaps) and ``rss_peak`` (VmHWM)."""

@@ -109,17 +109,6 @@ def assert_nothing_alive(server: ComfyServer, when: str) -> None:
         f"{when}: {alive}"
 
 
-def settled_rss_anon(server: ComfyServer) -> int:
-    server.free(settle=0.5)
-    readings = [server.rss()["rss_anon"]]
-    for _ in range(10):
-        time.sleep(0.3)
-        readings.append(server.rss()["rss_anon"])
-        if readings[-1] >= readings[-2]:
-            break
-    return readings[-1]
-
-
 def files_under(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
 
@@ -130,7 +119,7 @@ def idle(comfy_server: ComfyServer) -> int:
     for _ in range(2):
         prompt_id, session_id = start_session(comfy_server, mode="continuous", chunk_budget=1)
         assert comfy_server.wait(prompt_id, timeout=180).ok
-    return settled_rss_anon(comfy_server)
+    return comfy_server.rss_anon_after_free()
 
 
 # --------------------------------------------------------------------------- a whole session
@@ -252,7 +241,7 @@ def test_the_page_gone_ends_the_session_after_the_idle_timeout(comfy_server: Com
     (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
     assert video_info(video).frames == 9
     assert_nothing_alive(comfy_server, "after the idle end")
-    now = settled_rss_anon(comfy_server)
+    now = comfy_server.rss_anon_after_free(target=int(idle * (1 + TOLERANCE)))
     assert now <= idle * (1 + TOLERANCE), f"RssAnon {now / 2**20:.1f} MB, idle level {idle / 2**20:.1f} MB"
 
 
@@ -273,7 +262,7 @@ def test_cancel_mid_chunk_ends_the_session_keeps_the_video_and_the_next_prompt_r
     assert_nothing_alive(comfy_server, "right after Cancel")
     prompt_id, session_id = start_session(comfy_server, mode="continuous", chunk_budget=1)
     assert comfy_server.wait(prompt_id, timeout=120).ok
-    now = settled_rss_anon(comfy_server)
+    now = comfy_server.rss_anon_after_free(target=int(idle * (1 + TOLERANCE)))
     assert now <= idle * (1 + TOLERANCE), f"RssAnon {now / 2**20:.1f} MB, idle level {idle / 2**20:.1f} MB"
 
 

@@ -175,26 +175,8 @@ def assert_nothing_alive(server: ComfyServer, when: str) -> None:
                      "text_encoders_alive": 0, "vaes_alive": 0}, f"{when}: {alive}"
 
 
-def settled_rss_anon(server: ComfyServer, target: int | None = None, deadline_s: float = 20.0) -> int:
-    """RssAnon after POST /free. The worker frees asynchronously, and only when it next looks
-    at its flags (up to a second later, longer on a loaded machine): with ``target``, wait up
-    to ``deadline_s`` for the reading to reach it (a real leak still fails after the
-    deadline); without, until it stops falling."""
-    server.free(settle=0.5)
-    readings = [server.rss()["rss_anon"]]
-    started = time.monotonic()
-    while time.monotonic() - started < deadline_s:
-        if target is not None and readings[-1] <= target:
-            break
-        time.sleep(0.3)
-        readings.append(server.rss()["rss_anon"])
-        if target is None and readings[-1] >= readings[-2] and time.monotonic() - started > 3.0:
-            break
-    return readings[-1]
-
-
 def assert_memory_back(server: ComfyServer, idle: int, when: str) -> None:
-    now = settled_rss_anon(server, target=int(idle * (1 + TOLERANCE)))
+    now = server.rss_anon_after_free(target=int(idle * (1 + TOLERANCE)))
     MEMORY_LOG.append({"when": when, "idle_mb": idle / 2**20, "after_free_mb": now / 2**20})
     assert now <= idle * (1 + TOLERANCE), (
         f"{when}: RssAnon {now / 2**20:.1f} MB after /free, idle level {idle / 2**20:.1f} MB")
@@ -216,7 +198,7 @@ def idle(comfy_server: ComfyServer) -> int:
     """The server's RssAnon after two normal runs and /free (imports and first-use caches done)."""
     for _ in range(2):
         assert comfy_server.run(workflow(), timeout=180).ok
-    level = settled_rss_anon(comfy_server)
+    level = comfy_server.rss_anon_after_free()
     MEMORY_LOG.append({"when": "idle", "idle_mb": level / 2**20, "after_free_mb": level / 2**20})
     yield level
     out = artifacts_dir("reliability") / "memory.json"
@@ -316,7 +298,7 @@ def test_server_serves_and_memory_is_back_after_bad_inputs(comfy_server: ComfySe
     assert comfy_server.run(workflow(), timeout=120).ok
     assert_nothing_alive(comfy_server, "after a normal run")
     assert_memory_back(comfy_server, idle, "after the bad inputs")
-    assert settled_rss_anon(comfy_server, target=idle + 64 * 2**20) <= idle + 64 * 2**20  # within 64 MB of idle
+    assert comfy_server.rss_anon_after_free(target=idle + 64 * 2**20) <= idle + 64 * 2**20  # within 64 MB of idle
 
 
 def test_empty_prompts_run_like_the_reference(comfy_server: ComfyServer) -> None:
