@@ -33,6 +33,7 @@ from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert  # n
 from comfyui_lingbot_world.wan.runtime import attention as attn  # noqa: E402
 from comfyui_lingbot_world.wan import model as model_mod  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B, TINY  # noqa: E402
+from comfyui_lingbot_world.wan import geometry  # noqa: E402
 
 
 class _Captured(Exception):
@@ -44,8 +45,8 @@ def capture_qkv(model: torch.nn.Module, size: tuple[int, int], frames: int, devi
     """q, k, v [1, L, heads, head_dim] of block 0's self-attention in a forward at ``size``."""
     config = model.config
     g = torch.Generator().manual_seed(seed)
-    f_lat, h, w = (frames - 1) // 4 + 1, size[0] // 8, size[1] // 8
-    x = torch.randn(1, 16, f_lat, h, w, generator=g).to(device)
+    f_lat, h, w = geometry.latent_shape(frames, *size)
+    x = torch.randn(1, geometry.LATENT_CHANNELS, f_lat, h, w, generator=g).to(device)
     y = torch.randn(1, 20, f_lat, h, w, generator=g).to(device)
     context = torch.randn(1, 64, config.text_dim, generator=g).to(device)
     taken: list[torch.Tensor] = []

@@ -44,6 +44,7 @@ import torch
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.wan import geometry  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_trajectory  # noqa: E402
 from comfyui_lingbot_world.wan.camera_actions import cut_actions  # noqa: E402
@@ -202,7 +203,7 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
 def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int) -> dict:
     from kernel_floor import block_floor_ms
 
-    frame_tokens = (height // 16) * (width // 16)
+    frame_tokens = geometry.video_tokens(1, *geometry.latent_size(height, width), config.patch_size)
     window, _ = policy.resolve(fast_latent_frames(frames))
     chunk_tokens = policy.chunk * frame_tokens
     block = block_floor_ms(chunk_tokens, config.dim, config.ffn_dim, config.num_heads, camera=True,

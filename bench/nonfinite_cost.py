@@ -28,6 +28,7 @@ import torch
 
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
 from comfyui_lingbot_world.pipeline.guards import is_finite  # noqa: E402
+from comfyui_lingbot_world.wan import geometry  # noqa: E402
 
 SIZES = {"480p": (81, 480, 832), "720p": (81, 720, 1280), "tiny": (5, 32, 48)}
 
@@ -38,7 +39,7 @@ def _sync(device: torch.device) -> None:
 
 
 def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-    return 16, (frames - 1) // 4 + 1, height // 8, width // 8
+    return (geometry.LATENT_CHANNELS, *geometry.latent_shape(frames, height, width))
 
 
 def time_check(latent: torch.Tensor, repeats: int) -> list[float]:

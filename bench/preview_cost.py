@@ -21,6 +21,9 @@ import time
 
 import torch
 
+import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
+from comfyui_lingbot_world.wan import geometry  # noqa: E402
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,8 +44,7 @@ def main() -> int:
 
     device = torch.device("cuda")
     height, width = (int(v) for v in args.size.split("x"))
-    f_lat = (args.frames - 1) // 4 + 1
-    shape = (16, f_lat, height // 8, width // 8)
+    shape = (geometry.LATENT_CHANNELS, *geometry.latent_shape(args.frames, height, width))
     latent = torch.randn(shape, device=device)
     velocity = torch.randn(shape, device=device)
     previewer = latent_preview.get_previewer(device, comfy.latent_formats.Wan21())

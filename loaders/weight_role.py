@@ -13,6 +13,8 @@ from pathlib import Path
 # .pth files of each (the VAE's decoder; umT5's embedding and attention blocks).
 VAE_KEY_MARKS = ("decoder.conv1.", "decoder.head.", "decoder.upsamples.")
 T5_KEY_MARKS = ("shared.weight", "token_embedding.weight", ".SelfAttention.", "blocks.0.attn.q.weight")
+# The T5 and VAE files this module (and the T5/VAE loaders) read: safetensors, or a zip-format .pth.
+WEIGHT_SUFFIXES = (".pth", ".safetensors")
 MAX_HEADER = 100 * 1024 * 1024  # a larger safetensors header is not a model we know
 
 

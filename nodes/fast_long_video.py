@@ -25,6 +25,7 @@ from ..pipeline.fast import FastParams, path_camera, stream_fast_video, stream_f
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
+from ..wan.geometry import latent_frames as count_latent_frames, latent_size
 from ..wan.long_video import MAX_FRAMES
 from ..wan.scheduler import fast_schedule
 from . import inputs
@@ -121,17 +122,17 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 raise CameraError(f"camera_path: {exc}") from None
         source_vae, vae_size = vae_source(vae, vae_model)
         vae_bytes = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
-        latent_frames = (made - 1) // 4 + 1
+        latent_frames = count_latent_frames(made)
         chunks = latent_frames // policy.chunk
         progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps,
                                  images=False)  # an output node: the page must end showing the video
         device = mm.get_torch_device()
         # Room for the cache and a chunk beside the transformer, and for the VAE and its streams.
         if kv_dtype == inputs.KV_AUTO:
-            policy = fit_kv_dtype(fast_dit, policy, height // 8, width // 8, latent_frames,
+            policy = fit_kv_dtype(fast_dit, policy, *latent_size(height, width), latent_frames,
                                   extra=vae_bytes + VAE_WORKSPACE)
             params = dataclasses.replace(params, policy=policy)
-        memory = run_memory(fast_dit, policy, height // 8, width // 8, latent_frames, extra=vae_bytes + VAE_WORKSPACE)
+        memory = run_memory(fast_dit, policy, *latent_size(height, width), latent_frames, extra=vae_bytes + VAE_WORKSPACE)
 
         path, name, subfolder = output_file(filename_prefix, width, height)
         writer = None

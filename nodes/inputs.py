@@ -13,7 +13,9 @@ from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_conditioning
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy
+from ..wan.geometry import MAX_SEED
 from ..wan.long_video import MAX_FRAMES
+from ..wan.scheduler import SAMPLERS
 from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP
 from .host.expert_patcher import QUANTIZE_CHOICES, ExpertLoadOptions
 from .host.model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
@@ -35,8 +37,6 @@ CameraPathType = io.Custom(CAMERA_PATH)
 FastDiTType = io.Custom(FAST_DIT)
 
 CATEGORY = "LingBot-World"
-SAMPLERS = ("unipc", "euler")
-MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 PRECISIONS = ("fp32", "bf16")  # the VAE's
 
 # --------------------------------------------------------------------------- inputs

@@ -25,7 +25,7 @@ from ..pipeline.camera import CameraPath, check_controls
 from ..pipeline.long_video import WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
 from ..pipeline.video_file import VideoWriter, check_writable
-from ..wan.conditioning import latent_shape
+from ..wan.geometry import latent_shape, video_tokens
 from ..wan.long_video import MAX_FRAMES, plan_windows
 from . import inputs
 from .host.devices import VAE_WORKSPACE, check_interrupt, make_room
@@ -141,9 +141,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         source_vae, vae_size = vae_source(vae, vae_model)
         params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler)
-        pt, ph, pw = dit.config.patch_size
-        f_lat, lat_h, lat_w = latent_shape(plan[0].frames, height, width)
-        tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
+        tokens = video_tokens(*latent_shape(plan[0].frames, height, width), dit.config.patch_size)
         comfy_experts, experts = run_experts(dit, tokens, keep_resident=keep_experts)  # as the sampler: its LoRAs
         path, name, subfolder = output_file(filename_prefix, width, height)  # before any window
         device = mm.get_torch_device()

@@ -24,9 +24,11 @@ from ..pipeline.image import as_pil, open_vae, vae_dtype
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.memory import build_or_release, release_module
 from ..pipeline.play import PlaySession, PlaySettings
+from ..pipeline.play.protocol import MODES
 from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET, vae_stream_bytes
 from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import check_size, image_to_tensor
+from ..wan.geometry import latent_size
 from . import inputs
 from .host.devices import check_interrupt
 from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
@@ -35,7 +37,6 @@ from .inputs import check_input, check_precision, vae_source
 from .long_video import output_file
 
 DEFAULT_PREFIX = "LingBotWorld/play"
-MODES = ("turn", "continuous")
 FAST_LOADER = "LingBot-World Fast DiT Loader"
 
 
@@ -133,9 +134,9 @@ class LingBotWorldPlay(io.ComfyNode):
         vae_weights = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
         stream_bytes = vae_weights + vae_stream_bytes(height, width, precision)
         if kv_dtype == inputs.KV_AUTO:
-            policy = fit_kv_dtype(fast_dit, policy, height // 8, width // 8, None, extra=stream_bytes)
+            policy = fit_kv_dtype(fast_dit, policy, *latent_size(height, width), None, extra=stream_bytes)
             settings = dataclasses.replace(settings, policy=policy)
-        memory = run_memory(fast_dit, policy, height // 8, width // 8, None, extra=stream_bytes)
+        memory = run_memory(fast_dit, policy, *latent_size(height, width), None, extra=stream_bytes)
         path, name, subfolder = output_file(filename_prefix, width, height)
         video_ref = {"filename": name, "subfolder": subfolder, "type": "output"}
         controller = controller_id()

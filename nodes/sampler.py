@@ -13,6 +13,7 @@ from ..pipeline.latent import to_comfy_latent
 from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
+from ..wan.geometry import video_tokens
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import inputs
 from .host.devices import check_interrupt
@@ -130,8 +131,7 @@ class LingBotWorldSampler(io.ComfyNode):
         params = apply_preset(preset, params)
         steps = params.steps
         _, f_lat, lat_h, lat_w = i2v.y.shape
-        pt, ph, pw = dit.config.patch_size
-        tokens = (f_lat // pt) * (lat_h // ph) * (lat_w // pw)
+        tokens = video_tokens(f_lat, lat_h, lat_w, dit.config.patch_size)
         live = LivePreview(steps)
 
         comfy_source, source = run_experts(dit, tokens)  # with the LoRA Loaders' LoRAs

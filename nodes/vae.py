@@ -14,6 +14,7 @@ import comfy.utils
 from ..pipeline.decode import decode
 from ..pipeline.image import I2VCondition, encode_image
 from ..pipeline.latent import from_comfy_latent
+from ..wan.geometry import LATENT_CHANNELS
 from . import inputs
 from .host.devices import VAE_WORKSPACE, check_interrupt, make_room, pick_device
 from .inputs import check_precision, vae_source
@@ -107,7 +108,7 @@ class LingBotWorldVAEDecode(io.ComfyNode):
                 precision: str = "fp32") -> io.NodeOutput:
         check_precision(precision)
         latent = samples.get("samples") if isinstance(samples, dict) else None
-        if not isinstance(latent, torch.Tensor) or latent.dim() != 5 or latent.shape[1] != 16:
+        if not isinstance(latent, torch.Tensor) or latent.dim() != 5 or latent.shape[1] != LATENT_CHANNELS:
             shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else type(latent).__name__
             raise ValueError(
                 f"samples: expected a Wan 2.1 latent [1, 16, frames, height/8, width/8], got {shape}; "

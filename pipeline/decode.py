@@ -6,6 +6,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
+from ..wan.geometry import LATENT_CHANNELS
 from .guards import check_finite
 from .latent import check_latent_shape
 from .image import CONNECTED_VAE, VAESource, vae_dtype, vae_name
@@ -31,8 +32,9 @@ def decode(
         if latent.shape[0] != 1:
             raise ValueError(f"latent batch is {latent.shape[0]}; decode one video at a time")
         latent = latent[0]
-    if latent.dim() != 4 or latent.shape[0] != 16:
-        raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [16, frames, height/8, width/8]")
+    if latent.dim() != 4 or latent.shape[0] != LATENT_CHANNELS:
+        raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [{LATENT_CHANNELS}, frames, height/8, "
+                         "width/8]")
     check_latent_shape(latent)
     frames, height, width = 1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3]
     check_video_fits(frames, height, width, bytes_per_pixel=DECODE_BYTES_PER_PIXEL)

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 
 from ..wan.camera_actions import act2cam_keyframes
-from ..wan.conditioning import latent_shape
+from ..wan.geometry import MAX_SEED, latent_shape
 from ..wan.long_video import Window, given_frames_mask, path_keyframes, plan_windows, translation_scale
 from .camera import CameraCondition, CameraPath, ControlMismatch, camera_condition, check_path_covers, video_keys
 from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .memory import release_module, resolve_device
-from .sampling import MAX_SEED, ExpertSource, SamplingParams, sample
+from .sampling import ExpertSource, SamplingParams, sample
 from .text import TextEmbeddings
 
 

@@ -11,6 +11,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
+from ..wan.geometry import LATENT_CHANNELS, MAX_SEED, check_seed
 from ..wan.scheduler import SCHEDULES, make_sampler
 from .camera import CameraCondition
 from .guards import NonFiniteError, is_finite
@@ -19,8 +20,6 @@ from .memory import empty_device_cache
 from .step_cache import EASYCACHE_WARMUP_STEPS, StepPolicy, StepStats
 from .text import TextEmbeddings
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
-
-LATENT_CHANNELS = 16
 
 
 class ExpertSource(Protocol):
@@ -32,10 +31,6 @@ class ExpertSource(Protocol):
     def acquire(self, name: str) -> nn.Module: ...
 
     def release(self, name: str) -> None: ...
-
-
-# Seeds are unsigned 64-bit (torch.Generator.manual_seed, ComfyUI's seed widgets).
-MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -72,8 +67,7 @@ class SamplingParams:
             raise ValueError(f"cfg_truncate must be within 0..1, got {self.cfg_truncate}")
         if self.attention is not None and self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
-        if not 0 <= self.seed <= MAX_SEED:  # what torch.Generator.manual_seed takes; checked before any model
-            raise ValueError(f"seed must be within 0..{MAX_SEED} (2**64 - 1), got {self.seed}")
+        check_seed(self.seed)  # what torch.Generator.manual_seed takes; checked before any model
         if self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if self.schedule not in SCHEDULES:

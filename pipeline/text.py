@@ -10,6 +10,7 @@ import torch
 from ..loaders.comfy_t5 import ComfyT5File, is_comfy_t5_file
 from ..loaders.errors import CheckpointError
 from ..loaders.t5_loader import load_t5
+from ..wan.geometry import MAX_TOKENS
 from ..wan.t5 import encode_prompts
 from ..wan.tokenizer import UMT5Tokenizer
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
@@ -17,7 +18,6 @@ from .guards import cancel_between, check_finite, check_text
 from .memory import build_or_release, release_module, resolve_device
 from .text_cache import EmbeddingCache
 
-MAX_TOKENS = 512
 
 
 @dataclass
@@ -77,7 +77,7 @@ def encode_text(
             if check_interrupt:
                 check_interrupt()
             with cancel_between(encoder.blocks, check_interrupt):  # a cancel acts within one layer
-                encoded = encode_prompts(encoder, tokenizer, list(dict.fromkeys(missing)), device)
+                encoded = encode_prompts(encoder, tokenizer, list(dict.fromkeys(missing)), device, max_len=MAX_TOKENS)
             for emb in encoded:
                 check_finite(emb, f"the prompt embedding from {t5_file.name}", "NaN or inf weights in the text encoder")
         finally:

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from ..loaders.errors import CheckpointError
 from ..loaders.t5_loader import t5_width
+from ..wan.geometry import MAX_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ FROM_ENCODER_FILE = "from-encoder-file"
 
 
 class EmbeddingCache:
-    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path | None, max_len: int = 512,
+    def __init__(self, folder: Path, encoder_file: Path, tokenizer_dir: Path | None, max_len: int = MAX_TOKENS,
                  dtype: torch.dtype = torch.bfloat16) -> None:
         """``tokenizer_dir`` None: the tokenizer stored inside ``encoder_file``."""
         self.folder = Path(folder)

@@ -44,6 +44,7 @@ from ..wan.camera_actions import frames_for_actions
 from ..wan.conditioning import check_frame_count, check_size, target_size
 from ..wan.long_video import plan_windows, window_cuts
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
+from ..wan.scheduler import SAMPLERS
 from . import cli
 
 DEFAULT_AREA = 480 * 832
@@ -99,7 +100,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="guidance scale of the high- and low-noise expert")
     p.add_argument("--boundary", type=float, default=0.947, help="expert switch at timestep boundary*1000")
     p.add_argument("--seed", type=int, default=0, help="seed of the starting noise")
-    p.add_argument("--sampler", choices=("unipc", "euler"), default="unipc", help="flow-matching solver")
+    p.add_argument("--sampler", choices=SAMPLERS, default="unipc", help="flow-matching solver")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--quantize", choices=("nf4",), help="quantize the experts of the official bf16 release to "
                    "NF4 while loading")

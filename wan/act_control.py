@@ -19,7 +19,8 @@ import torch
 
 from .camera import FOLD, check_camera_size, keyframe_camera, trajectory_keyframes
 from .camera_actions import act2cam_keyframes, act2cam_keys, default_intrinsics
-from .conditioning import VAE_STRIDE_T, check_frame_count
+from .conditioning import check_frame_count
+from .geometry import VAE_STRIDE_T, video_frames
 
 __all__ = [
     "ACT_CHANNELS",
@@ -106,7 +107,7 @@ def act_control(
     if keyframes.dim() != 3 or tuple(keyframes.shape[1:]) != (4, 4) or keyframes.shape[0] < 1:
         raise ActError(f"keyframes: expected shape [F_lat, 4, 4], got {list(keyframes.shape)}")
     n_lat = keyframes.shape[0]
-    frames = VAE_STRIDE_T * (n_lat - 1) + 1
+    frames = video_frames(n_lat)
     checked = check_wasd(wasd, frames)  # shape and values; too few rows is an error there
     if np.shape(wasd)[0] != frames:
         raise ActError(f"wasd: {np.shape(wasd)[0]} rows for {n_lat} latent frames; give one row per video "

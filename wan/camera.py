@@ -18,6 +18,7 @@ import torch
 from scipy.spatial.transform import Rotation, Slerp
 
 from .conditioning import check_frame_count
+from .geometry import latent_frames, video_frames
 
 __all__ = [
     "CameraError",
@@ -32,7 +33,6 @@ __all__ = [
     "fold_rays",
     "interpolate_poses",
     "keyframe_camera",
-    "latent_frames",
     "plucker_rays",
     "relative_poses",
     "scale_intrinsics",
@@ -148,12 +148,7 @@ def usable_frames(frame_num: int, n_poses: int) -> int:
     """Frames a trajectory of ``n_poses`` poses can drive: at most 4·⌊(N−1)/4⌋ + 1."""
     if n_poses < 1:
         raise CameraError("poses: the trajectory is empty (N = 0)")
-    return min(int(frame_num), ((int(n_poses) - 1) // 4) * 4 + 1)
-
-
-def latent_frames(frames: int) -> int:
-    """Latent frames for ``frames`` video frames (the VAE packs 4 frames after the first)."""
-    return (int(frames) - 1) // 4 + 1
+    return min(int(frame_num), video_frames(latent_frames(n_poses)))
 
 
 # --------------------------------------------------------------------------- pose math

@@ -45,8 +45,9 @@ import numpy as np
 import torch
 
 from .camera import (DEFAULT_INTRINSICS, INTRINSICS_HEIGHT, INTRINSICS_WIDTH, interpolate_poses, keyframe_camera,
-                     latent_frames, relative_poses)
+                     relative_poses)
 from .conditioning import check_frame_count
+from .geometry import VAE_STRIDE_T, latent_frames
 
 __all__ = [
     "ActionError",
@@ -146,7 +147,7 @@ def frames_for_actions(text: str) -> int:
     """Video frame count for an action string: the smallest 4n + 1 at or above its total
     (the reference does the same when no frame count is given)."""
     total = action_frames(text)
-    return total + (-(total - 1)) % 4
+    return total + (-(total - 1)) % VAE_STRIDE_T
 
 
 def cut_actions(text: str, frames: int) -> str:

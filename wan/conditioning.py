@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .geometry import PATCH_SIZE, SIZE_MULTIPLE, VAE_STRIDE_S, VAE_STRIDE_T, latent_shape
+
 __all__ = [
     "build_i2v_condition",
     "check_frame_count",
@@ -26,10 +28,7 @@ __all__ = [
     "to_rgb",
 ]
 
-VAE_STRIDE_T = 4  # video frames per latent frame (after the first)
-VAE_STRIDE_S = 8  # pixels per latent cell
-PATCH = 2  # DiT patch size in latent cells
-SIZE_MULTIPLE = VAE_STRIDE_S * PATCH  # 16
+PATCH = PATCH_SIZE[1]  # DiT patch side in latent cells
 
 ImageInput = Union[Image.Image, np.ndarray, torch.Tensor]
 
@@ -79,11 +78,6 @@ def check_size(h: int, w: int) -> None:
             raise ValueError(
                 f"{name} must be a multiple of {SIZE_MULTIPLE} and at least {SIZE_MULTIPLE}; got {value}"
             )
-
-
-def latent_shape(frames: int, h: int, w: int) -> tuple[int, int, int]:
-    """(F_lat, lat_h, lat_w) of a frames×h×w video."""
-    return (frames - 1) // VAE_STRIDE_T + 1, h // VAE_STRIDE_S, w // VAE_STRIDE_S
 
 
 # --------------------------------------------------------------------------- images

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .geometry import LATENT_CHANNELS, MAX_TOKENS, PATCH_SIZE
+
 # Fields of the official config.json that describe the network. Anything else in the
 # file (diffusers bookkeeping such as "_class_name") is ignored.
 _TUPLE_FIELDS = ("patch_size", "window_size")
@@ -24,14 +26,14 @@ CONTROL_WEIGHT = "patch_embedding_wancamctrl.weight"
 @dataclass(frozen=True)
 class DiTConfig:
     model_type: str = "i2v"
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    text_len: int = 512
+    patch_size: tuple[int, int, int] = PATCH_SIZE
+    text_len: int = MAX_TOKENS
     in_dim: int = 36
     dim: int = 5120
     ffn_dim: int = 13824
     freq_dim: int = 256
     text_dim: int = 4096
-    out_dim: int = 16
+    out_dim: int = LATENT_CHANNELS
     num_heads: int = 40
     num_layers: int = 40
     window_size: tuple[int, int] = (-1, -1)
@@ -84,13 +86,13 @@ class DiTConfig:
         return out
 
 
-def control_in_features(control_type: str, patch_size: Sequence[int] = (1, 2, 2)) -> int:
+def control_in_features(control_type: str, patch_size: Sequence[int] = PATCH_SIZE) -> int:
     """Input features of patch_embedding_wancamctrl for a control type and DiT patch."""
     pt, ph, pw = patch_size
     return CONTROL_CHANNELS[control_type] * FOLD_PIXELS * pt * ph * pw
 
 
-def control_type_from_features(in_features: int, patch_size: Sequence[int] = (1, 2, 2)) -> str:
+def control_type_from_features(in_features: int, patch_size: Sequence[int] = PATCH_SIZE) -> str:
     """"cam" or "act" from patch_embedding_wancamctrl.weight's input features (its shape is
     [dim, in_features]): 1536 → Base-Cam, 1792 → Act at patch (1, 2, 2). ValueError otherwise."""
     for control_type in CONTROL_CHANNELS:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .camera import FOLD, fold_rays, interpolate_poses, latent_frames, plucker_rays, relative_poses, scale_intrinsics
-from .conditioning import VAE_STRIDE_T, check_frame_count
+from .camera import FOLD, fold_rays, interpolate_poses, plucker_rays, relative_poses, scale_intrinsics
+from .conditioning import check_frame_count
+from .geometry import VAE_STRIDE_T, latent_frames
 
 __all__ = [
     "MAX_FRAMES",

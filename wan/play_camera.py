@@ -30,9 +30,9 @@ import torch
 
 from .camera_actions import KEYS, MOVE_PER_FRAME, ActionError, ActionIntegrator, action_keys
 from .conditioning import check_frame_count
+from .geometry import CHUNK_FRAMES, VAE_STRIDE_T
 
 __all__ = [
-    "FRAMES_PER_LATENT",
     "PLAY_UNIT",
     "PlayCameraLaw",
     "chunk_action_frames",
@@ -44,9 +44,7 @@ __all__ = [
     "relative_keyframe",
 ]
 
-FRAMES_PER_LATENT = 4  # the VAE packs 4 video frames into each latent frame after the first
-PLAY_UNIT = FRAMES_PER_LATENT * MOVE_PER_FRAME  # 0.2: one latent frame of a straight walk
-CHUNK_LATENT_FRAMES = 3
+PLAY_UNIT = VAE_STRIDE_T * MOVE_PER_FRAME  # 0.2: one latent frame of a straight walk
 
 
 def play_action_frames(frames: int) -> int:
@@ -55,13 +53,13 @@ def play_action_frames(frames: int) -> int:
     return int(frames) - 1
 
 
-def chunk_action_frames(chunk: int, chunk_latent: int = CHUNK_LATENT_FRAMES) -> range:
+def chunk_action_frames(chunk: int, chunk_latent: int = CHUNK_FRAMES) -> range:
     """The action frames the keys held when ``chunk`` starts drive: 12c − 4 … 12c + 7
     (chunk 0: 0 … 7), for chunks of 3 latent frames."""
     if chunk < 0:
         raise ValueError(f"chunk must be 0 or more, got {chunk}")
-    span = FRAMES_PER_LATENT * chunk_latent
-    stop = span * (chunk + 1) - FRAMES_PER_LATENT
+    span = VAE_STRIDE_T * chunk_latent
+    stop = span * (chunk + 1) - VAE_STRIDE_T
     return range(max(0, stop - span), stop)
 
 
@@ -109,7 +107,7 @@ def play_keys(text: str, frames: int) -> list[frozenset[str]]:
     if len(keys) > total:
         raise ActionError(f"action string holds {len(keys)} action frames, but a {frames}-frame video takes "
                           f"{total} under the per-chunk (Play) timing (a session's log holds exactly that many); "
-                          f"set frames to {len(keys) + 1 + (-len(keys)) % 4} or shorten the string")
+                          f"set frames to {len(keys) + 1 + (-len(keys)) % VAE_STRIDE_T} or shorten the string")
     return keys + [frozenset()] * (total - len(keys))
 
 
@@ -129,7 +127,7 @@ def play_keyframes(per_frame_keys: Iterable[Iterable[str] | str], frames: int, u
         raise ActionError(f"the per-chunk (Play) timing of a {frames}-frame video takes {total} action frames, "
                           f"got {len(keys)}")
     poses = integrate_keys(keys)
-    keyframes = [_as_float32(poses[i]) for i in range(0, len(poses), FRAMES_PER_LATENT)]
+    keyframes = [_as_float32(poses[i]) for i in range(0, len(poses), VAE_STRIDE_T)]
     return torch.stack([relative_keyframe(keyframes, i, unit) for i in range(len(keyframes))])
 
 
@@ -141,7 +139,7 @@ class PlayCameraLaw:
     per action frame, F − 1 after the chunks of an F-frame video).
     """
 
-    def __init__(self, chunk_latent: int = CHUNK_LATENT_FRAMES, unit: float = PLAY_UNIT) -> None:
+    def __init__(self, chunk_latent: int = CHUNK_FRAMES, unit: float = PLAY_UNIT) -> None:
         self.chunk_latent, self.unit = chunk_latent, unit
         self.integrator = ActionIntegrator()
         self.keys_per_frame: list[frozenset[str]] = []
@@ -159,7 +157,7 @@ class PlayCameraLaw:
         for _ in span:
             pose = self.integrator.step(held)
             self.keys_per_frame.append(held)
-            if len(self.keys_per_frame) % FRAMES_PER_LATENT == 0:
+            if len(self.keys_per_frame) % VAE_STRIDE_T == 0:
                 self._keyframes.append(_as_float32(pose))
         first_latent = self.chunk_latent * self.chunks
         out = torch.stack([relative_keyframe(self._keyframes, i, self.unit)

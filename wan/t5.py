@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint_keys import count_blocks
+from .geometry import MAX_TOKENS
 
 EPS = 1e-6
 # Relative distances at or beyond this share the last bucket (fixed by the umT5 release).
@@ -285,7 +286,7 @@ def encode_prompts(
     tokenizer: Tokenize,
     prompts: Sequence[str],
     device: torch.device | str | None = None,
-    max_len: int = 512,
+    max_len: int = MAX_TOKENS,
 ) -> list[torch.Tensor]:
     """Encode prompts; each result is [true token count, dim] (padding removed) on ``device``.
 

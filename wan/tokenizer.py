@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from .geometry import MAX_TOKENS
+
 TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "spiece.model"
 PAD, EOS = "<pad>", "</s>"
@@ -131,7 +133,7 @@ class UMT5Tokenizer:
     def eos_id(self) -> int:
         return self._backend.eos_id
 
-    def __call__(self, texts: Sequence[str] | str, max_len: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, texts: Sequence[str] | str, max_len: int = MAX_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (ids [B, max_len] long, mask [B, max_len] long with 1 on real tokens and ``</s>``)."""
         if max_len < 1:
             raise ValueError(f"max_len={max_len}: must be at least 1 (room for the end token)")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint_keys import count_blocks
+from .geometry import LATENT_CHANNELS, VAE_STRIDE_S, VAE_STRIDE_T, latent_frames as count_latent_frames, video_frames
 
 # Per-channel statistics of the latent space; encode returns (mu - mean) / std and decode
 # undoes it. They are constants of the trained model, not stored in the checkpoint.
@@ -34,8 +35,6 @@ LATENT_STD = (
 # Encoder (or decoder) blocks a VAE file may describe: Wan2.1 has 11 (15 in the decoder).
 MAX_STAGE_BLOCKS = 8 * 17
 
-SPATIAL_FACTOR = 8
-TEMPORAL_FACTOR = 4
 
 # Per-call memory of the causal layers: layer -> the last input frames it saw (or a marker).
 # A fresh dict per encode/decode (and per tile) keeps calls independent and frees it after.
@@ -45,7 +44,7 @@ Stream = dict
 @dataclass(frozen=True)
 class VAEGeometry:
     dim: int = 96
-    z_dim: int = 16
+    z_dim: int = LATENT_CHANNELS
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
     num_res_blocks: int = 2
     temperal_downsample: tuple[bool, ...] = (False, True, True)  # spelling of the original config
@@ -396,18 +395,18 @@ class WanVAE(nn.Module):
         if video.dim() != 5 or video.shape[1] != 3:
             raise ValueError(f"video has shape {tuple(video.shape)}; expected [batch, 3, frames, height, width]")
         b, _, frames, height, width = video.shape
-        if frames < 1 or height % SPATIAL_FACTOR or width % SPATIAL_FACTOR:
+        if frames < 1 or height % VAE_STRIDE_S or width % VAE_STRIDE_S:
             raise ValueError(
                 f"video of {frames} frames at {height}x{width}: needs at least one frame and a height and width divisible by 8"
             )
-        latent_frames = 1 + (frames - 1) // TEMPORAL_FACTOR
-        latent = torch.empty((b, self.geometry.z_dim, latent_frames, height // SPATIAL_FACTOR, width // SPATIAL_FACTOR),
+        latent_frames = count_latent_frames(frames)
+        latent = torch.empty((b, self.geometry.z_dim, latent_frames, height // VAE_STRIDE_S, width // VAE_STRIDE_S),
                              dtype=torch.float32, device=self.device)
         stream = StreamEncoder(self)
         for i in range(latent_frames):
             if cancel is not None:
                 cancel()
-            start, stop = (0, 1) if i == 0 else (1 + TEMPORAL_FACTOR * (i - 1), 1 + TEMPORAL_FACTOR * i)
+            start, stop = (0, 1) if i == 0 else (1 + VAE_STRIDE_T * (i - 1), 1 + VAE_STRIDE_T * i)
             stream.encode_next(video[:, :, start:stop], out=latent[:, :, i : i + 1], normalize=False)
             if progress is not None:
                 progress(i + 1, latent_frames)
@@ -448,8 +447,8 @@ class WanVAE(nn.Module):
             raise ValueError(f"tile_overlap is {overlap}; it must be at least 0 and less than tile ({tile})")
         rows, cols = _tile_spans(h, tile, overlap), _tile_spans(w, tile, overlap)
         counter = _Counter(progress, frames * len(rows) * len(cols), cancel)
-        s = SPATIAL_FACTOR
-        out_frames = 1 + TEMPORAL_FACTOR * (frames - 1)
+        s = VAE_STRIDE_S
+        out_frames = video_frames(frames)
         video = torch.zeros((b, 3, out_frames, h * s, w * s), dtype=self.dtype, device=self.device)
         weight_rows = _blend_weights(rows, s, self.device)
         weight_cols = _blend_weights(cols, s, self.device)
@@ -467,8 +466,8 @@ class WanVAE(nn.Module):
     def _decode_region(self, latent: torch.Tensor, counter: "_Counter") -> torch.Tensor:
         """One full temporal pass, one latent frame at a time; unclamped output."""
         b, _, frames, h, w = latent.shape
-        s = SPATIAL_FACTOR
-        video = torch.empty((b, 3, 1 + TEMPORAL_FACTOR * (frames - 1), h * s, w * s), dtype=self.dtype,
+        s = VAE_STRIDE_S
+        video = torch.empty((b, 3, video_frames(frames), h * s, w * s), dtype=self.dtype,
                             device=self.device)
         stream = _RegionDecoder(self)
         filled = 0
@@ -510,7 +509,7 @@ class StreamEncoder:
                     normalize: bool = True) -> torch.Tensor:
         """frames [B,3,T,H,W] in [-1,1] (T = 1 for the first call, 4 after) -> latent [B,16,1,H/8,W/8]
         float32 (normalized unless ``normalize`` is False), written into ``out`` when given."""
-        expected = 1 if self.index == 0 else TEMPORAL_FACTOR
+        expected = 1 if self.index == 0 else VAE_STRIDE_T
         if frames.dim() != 5 or frames.shape[1] != 3 or frames.shape[2] != expected:
             raise ValueError(f"stream encode call {self.index}: frames of shape {tuple(frames.shape)}; expected "
                              f"[batch, 3, {expected}, height, width] (the first frame alone, then groups of 4)")
@@ -585,8 +584,8 @@ class StreamDecoder:
             raise ValueError(f"tile_overlap is {overlap}; it must be at least 0 and less than tile ({tile})")
         rows, cols = _tile_spans(h, tile, overlap), _tile_spans(w, tile, overlap)
         device = self.vae.device
-        weight_rows = _blend_weights(rows, SPATIAL_FACTOR, device)
-        weight_cols = _blend_weights(cols, SPATIAL_FACTOR, device)
+        weight_rows = _blend_weights(rows, VAE_STRIDE_S, device)
+        weight_cols = _blend_weights(cols, VAE_STRIDE_S, device)
         self._regions, self._weights = [], []
         for ys, wy in zip(rows, weight_rows):
             for xs, wx in zip(cols, weight_cols):
@@ -608,8 +607,8 @@ class StreamDecoder:
             raise ValueError(f"latent of batch {b} at {h}x{w} after {self._shape[0]} at {self._shape[1]}x"
                              f"{self._shape[2]}: one stream decodes one video")
         first = self.latent_frames_done == 0
-        out_frames = (1 + TEMPORAL_FACTOR * (frames - 1)) if first else TEMPORAL_FACTOR * frames
-        s = SPATIAL_FACTOR
+        out_frames = video_frames(frames) if first else VAE_STRIDE_T * frames
+        s = VAE_STRIDE_S
         tiled = len(self._regions) > 1
         video = (torch.zeros if tiled else torch.empty)((b, 3, out_frames, h * s, w * s), dtype=vae.dtype,
                                                         device=vae.device)

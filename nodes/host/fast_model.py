@@ -27,6 +27,7 @@ import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
 from ...wan.config import DiTConfig
+from ...wan.geometry import video_tokens
 from ...wan.runtime.kv_cache import CachePolicy, KVCache
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
 
@@ -68,8 +69,7 @@ def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_wi
     """Working memory to keep free beside the transformer for a run: the policy's KV cache
     (text keys and values included) and one chunk's activations, plus ``extra`` bytes."""
     config = fast.config
-    _, ph, pw = config.patch_size
-    frame_tokens = (latent_height // ph) * (latent_width // pw)
+    frame_tokens = video_tokens(1, latent_height, latent_width, config.patch_size)
     cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
                                    head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
                                    latent_frames=latent_frames, text_tokens=config.text_len)

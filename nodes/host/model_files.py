@@ -20,7 +20,7 @@ import folder_paths
 from ...loaders.errors import CheckpointError
 from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
 from ...loaders.model_kind import FAST_FOLDER_PREFIX
-from ...loaders.weight_role import weight_role
+from ...loaders.weight_role import WEIGHT_SUFFIXES, weight_role
 from ...wan.tokenizer import SENTENCEPIECE_MODEL, TOKENIZER_JSON
 
 LINGBOT_KIND = "lingbot"
@@ -29,7 +29,6 @@ VAE_KINDS = (LINGBOT_KIND, "vae")
 TOKENIZER_KINDS = (LINGBOT_KIND, "text_encoders")
 EXPERT_KINDS = (LINGBOT_KIND, "diffusion_models")
 
-WEIGHT_SUFFIXES = (".pth", ".safetensors")
 TOKENIZER_FILES = (TOKENIZER_JSON, SENTENCEPIECE_MODEL)
 EXPERT_CONFIG = CONFIG_FILE
 # Shards of a bf16 DiT expert, never a T5 or a VAE (even outside a complete expert folder).

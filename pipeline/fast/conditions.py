@@ -25,10 +25,11 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from ...wan.camera import (CameraError, fold_rays, interpolate_poses, latent_frames, cut_trajectory,
-                           plucker_rays, relative_poses, scale_intrinsics)
-from ...wan.conditioning import VAE_STRIDE_S, check_size
-from ...wan.vae import TEMPORAL_FACTOR, WanVAE
+from ...wan.camera import (CameraError, fold_rays, interpolate_poses, cut_trajectory, plucker_rays, relative_poses,
+                           scale_intrinsics)
+from ...wan.conditioning import check_size
+from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_frames, latent_size
+from ...wan.vae import WanVAE
 from ...wan.camera_actions import act2cam_keyframes, act2cam_keys
 from ...wan.play_camera import play_action_frames, play_keyframes
 from ..camera import CameraCondition, CameraPath
@@ -69,7 +70,7 @@ class WholeI2V:
 
     def __init__(self, condition: I2VCondition | torch.Tensor) -> None:
         self.y = condition.y if isinstance(condition, I2VCondition) else condition
-        if self.y.dim() != 4 or self.y.shape[0] != MASK_CHANNELS + 16:
+        if self.y.dim() != 4 or self.y.shape[0] != MASK_CHANNELS + LATENT_CHANNELS:
             raise ValueError(f"y: expected [20, frames, h/8, w/8], got {tuple(self.y.shape)}")
         self.latent_height, self.latent_width = int(self.y.shape[2]), int(self.y.shape[3])
 
@@ -114,7 +115,7 @@ class StreamedI2V:
             raise ValueError(f"image: expected [3, height, width] in [-1, 1], got {tuple(image.shape)}")
         height, width = int(image.shape[1]), int(image.shape[2])
         check_size(height, width)
-        self.latent_height, self.latent_width = height // VAE_STRIDE_S, width // VAE_STRIDE_S
+        self.latent_height, self.latent_width = latent_size(height, width)
         self.latent_frames = latent_frames
         self._vae: WanVAE | None = vae
         self._encoder = vae.stream_encoder()
@@ -140,7 +141,7 @@ class StreamedI2V:
             frames = self._image[None, :, None]
         else:
             if self._black is None:
-                self._black = torch.zeros(1, 3, TEMPORAL_FACTOR, *self._image.shape[1:], dtype=vae.dtype,
+                self._black = torch.zeros(1, 3, VAE_STRIDE_T, *self._image.shape[1:], dtype=vae.dtype,
                                           device=vae.device)
             frames = self._black
         # Armed (the last two latent frames were equal): keep the state this step starts from,
@@ -241,7 +242,7 @@ class KeyframeCamera:
             raise ValueError(f"the camera covers {self.keyframes.shape[0]} latent frames; frames {start}.."
                              f"{start + count - 1} asked")
         h, w = self.height, self.width
-        out = torch.empty(1, CAMERA_CHANNELS, count, h // VAE_STRIDE_S, w // VAE_STRIDE_S, dtype=torch.float32)
+        out = torch.empty(1, CAMERA_CHANNELS, count, *latent_size(h, w), dtype=torch.float32)
         for i in range(count):
             rays = plucker_rays(self.keyframes[start + i:start + i + 1], self.intrinsics, h, w)
             out[0, :, i:i + 1] = fold_rays(rays)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ...wan.conditioning import check_frame_count
+from ...wan.geometry import CHUNK_FRAMES, LATENT_CHANNELS, VAE_STRIDE_T, check_seed, latent_frames, video_frames
 from ...wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
 from ...wan.runtime.kv_cache import CachePolicy, KVCache
 from ...wan.scheduler import FAST_TIMESTEP_INDICES, FastSchedule, fast_schedule
@@ -34,7 +35,7 @@ from ..image import I2VCondition
 from ..memory import empty_device_cache
 from ..text import TextEmbeddings
 from .conditions import CAMERA_CHANNELS, CameraSource, I2VSource, as_camera_source, as_i2v_source
-from .noise import LATENT_CHANNELS, ChunkNoise, NoiseSource
+from .noise import ChunkNoise, NoiseSource
 
 # The proposal for a 24 GB card (see wan/runtime/kv_cache.py for the reasons and sizes);
 # CachePolicy(window=9, sink=3, dtype="int8") for 16 GB; CachePolicy(window=None) is the
@@ -55,23 +56,22 @@ class FastParams:
             raise ValueError(f"shift must be a finite number > 0, got {self.shift}")
         if self.attention is not None and self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be a whole number within 0..2^64-1, got {self.seed!r}")
+        check_seed(self.seed)
 
 
-def fast_latent_frames(frames: int, chunk: int = 3) -> int:
+def fast_latent_frames(frames: int, chunk: int = CHUNK_FRAMES) -> int:
     """Latent frames of a Fast video of ``frames`` video frames: 4n + 1 frames whose latent
     count fills whole chunks (9, 21, 33, ..., 81, ..., 957). Anything else is refused
     naming ``frames`` and the nearest counts that work (the official code cuts silently)."""
     check_frame_count(frames)
-    lat = (frames - 1) // 4 + 1
+    lat = latent_frames(frames)
     if lat % chunk == 0:
         return lat
     below = lat - lat % chunk
     above = below + chunk
-    nearest = [f"{(n - 1) * 4 + 1}" for n in (below, above) if n >= chunk]
+    nearest = [f"{video_frames(n)}" for n in (below, above) if n >= chunk]
     raise ValueError(f"frames={frames} ({lat} latent frames) does not fill whole chunks of {chunk} latent frames "
-                     f"({4 * chunk} video frames); use {' or '.join(nearest)}")
+                     f"({VAE_STRIDE_T * chunk} video frames); use {' or '.join(nearest)}")
 
 
 def _on_device(device: torch.device):

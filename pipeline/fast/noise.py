@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-LATENT_CHANNELS = 16
+from ...wan.geometry import CHUNK_FRAMES, LATENT_CHANNELS, check_seed
 
 
 class NoiseSource(Protocol):
@@ -32,12 +32,6 @@ class NoiseSource(Protocol):
 
     def renoise(self, chunk: int, step: int, shape: Sequence[int]) -> torch.Tensor:
         """The fresh noise that re-noises the chunk's x0 after step ``step`` (0-based)."""
-
-
-def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
-        raise ValueError(f"seed must be a whole number within 0..2^64-1, got {seed!r}")
-    return int(seed)
 
 
 class _Order:
@@ -66,8 +60,8 @@ class OfficialOrderNoise:
     re-noise draws per chunk (steps − 1)."""
 
     def __init__(self, seed: int, latent_frames: int, height: int, width: int, renoises: int = 3,
-                 chunk_frames: int = 3) -> None:
-        self.generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
+                 chunk_frames: int = CHUNK_FRAMES) -> None:
+        self.generator = torch.Generator(device="cpu").manual_seed(check_seed(seed))
         self.noise = torch.randn(LATENT_CHANNELS, latent_frames, height, width, generator=self.generator,
                                  dtype=torch.float32)
         self.chunk_frames = chunk_frames
@@ -89,7 +83,7 @@ class OfficialOrderNoise:
 def chunk_seed(seed: int, chunk: int) -> int:
     """A 64-bit seed for one chunk, mixed from (seed, chunk) by NumPy's SeedSequence, so
     neighbouring seeds and chunks give unrelated streams."""
-    return int(np.random.SeedSequence([_check_seed(seed), int(chunk)]).generate_state(1, np.uint64)[0])
+    return int(np.random.SeedSequence([check_seed(seed), int(chunk)]).generate_state(1, np.uint64)[0])
 
 
 class ChunkNoise:
@@ -97,7 +91,7 @@ class ChunkNoise:
     then the re-noises. Independent of the run's length."""
 
     def __init__(self, seed: int, renoises: int = 3) -> None:
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.renoises = renoises
         self._generator: torch.Generator | None = None
         self._chunk = -1

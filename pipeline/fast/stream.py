@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ...wan.conditioning import check_frame_count, check_size, image_to_tensor
+from ...wan.geometry import CHUNK_FRAMES, VAE_STRIDE_T, latent_frames, video_frames
 from ..guards import NonFiniteError, is_finite, vae_precision
 from ..image import ImageLike, VAESource, as_pil, open_vae
 from ..memory import build_or_release, empty_device_cache, release_module, resolve_device
@@ -34,17 +35,17 @@ class StreamResult:
     frames_written: int = 0
 
 
-def stream_frames(frames: int, chunk: int = 3) -> int:
+def stream_frames(frames: int, chunk: int = CHUNK_FRAMES) -> int:
     """The frames a stream makes for ``frames`` asked (4n + 1): the longest whole-chunk count
     not above it (961 -> 957, 81 -> 81, 85 -> 81). ValueError naming ``frames`` when not even
     one chunk fits."""
     check_frame_count(frames)
-    latent = (frames - 1) // 4 + 1
+    latent = latent_frames(frames)
     latent -= latent % chunk
     if latent < chunk:
-        raise ValueError(f"frames={frames} is shorter than one chunk of {4 * chunk} frames; use at least "
-                         f"{(chunk - 1) * 4 + 1}")
-    return (latent - 1) * 4 + 1
+        raise ValueError(f"frames={frames} is shorter than one chunk of {VAE_STRIDE_T * chunk} frames; use at least "
+                         f"{video_frames(chunk)}")
+    return video_frames(latent)
 
 
 def stream_fast_video(

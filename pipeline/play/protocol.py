@@ -13,7 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
-KEYS = "wasdijkl"  # W/S forward/back, A/D left/right, I/K look up/down, J/L turn left/right
+from ...wan.camera_actions import KEYS  # W/S forward/back, A/D left/right, I/K look up/down, J/L turn
+
 MODES = ("turn", "continuous")
 ACTIONS = ("step", "pause", "continue", "stop")
 STATES = ("waiting", "running", "paused", "ended")

@@ -29,6 +29,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
+from ...wan.geometry import LATENT_CHANNELS, latent_size
 from ...wan.play_camera import format_actions
 from ...wan.runtime.kv_cache import CachePolicy
 from ...wan.vae import WanVAE
@@ -296,8 +297,7 @@ class PlaySession:
     def latent(self) -> torch.Tensor:
         """The session's normalized latent [16, F_lat, h/8, w/8] (float32, CPU)."""
         if not self._latents:
-            h, w = self.settings.height // 8, self.settings.width // 8
-            return torch.empty(16, 0, h, w)
+            return torch.empty(LATENT_CHANNELS, 0, *latent_size(self.settings.height, self.settings.width))
         return torch.cat(self._latents, dim=1)
 
     def action_log(self) -> dict:

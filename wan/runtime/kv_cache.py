@@ -52,8 +52,9 @@ from typing import Sequence
 
 import torch
 
+from ..geometry import CHUNK_FRAMES, MAX_TOKENS
+
 KV_DTYPES = ("bf16", "int8")
-CHUNK_FRAMES = 3  # latent frames per chunk of LingBot-World Fast (12 video frames)
 INT8_MAX = 127
 
 
@@ -266,7 +267,7 @@ class KVCache:
 
     @staticmethod
     def estimate_bytes(policy: CachePolicy, *, layers: int, heads: int, head_dim: int, frame_tokens: int,
-                       dtype_bytes: int = 2, latent_frames: int | None = None, text_tokens: int = 512) -> int:
+                       dtype_bytes: int = 2, latent_frames: int | None = None, text_tokens: int = MAX_TOKENS) -> int:
         """What ``nbytes`` will be once the cross-attention cache is filled, without allocating."""
         window, _ = policy.resolve(latent_frames)
         dim, tokens = heads * head_dim, window * frame_tokens
