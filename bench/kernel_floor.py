@@ -12,6 +12,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
+from comfyui_lingbot_world.wan.geometry import MAX_TOKENS  # noqa: E402
+
 
 def _time_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
     for _ in range(warmup):
@@ -27,7 +30,7 @@ def _time_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def block_floor_ms(tokens: int, dim: int, ffn_dim: int, heads: int, text_len: int = 512,
+def block_floor_ms(tokens: int, dim: int, ffn_dim: int, heads: int, text_len: int = MAX_TOKENS,
                    camera: bool = True, key_tokens: int | None = None, cross_kv: bool = True) -> dict[str, float]:
     """One block's floor at ``tokens`` query tokens. ``key_tokens``: self-attention keys when
     they are not the queries (a causal chunk attending to its KV cache); ``cross_kv``: False

@@ -38,7 +38,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+def latent_dims(frames: int, height: int, width: int) -> tuple[int, int, int, int]:
     return (geometry.LATENT_CHANNELS, *geometry.latent_shape(frames, height, width))
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
-    shape = latent_shape(*SIZES[args.preset])
+    shape = latent_dims(*SIZES[args.preset])
     latent = torch.randn(shape, device=device, dtype=torch.float32)
     time_check(latent, 10)  # warm-up: kernels compiled, allocator primed
     checks = time_check(latent, args.repeats)

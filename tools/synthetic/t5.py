@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ...wan.geometry import MAX_TOKENS
 from ...wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, initial_std
 
 # umT5's special ids; the pieces of a synthetic vocabulary follow them.
@@ -89,7 +90,7 @@ def write_tokenizer(folder: Path, vocab_size: int | None = None) -> Path:
     config = {
         **specials,
         "tokenizer_class": "T5Tokenizer",
-        "model_max_length": 512,
+        "model_max_length": MAX_TOKENS,
         "extra_ids": 0,
         "added_tokens_decoder": {
             str(i): {"content": t, **flags} for i, t in enumerate(SPECIAL_TOKENS)
