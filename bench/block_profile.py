@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
-from comfyui_lingbot_world.loaders.nf4 import quantize_linears_  # noqa: E402
+from comfyui_lingbot_world.tools.synthetic.experts import quantize_linears_  # noqa: E402
 from comfyui_lingbot_world.tools.synthetic.dit import fill_synthetic_  # noqa: E402
 from comfyui_lingbot_world.wan.config import A14B  # noqa: E402
 from comfyui_lingbot_world.wan.model import DiTBlock, build_rope  # noqa: E402

@@ -235,13 +235,3 @@ def bf16_tensors(module: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iter
         raise ValueError(f"layers {preview(quantized)} are 4-bit; a bf16 expert needs the unquantized model")
     for key, tensor in module.state_dict().items():
         yield key, tensor.to(dtype) if tensor.is_floating_point() else tensor
-
-
-def save_bf16_expert(
-    model: LingBotDiT,
-    folder: str | Path,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-) -> Path:
-    """Write ``model`` as a layout-B expert folder (bf16 shards, index, config.json)."""
-    with torch.no_grad():
-        return write_bf16_files(folder, model.config, bf16_tensors(model), max_shard_bytes)

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
-from ..wan.runtime.bnb import Linear4bit, Params4bit, bnb, unpack_tensor_to_dict
+from ..wan.runtime.bnb import Linear4bit, Params4bit, unpack_tensor_to_dict
 from ..wan.config import CONTROL_WEIGHT, DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import (build_on_meta, check_block_count, check_shapes, config_with_control, float_dtype,
@@ -174,19 +174,6 @@ def quantize_linear(
     return _finish_layer(layer, blocksize)
 
 
-def quantize_linears_(
-    model: nn.Module,
-    blocksize: int = 64,
-    double_quant: bool = True,
-    compute_dtype: torch.dtype = torch.bfloat16,
-) -> nn.Module:
-    """Replace every plain nn.Linear of ``model`` by its NF4 ``Linear4bit`` (in place), layer by layer."""
-    for name, linear in linear_layers(model).items():
-        if not isinstance(linear, Linear4bit):
-            model.set_submodule(name, quantize_linear(linear, blocksize, double_quant, compute_dtype))
-    return model
-
-
 def nf4_packed_shape(out_features: int, in_features: int) -> tuple[int, int]:
     """Shape of the uint8 tensor bitsandbytes packs an [out, in] NF4 weight into (two values a byte)."""
     return ((out_features * in_features + 1) // 2, 1)
@@ -237,29 +224,6 @@ def nf4_tensors(
             yield prefix + name, _cpu(buffer.to(plain_dtype) if buffer.is_floating_point() else buffer)
     for name, child in module.named_children():
         yield from nf4_tensors(child, f"{prefix}{name}.", blocksize, double_quant, compute_dtype, plain_dtype)
-
-
-def save_nf4_expert(
-    model: LingBotDiT,
-    folder: str | Path,
-    blocksize: int = 64,
-    double_quant: bool = True,
-    compute_dtype: torch.dtype = torch.bfloat16,
-    provenance: dict | None = None,
-) -> Path:
-    """Write ``model`` as an NF4 expert folder (layout A).
-
-    Quantizes one nn.Linear at a time on the device it lives on; RAM holds the packed
-    tensors (about a quarter of the bf16 size) on top of the caller's model.
-    """
-    if blocksize not in VALID_BLOCKSIZES:
-        raise ValueError(f"blocksize {blocksize} is not one of {VALID_BLOCKSIZES}")
-    extra = {"quantizer": f"bitsandbytes {bnb.__version__}", **(provenance or {})}
-    meta = NF4Meta(blocksize=blocksize, double_quant=double_quant, compute_dtype=compute_dtype, extra=extra)
-    meta.to_json()  # fail on a bad provenance before the slow part
-    with torch.no_grad():
-        tensors = dict(nf4_tensors(model, "", blocksize, double_quant, compute_dtype))
-    return write_nf4_files(folder, model.config, tensors, meta)
 
 
 # --- loading ------------------------------------------------------------------------------

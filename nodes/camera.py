@@ -176,7 +176,7 @@ class LingBotWorldCamera(io.ComfyNode):
             raise ValueError(f"keyframes: {keyframes!r} is not one of {', '.join(KEYFRAME_TIMINGS)}")
         path = camera_path(source, preset, speed, poses_file, intrinsics_file, width, height, frames, actions,
                            pose_export, normalize_scale, camera_axes, play_timing=keyframes == KEYFRAMES_PLAY)
-        if path.play_keys is not None:  # the Fast sampler's one pass: no windows
+        if not path.windowed:  # a Play log: the Fast sampler's one pass, no windows
             return io.NodeOutput(camera_condition(path, frames, height, width), preview_image(path.poses[:frames]),
                                  path)
         plan = plan_windows(frames, window, overlap)  # checks frames, window and overlap

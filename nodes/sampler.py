@@ -44,7 +44,7 @@ def attention_choice(attention: str) -> str | None:
 
 
 def stats_line(stats: StepStats) -> str:
-    """One line on what fast mode saved in a run (forwards = model evaluations, one per CFG branch)."""
+    """One line on what the step cache saved in a run (forwards = model evaluations, one per CFG branch)."""
     exact = stats.forwards + stats.skipped_forwards + stats.truncated_forwards
     return (f"{stats.forwards} of {exact} forwards computed over {stats.steps} steps "
             f"({stats.skipped_forwards} skipped by the step cache, {stats.truncated_forwards} dropped by CFG "
@@ -76,7 +76,7 @@ class LingBotWorldSampler(io.ComfyNode):
                                    tooltip="Camera path from LingBot-World Camera Plücker Conditioning. "
                                    "Its width, height and frames must match the VAE Encode node."),
                 *inputs.conditioning_inputs(),
-                # Fast mode. Optional with "off" defaults, after every older widget: saved
+                # The step cache. Optional with "off" defaults, after every older widget: saved
                 # workflows keep their widget order, and API graphs without them run exactly.
                 io.Float.Input("cache_threshold", default=0.0, min=0.0, max=1.0, step=0.005, optional=True,
                                tooltip="Step caching (EasyCache, Zhou et al. 2025): reuse the model's last "

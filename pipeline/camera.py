@@ -24,44 +24,181 @@ import torch
 
 from ..loaders.pose_import import import_poses
 from ..loaders.trajectory import read_action, read_trajectory
-from ..wan.act_control import (act_control, act_control_from_actions, act_control_from_trajectory, check_wasd,
-                               wasd_from_actions)
-from ..wan.camera import CameraError, camera_tensor, keyframe_camera, usable_frames, validate_trajectory
-from ..wan.camera_actions import act2cam_camera, act2cam_keys, act2cam_poses, default_intrinsics
+from ..wan.act_control import act_control, act_control_from_trajectory, check_wasd, wasd_rows
+from ..wan.camera import (CameraError, camera_tensor, cut_trajectory, interpolate_poses, keyframe_camera,
+                          relative_poses, usable_frames, validate_trajectory)
+from ..wan.camera_actions import (act2cam_keyframes_of, action_keys, default_intrinsics, integrate_keys,
+                                  pad_act2cam_keys)
 from ..wan.camera_presets import preset_trajectory
-from ..wan.play_camera import integrate_keys, play_action_frames, play_keyframes, play_keys
+from ..wan.play_camera import play_action_frames, play_keyframes, play_keys
 from ..wan.conditioning import check_frame_count, check_size
 from ..wan.config import CONTROL_CHANNELS, CONTROL_NAMES
-from ..wan.long_video import Window, window_camera, window_keyframes
+from ..wan.geometry import latent_frames
+from ..wan.long_video import Window, path_keyframes, window_camera, window_keyframes
 from .memory import check_video_fits
 
 ACT_CHECKPOINT = "robbyant/lingbot-world-base-act"
 
 
-@dataclass
 class CameraPath:
     """A whole camera path: camera-to-world poses (OpenCV axes) and one intrinsics row in
-    480×832 pixels; for Act, the W/A/S/D keys. Build with the ``path_from_*`` functions."""
+    480×832 pixels. One subclass per kind (``PosePath``, ``ActionPath``, ``PlayLogPath``,
+    ``ActFilesPath``), each answering what it controls (``controls``), whether it covers a
+    video (``check_covers``), its one-pass tensor, its whole-path steps for long-video
+    windows (``path_steps``) and its keyframes for the Fast chunks (``chunk_keyframes``).
+    Build with the ``path_from_*`` functions."""
 
-    poses: np.ndarray  # [N, 4, 4]
-    intrinsics: np.ndarray  # [4]
-    source: str  # how messages name the path
-    # An action string: the camera is the official act2cam one (poses = its F + 1 poses).
-    actions: str | None = None
-    # W/A/S/D key states per video frame [N, 4] (action.npy): Act controls.
-    wasd: np.ndarray | None = None
-    # The per-chunk (Play) timing (wan/play_camera.py): the keys of each action frame; the
-    # one-pass camera then follows the Play law instead of the pose-file chain (Base-Cam rays).
-    play_keys: list[frozenset[str]] | None = None
+    controls: tuple[str, ...] = ("cam",)  # the control types it can give; the first is a Camera node's
+    windowed = True  # whether it can be cut into the windows of a long video (else: one pass only)
 
-    @property
-    def controls(self) -> tuple[str, ...]:
-        """The control types this path can give, the one a Camera node builds first."""
-        if self.actions is not None:
-            return ("cam", "act")
-        if self.wasd is not None:
-            return ("act",)
-        return ("cam",)
+    def __init__(self, poses: np.ndarray, intrinsics: np.ndarray, source: str) -> None:
+        self.poses = poses  # [N, 4, 4]
+        self.intrinsics = intrinsics  # [4]
+        self.source = source  # how messages name the path
+
+    def check_covers(self, frames: int, height: int, width: int) -> None:
+        """A valid size and trajectory that reaches frame ``frames``; CameraError or
+        ActionError naming the source."""
+        check_size(height, width)
+        validate_trajectory(self.poses, self.intrinsics, source=self.source)
+        covered = usable_frames(frames, len(self.poses))
+        if covered < frames:
+            raise CameraError(f"{self.source}: {len(self.poses)} poses cover only {covered} frames but {frames} "
+                              f"were asked; use frames <= {covered} or a longer path")
+
+    def video_keys(self, frames: int) -> np.ndarray:
+        """W/A/S/D [frames, 4] float32 of the video (Act controls)."""
+        raise ValueError(f"{self.source}: no W/A/S/D keys; Act controls need action.npy or an action string")
+
+    def one_pass(self, frames: int, height: int, width: int, control_type: str) -> torch.Tensor:
+        """The control tensor of the path's first ``frames`` frames (checked by the caller)."""
+        return camera_tensor(self.poses, self.intrinsics, frames, height, width, dtype=torch.float32)
+
+    def path_steps(self, frames: int) -> torch.Tensor:
+        """The whole path's relative keyframes (translations not normalized), cut into the
+        windows of a long video by ``wan.long_video``."""
+        self.check_windowed()
+        return path_keyframes(self.poses, frames)
+
+    def check_windowed(self) -> None:
+        """CameraError unless the path can be cut into the windows of a long video."""
+        if not self.windowed:
+            raise CameraError(f"{self.source}: the per-chunk (Play) timing is for one pass of the Fast sampler, "
+                              "not for the windows of a long video; use the act2cam timing there")
+
+    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+        """Relative keyframes [F_lat, 4, 4] of the one-pass camera, cut into Fast chunks by
+        ``pipeline.fast.KeyframeCamera``."""
+        c2ws, _, used = cut_trajectory(self.poses, self.intrinsics, frames, self.source)
+        if used < frames:
+            raise CameraError(f"{self.source}: {len(self.poses)} poses cover only {used} frames but {frames} were "
+                              f"asked; use frames <= {used} or a longer path")
+        return relative_poses(interpolate_poses(c2ws, latent_frames(frames)))
+
+
+class PosePath(CameraPath):
+    """Poses from a preset, pose files or a pose export: Base-Cam rays through the reference chain."""
+
+
+class ActionPath(CameraPath):
+    """A keyboard action string under the official act2cam timing: Base-Cam rays, or Act
+    rays + its W/A/S/D columns. The text is parsed once; ``poses`` are the F + 1 act2cam
+    poses of the video it was made for."""
+
+    controls = ("cam", "act")
+
+    def __init__(self, actions: str, frames: int, intrinsics: np.ndarray) -> None:
+        self.actions = actions
+        self._keys = action_keys(actions)  # the one parse of the text
+        self._poses: dict[int, np.ndarray] = {}
+        shown = actions if len(actions) <= 60 else actions[:59] + "…"
+        super().__init__(self.act2cam_poses(frames), intrinsics, f"actions {shown!r}")
+
+    def padded_keys(self, frames: int) -> list[frozenset[str]]:
+        """The keys of each of ``frames`` video frames (no keys after the string's end); a
+        string longer than the video is refused (ActionError naming both)."""
+        return pad_act2cam_keys(self._keys, frames, self.actions)
+
+    def act2cam_poses(self, frames: int) -> np.ndarray:
+        """The official act2cam poses [frames + 1, 4, 4] float64 of a ``frames``-frame video."""
+        if frames not in self._poses:
+            self._poses[frames] = integrate_keys(self.padded_keys(frames))
+        return self._poses[frames]
+
+    def keyframes(self, frames: int, normalize: bool = True) -> torch.Tensor:
+        return act2cam_keyframes_of(self.act2cam_poses(frames), frames, normalize)
+
+    def check_covers(self, frames: int, height: int, width: int) -> None:
+        check_size(height, width)
+        validate_trajectory(self.poses, self.intrinsics, source=self.source)
+        self.padded_keys(frames)  # refuses a string longer than the video, naming both lengths
+
+    def video_keys(self, frames: int) -> np.ndarray:
+        return wasd_rows(self.padded_keys(frames))
+
+    def one_pass(self, frames: int, height: int, width: int, control_type: str) -> torch.Tensor:
+        if control_type == "act":
+            return act_control(self.keyframes(frames), self.intrinsics, height, width, self.video_keys(frames))
+        return keyframe_camera(self.keyframes(frames), self.intrinsics, height, width, dtype=torch.float32)
+
+    def path_steps(self, frames: int) -> torch.Tensor:
+        return self.keyframes(frames, normalize=False)
+
+    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+        return self.keyframes(frames)
+
+
+class PlayLogPath(CameraPath):
+    """An action string under the per-chunk (Play) timing (``wan.play_camera``): what a Play
+    session's action log replays to. Base-Cam rays for one pass of the Fast sampler; no
+    windows. ``poses`` p_0 … p_{F−1} are kept for drawing."""
+
+    windowed = False
+
+    def __init__(self, actions: str, frames: int, intrinsics: np.ndarray) -> None:
+        self.play_keys = play_keys(actions, frames)
+        super().__init__(integrate_keys(self.play_keys), intrinsics, f"actions {actions!r} (per-chunk Play timing)")
+
+    def _keyframes(self, frames: int) -> torch.Tensor:
+        keys = self.play_keys[:play_action_frames(frames)]
+        if len(keys) != play_action_frames(frames):
+            raise CameraError(f"{self.source}: holds {len(keys)} action frames; {frames} frames "
+                              f"take {play_action_frames(frames)} under the per-chunk (Play) timing")
+        return play_keyframes(keys, frames)
+
+    def one_pass(self, frames: int, height: int, width: int, control_type: str) -> torch.Tensor:
+        """Bitwise what a Play session fed its chunks."""
+        return keyframe_camera(self._keyframes(frames), self.intrinsics, height, width, dtype=torch.float32)
+
+    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+        return self._keyframes(frames)
+
+
+class ActFilesPath(CameraPath):
+    """Act controls from files: poses.npy and intrinsics.npy (their rotations give the ray
+    directions) and action.npy [F, 4] (W/A/S/D per video frame). Act checkpoints only."""
+
+    controls = ("act",)
+
+    def __init__(self, poses: np.ndarray, intrinsics: np.ndarray, source: str, wasd: np.ndarray) -> None:
+        super().__init__(poses, intrinsics, source)
+        self.wasd = wasd
+
+    def check_covers(self, frames: int, height: int, width: int) -> None:
+        super().check_covers(frames, height, width)
+        check_wasd(self.wasd, frames, self.source)
+
+    def video_keys(self, frames: int) -> np.ndarray:
+        return check_wasd(self.wasd, frames, self.source)
+
+    def one_pass(self, frames: int, height: int, width: int, control_type: str) -> torch.Tensor:
+        return act_control_from_trajectory(self.poses, self.intrinsics, self.wasd, frames, height, width,
+                                           wasd_source=self.source)[0]
+
+    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+        raise CameraError(f"{self.source}: gives Act controls (W/A/S/D keys from action.npy), but LingBot-World "
+                          "Fast reads Base-Cam Plücker rays; use the same poses.npy and intrinsics.npy without the "
+                          "keys (the Camera node's source files)")
 
 
 @dataclass
@@ -83,15 +220,19 @@ class CameraCondition:
 def path_from_preset(name: str, speed: float, frames: int) -> CameraPath:
     """A built-in move (``wan.camera_presets``) of ``frames`` poses."""
     poses, k = preset_trajectory(name, frames, speed)
-    return CameraPath(poses.astype(np.float64), k[0].astype(np.float64), f"preset {name!r}")
+    return PosePath(poses.astype(np.float64), k[0].astype(np.float64), f"preset {name!r}")
+
+
+def _read_files(poses: str | Path, intrinsics: str | Path) -> tuple[np.ndarray, np.ndarray, str]:
+    p, k = read_trajectory(poses, intrinsics)
+    source = f"{Path(poses).name}/{Path(intrinsics).name}"
+    validate_trajectory(p, k, source=source)
+    return np.asarray(p, dtype=np.float64), np.asarray(k, dtype=np.float64).reshape(-1, 4)[0], source
 
 
 def path_from_files(poses: str | Path, intrinsics: str | Path) -> CameraPath:
     """poses.npy [N, 4, 4] and intrinsics.npy [N, 4] or [4]: read once, checked here."""
-    p, k = read_trajectory(poses, intrinsics)
-    source = f"{Path(poses).name}/{Path(intrinsics).name}"
-    validate_trajectory(p, k, source=source)
-    return CameraPath(np.asarray(p, dtype=np.float64), np.asarray(k, dtype=np.float64).reshape(-1, 4)[0], source)
+    return PosePath(*_read_files(poses, intrinsics))
 
 
 def path_from_act_files(poses: str | Path, intrinsics: str | Path, action: str | Path) -> CameraPath:
@@ -99,10 +240,8 @@ def path_from_act_files(poses: str | Path, intrinsics: str | Path, action: str |
     directions) and action.npy [F, 4] (W/A/S/D per video frame), as the official Act examples
     hold them. Each file is read once; the keys are checked against the video's length
     when the condition is built."""
-    path = path_from_files(poses, intrinsics)
-    path.wasd = read_action(action)
-    path.source = f"{path.source}/{Path(action).name}"
-    return path
+    p, k, source = _read_files(poses, intrinsics)
+    return ActFilesPath(p, k, f"{source}/{Path(action).name}", read_action(action))
 
 
 def path_from_actions(actions: str, frames: int, height: int, width: int,
@@ -112,8 +251,7 @@ def path_from_actions(actions: str, frames: int, height: int, width: int,
     A string longer than the video is refused (ActionError naming both lengths). Square-pixel
     intrinsics for the output size unless ``intrinsics`` (one row) is given."""
     k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
-    shown = actions if len(actions) <= 60 else actions[:59] + "…"
-    return CameraPath(act2cam_poses(actions, frames), k, f"actions {shown!r}", actions=actions)
+    return ActionPath(actions, frames, k)
 
 
 def path_from_play_actions(actions: str, frames: int, height: int, width: int,
@@ -121,9 +259,8 @@ def path_from_play_actions(actions: str, frames: int, height: int, width: int,
     """An action string under the per-chunk (Play) timing (``wan.play_camera``): what a Play
     session's action log replays to. Its ``frames`` poses p_0 … p_{F−1} are kept for
     drawing; the camera is built from the keys."""
-    keys = play_keys(actions, frames)
     k = default_intrinsics(height, width) if intrinsics is None else np.asarray(intrinsics, dtype=np.float64)
-    return CameraPath(integrate_keys(keys), k, f"actions {actions!r} (per-chunk Play timing)", play_keys=keys)
+    return PlayLogPath(actions, frames, k)
 
 
 def path_from_export(source: str | Path, height: int, width: int, name: str | None = None,
@@ -134,7 +271,7 @@ def path_from_export(source: str | Path, height: int, width: int, name: str | No
     imported = import_poses(source, name=name, source_size=source_size, normalize_scale=normalize_scale,
                             world_to_camera=world_to_camera, camera_axes=camera_axes)
     k = imported.intrinsics if imported.intrinsics is not None else default_intrinsics(height, width)
-    return CameraPath(imported.poses, k, imported.source)
+    return PosePath(imported.poses, k, imported.source)
 
 
 # --------------------------------------------------------------------------- which checkpoint
@@ -185,46 +322,6 @@ def camera_for_checkpoint(camera: CameraCondition, control_type: str, checkpoint
 # --------------------------------------------------------------------------- condition
 
 
-def check_path_covers(path: CameraPath, frames: int, height: int, width: int) -> None:
-    """A valid size and trajectory that reaches frame ``frames`` (an action string no longer
-    than the video; Act keys for every frame); CameraError or ActionError naming the source."""
-    check_size(height, width)
-    validate_trajectory(path.poses, path.intrinsics, source=path.source)
-    if path.actions is not None:
-        act2cam_keys(path.actions, frames)  # refuses a string longer than the video, naming both lengths
-        return
-    covered = usable_frames(frames, len(path.poses))
-    if covered < frames:
-        raise CameraError(f"{path.source}: {len(path.poses)} poses cover only {covered} frames but {frames} "
-                          f"were asked; use frames <= {covered} or a longer path")
-    if path.wasd is not None:
-        check_wasd(path.wasd, frames, path.source)
-
-
-def video_keys(path: CameraPath, frames: int) -> np.ndarray:
-    """W/A/S/D [frames, 4] float32 of the video: action.npy's first rows, or an action
-    string's W/A/S/D columns (no keys after its end)."""
-    if path.actions is not None:
-        return wasd_from_actions(path.actions, frames)
-    if path.wasd is None:
-        raise ValueError(f"{path.source}: no W/A/S/D keys; Act controls need action.npy or an action string")
-    return check_wasd(path.wasd, frames, path.source)
-
-
-def _one_pass(path: CameraPath, frames: int, height: int, width: int, control_type: str) -> torch.Tensor:
-    k = path.intrinsics
-    if control_type == "act":
-        if path.actions is not None:
-            return act_control_from_actions(path.actions, frames, height, width, k)
-        return act_control_from_trajectory(path.poses, k, path.wasd, frames, height, width,
-                                           wasd_source=path.source)[0]
-    if path.actions is not None:
-        return act2cam_camera(path.actions, frames, height, width, k)
-    if path.play_keys is not None:
-        return play_camera_tensor(path, frames, height, width)
-    return camera_tensor(path.poses, k, frames, height, width, dtype=torch.float32)
-
-
 def camera_condition(path: CameraPath, frames: int, height: int, width: int, window: Window | None = None,
                      path_steps: torch.Tensor | None = None, scale: float = 1.0, control_type: str | None = None,
                      keys: np.ndarray | None = None) -> CameraCondition:
@@ -246,13 +343,11 @@ def camera_condition(path: CameraPath, frames: int, height: int, width: int, win
         check_frame_count(frames)
         check_size(height, width)
         check_video_fits(frames, height, width)  # the Plücker tensor grows with the video, like its frames
-        check_path_covers(path, frames, height, width)
-        tensor = _one_pass(path, frames, height, width, control_type)
+        path.check_covers(frames, height, width)
+        tensor = path.one_pass(frames, height, width, control_type)
         return CameraCondition(plucker=tensor, frames=frames, height=height, width=width, poses=path.poses[:frames],
                                control_type=control_type, path=path)
-    if path.play_keys is not None:
-        raise CameraError(f"{path.source}: the per-chunk (Play) timing is for one pass of the Fast sampler, not for "
-                          "the windows of a long video; use the act2cam timing there")
+    path.check_windowed()
     if path_steps is None or frames != window.frames:
         raise ValueError(f"window {window.index} of {window.frames} frames needs the whole path's steps "
                          f"(wan.long_video.path_keyframes) and frames={window.frames}; got frames={frames}")
@@ -265,14 +360,3 @@ def camera_condition(path: CameraPath, frames: int, height: int, width: int, win
         tensor = window_camera(path_steps, scale, window, path.intrinsics, height, width)
     return CameraCondition(plucker=tensor, frames=window.frames, height=height, width=width,
                            poses=path.poses[window.start:window.stop], control_type=control_type, path=path)
-
-
-def play_camera_tensor(path: CameraPath, frames: int, height: int, width: int) -> torch.Tensor:
-    """The Plücker tensor [1, 384, F_lat, H/8, W/8] float32 of a Play-timing path's first
-    ``frames`` frames (``wan.play_camera.play_keyframes``): bitwise what a Play session fed
-    its chunks."""
-    keys = path.play_keys[:play_action_frames(frames)] if path.play_keys is not None else None
-    if keys is None or len(keys) != play_action_frames(frames):
-        raise CameraError(f"{path.source}: holds {0 if keys is None else len(keys)} action frames; {frames} frames "
-                          f"take {play_action_frames(frames)} under the per-chunk (Play) timing")
-    return keyframe_camera(play_keyframes(keys, frames), path.intrinsics, height, width, dtype=torch.float32)

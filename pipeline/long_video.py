@@ -16,10 +16,9 @@ from typing import Callable
 
 import torch
 
-from ..wan.camera_actions import act2cam_keyframes
 from ..wan.geometry import MAX_SEED, latent_shape
-from ..wan.long_video import Window, given_frames_mask, path_keyframes, plan_windows, translation_scale
-from .camera import CameraCondition, CameraPath, ControlMismatch, camera_condition, check_path_covers, video_keys
+from ..wan.long_video import Window, given_frames_mask, plan_windows, translation_scale
+from .camera import CameraCondition, CameraPath, ControlMismatch, camera_condition
 from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .memory import release_module, resolve_device
 from .sampling import ExpertSource, SamplingParams, sample
@@ -48,17 +47,14 @@ class WindowedCamera:
 
     def __init__(self, path: CameraPath, frames: int, height: int, width: int, quantile: float = 1.0,
                  control_type: str | None = None) -> None:
-        check_path_covers(path, frames, height, width)
+        path.check_covers(frames, height, width)
         self.control_type = path.controls[0] if control_type is None else control_type
         if self.control_type not in path.controls:
             raise ControlMismatch(f"{path.source} cannot give {self.control_type!r} controls")
         self.path, self.frames, self.height, self.width = path, frames, height, width
-        if path.actions is not None:
-            self.steps = act2cam_keyframes(path.actions, frames, normalize=False)
-        else:
-            self.steps = path_keyframes(path.poses, frames)
+        self.steps = path.path_steps(frames)
         self.scale = translation_scale(self.steps, quantile)
-        self.keys = video_keys(path, frames) if self.control_type == "act" else None  # [frames, 4]
+        self.keys = path.video_keys(frames) if self.control_type == "act" else None  # [frames, 4]
 
     def condition(self, window: Window) -> CameraCondition:
         return camera_condition(self.path, window.frames, self.height, self.width, window=window,

@@ -48,7 +48,7 @@ def lightning_4step(base: SamplingParams = SamplingParams()) -> SamplingParams:
 
 def official(steps: int, base: SamplingParams = SamplingParams()) -> SamplingParams:
     """``base`` with the official LingBot-World settings at ``steps`` steps; seed, batch_cfg,
-    attention and the fast-mode options kept."""
+    attention and the step-cache options kept."""
     return replace(base, steps=steps, shift=OFFICIAL_SHIFT, cfg_high=OFFICIAL_CFG, cfg_low=OFFICIAL_CFG,
                    boundary=OFFICIAL_BOUNDARY, sampler=OFFICIAL_SAMPLER, schedule="wan")
 

@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from ..wan.geometry import LATENT_CHANNELS, MAX_SEED, check_seed
+from ..wan.geometry import LATENT_CHANNELS, check_seed
 from ..wan.scheduler import SCHEDULES, make_sampler
 from .camera import CameraCondition
 from .guards import NonFiniteError, is_finite
@@ -46,7 +46,7 @@ class SamplingParams:
     # layers then run once per block for both, and the matmuls are larger. Costs about
     # 1.8 GB more activation memory at 480x832x81 than two separate passes.
     batch_cfg: bool = True
-    # Fast mode (pipeline/step_cache.py); every default is off, i.e. the exact sampler.
+    # The step cache (pipeline/step_cache.py); every default is off, i.e. the exact sampler.
     cache_threshold: float = 0.0  # EasyCache threshold; 0: every step computed
     cache_warmup: int = EASYCACHE_WARMUP_STEPS  # steps of each expert always computed
     cfg_truncate: float = 0.0  # fraction of the last steps without the unconditional branch

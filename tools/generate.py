@@ -107,19 +107,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16, help="frame rate of the .mp4")
-    fast = p.add_argument_group("fast mode (all off by default: the exact sampler)")
-    fast.add_argument("--cache-threshold", type=float, default=0.0,
+    speed = p.add_argument_group("step cache and speed-ups (all off by default: the exact sampler)")
+    speed.add_argument("--cache-threshold", type=float, default=0.0,
                       help="EasyCache step caching threshold (0 = off; the authors use 0.05 for Wan2.2 I2V)")
-    fast.add_argument("--cfg-truncate", type=float, default=0.0,
+    speed.add_argument("--cfg-truncate", type=float, default=0.0,
                       help="fraction of the last steps without the negative-prompt pass (0 = off)")
-    fast.add_argument("--attention", choices=ATTENTION_CHOICES,
+    speed.add_argument("--attention", choices=ATTENTION_CHOICES,
                       help="attention kernel (default: auto, SDPA on H100-class GPUs)")
-    fast.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
+    speed.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
                       help="overrides --steps, --shift, --cfg, --boundary and --sampler. lightning_4step: the "
                       "Wan2.2-Lightning 4-step settings (use with its LoRAs); official_act2cam: the official act2cam "
                       "example (20 steps, unipc, shift 10, cfg 5 5, boundary 0.947; 121 frames unless --frames or "
                       "--actions say); official_act: the official Act settings (the same with 70 steps, 81 frames)")
-    fast.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),
+    speed.add_argument("--lora", nargs=3, action="append", default=[], metavar=("FILE", "HIGH", "LOW"),
                       help="a LoRA file and its strength on the high- and low-noise experts (repeatable)")
     return p.parse_args(argv)
 

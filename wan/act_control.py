@@ -31,6 +31,7 @@ __all__ = [
     "act_control_from_trajectory",
     "check_wasd",
     "wasd_from_actions",
+    "wasd_rows",
 ]
 
 WASD_KEYS = "wasd"  # column order of action.npy
@@ -83,7 +84,11 @@ def wasd_from_actions(text: str, frames: int) -> np.ndarray:
     """The W/A/S/D columns [frames, 4] float32 of an action string (1 = held), padded with
     released keys to ``frames``; a string longer than the video is refused (ActionError).
     I/J/K/L are not keys here: they turn the camera (the rays)."""
-    keys = act2cam_keys(text, frames)
+    return wasd_rows(act2cam_keys(text, frames))
+
+
+def wasd_rows(keys: list[frozenset[str]]) -> np.ndarray:
+    """W/A/S/D rows [len(keys), 4] float32 (1 = held) of per-frame key sets."""
     return np.array([[float(k in held) for k in WASD_KEYS] for held in keys], dtype=np.float32)
 
 

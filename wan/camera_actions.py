@@ -58,6 +58,9 @@ __all__ = [
     "PITCH_LIMIT_DEG",
     "TURN_DEG_PER_FRAME",
     "act2cam_camera",
+    "act2cam_keyframes_of",
+    "integrate_keys",
+    "pad_act2cam_keys",
     "act2cam_keyframes",
     "act2cam_keys",
     "act2cam_poses",
@@ -179,8 +182,12 @@ def act2cam_keys(text: str, frames: int) -> list[frozenset[str]]:
 
     A string with more action frames than the video is refused (ActionError naming both).
     """
+    return pad_act2cam_keys(action_keys(text), frames, text)
+
+
+def pad_act2cam_keys(keys: list[frozenset[str]], frames: int, text: str) -> list[frozenset[str]]:
+    """``act2cam_keys`` of a string already parsed (``keys``: ``action_keys(text)``)."""
     check_frame_count(frames)
-    keys = action_keys(text)
     if len(keys) > frames:
         raise ActionError(f"action string {_short(text)} holds {len(keys)} action frames but the video has "
                           f"{frames} frames; shorten the string or set frames to {frames_for_actions(text)}")
@@ -273,9 +280,10 @@ class ActionIntegrator:
         return pose.copy()
 
 
-def _integrate(per_frame: Iterable[frozenset[str]]) -> np.ndarray:
+def integrate_keys(per_frame_keys: Iterable[Iterable[str] | str]) -> np.ndarray:
+    """Poses [N + 1, 4, 4] float64 of N action frames: p_0 (the start), then one per frame."""
     camera = ActionIntegrator()
-    return np.stack([camera.pose.copy()] + [camera.step(keys) for keys in per_frame])
+    return np.stack([camera.pose.copy()] + [camera.step(keys) for keys in per_frame_keys])
 
 
 def action_poses(text: str, frames: int | None = None) -> np.ndarray:
@@ -290,7 +298,7 @@ def action_poses(text: str, frames: int | None = None) -> np.ndarray:
         if isinstance(frames, bool) or int(frames) != frames or frames < 1:
             raise ActionError(f"frames must be a positive integer; got {frames!r}")
         per_frame = per_frame[: int(frames) - 1]
-    poses = _integrate(per_frame)
+    poses = integrate_keys(per_frame)
     if frames is not None and len(poses) < frames:
         poses = np.concatenate([poses, np.repeat(poses[-1:], int(frames) - len(poses), axis=0)])
     return poses
@@ -302,7 +310,7 @@ def action_poses(text: str, frames: int | None = None) -> np.ndarray:
 def act2cam_poses(text: str, frames: int) -> np.ndarray:
     """The official act2cam poses of a ``frames``-frame video: [frames + 1, 4, 4] float64
     (the start, then one per video frame, no keys after the string's end)."""
-    return _integrate(act2cam_keys(text, frames))
+    return integrate_keys(act2cam_keys(text, frames))
 
 
 def act2cam_keyframes(text: str, frames: int, normalize: bool = True) -> torch.Tensor:
@@ -312,7 +320,11 @@ def act2cam_keyframes(text: str, frames: int, normalize: bool = True) -> torch.T
     with ``normalize`` translations are divided by the largest (one pass). Without it they
     are the whole path's steps for ``long_video.translation_scale`` / ``window_camera``.
     """
-    poses = act2cam_poses(text, frames)
+    return act2cam_keyframes_of(act2cam_poses(text, frames), frames, normalize)
+
+
+def act2cam_keyframes_of(poses: np.ndarray, frames: int, normalize: bool = True) -> torch.Tensor:
+    """``act2cam_keyframes`` from the act2cam poses [F + 1, 4, 4] already integrated."""
     return relative_poses(interpolate_poses(poses, latent_frames(frames)), normalize=normalize)
 
 

@@ -8,17 +8,16 @@ y = mask ⊕ VAE latent (20 channels).
 """
 from __future__ import annotations
 
-from typing import Protocol, Union
+from typing import Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .geometry import PATCH_SIZE, SIZE_MULTIPLE, VAE_STRIDE_S, VAE_STRIDE_T, latent_shape
+from .geometry import PATCH_SIZE, SIZE_MULTIPLE, VAE_STRIDE_S, VAE_STRIDE_T
 
 __all__ = [
-    "build_i2v_condition",
     "check_frame_count",
     "check_size",
     "conditioning_video",
@@ -223,29 +222,3 @@ def conditioning_video(image_tensor: torch.Tensor, frames: int) -> torch.Tensor:
     video = image_tensor.new_zeros(3, frames, *image_tensor.shape[1:])
     video[:, 0] = image_tensor
     return video
-
-
-class _Encoder(Protocol):
-    def encode(self, video: torch.Tensor) -> torch.Tensor: ...
-
-
-def build_i2v_condition(vae: _Encoder, image_tensor: torch.Tensor, frames: int) -> torch.Tensor:
-    """y [20, F_lat, h/8, w/8] = first-frame mask (4) ⊕ VAE latent of the conditioning clip (16).
-
-    ``vae.encode`` takes [B, 3, F, H, W] in [-1, 1] and returns the normalized latent
-    [B, 16, F_lat, H/8, W/8]; the clip is sent to the device of the VAE's parameters.
-    """
-    check_size(int(image_tensor.shape[-2]), int(image_tensor.shape[-1]))
-    video = conditioning_video(image_tensor.float(), frames)[None]
-    params = getattr(vae, "parameters", None)
-    first = next(iter(params()), None) if callable(params) else None
-    if first is not None:
-        video = video.to(first.device)
-    latent = vae.encode(video)[0]
-    n_lat, lat_h, lat_w = latent_shape(frames, video.shape[-2], video.shape[-1])
-    if tuple(latent.shape[1:]) != (n_lat, lat_h, lat_w):
-        raise ValueError(
-            f"VAE latent has shape {list(latent.shape)}; expected [16, {n_lat}, {lat_h}, {lat_w}]"
-        )
-    mask = first_frame_mask(frames, lat_h, lat_w).to(device=latent.device, dtype=latent.dtype)
-    return torch.cat([mask, latent])

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .camera_actions import KEYS, MOVE_PER_FRAME, ActionError, ActionIntegrator, action_keys
+from .camera_actions import KEYS, MOVE_PER_FRAME, ActionError, ActionIntegrator, action_keys, integrate_keys
 from .conditioning import check_frame_count
 from .geometry import CHUNK_FRAMES, VAE_STRIDE_T
 
@@ -109,12 +109,6 @@ def play_keys(text: str, frames: int) -> list[frozenset[str]]:
                           f"{total} under the per-chunk (Play) timing (a session's log holds exactly that many); "
                           f"set frames to {len(keys) + 1 + (-len(keys)) % VAE_STRIDE_T} or shorten the string")
     return keys + [frozenset()] * (total - len(keys))
-
-
-def integrate_keys(per_frame_keys: Iterable[Iterable[str] | str]) -> np.ndarray:
-    """Poses [N + 1, 4, 4] float64 of N action frames: p_0 (the start), then one per frame."""
-    camera = ActionIntegrator()
-    return np.stack([camera.pose.copy()] + [camera.step(k) for k in per_frame_keys])
 
 
 def play_keyframes(per_frame_keys: Iterable[Iterable[str] | str], frames: int, unit: float = PLAY_UNIT

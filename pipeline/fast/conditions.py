@@ -30,8 +30,6 @@ from ...wan.camera import (CameraError, fold_rays, interpolate_poses, cut_trajec
 from ...wan.conditioning import check_size
 from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_frames, latent_size
 from ...wan.vae import WanVAE
-from ...wan.camera_actions import act2cam_keyframes, act2cam_keys
-from ...wan.play_camera import play_action_frames, play_keyframes
 from ..camera import CameraCondition, CameraPath
 from ..image import I2VCondition
 
@@ -251,23 +249,10 @@ class KeyframeCamera:
 
 def path_camera(path: CameraPath, frames: int, height: int, width: int) -> KeyframeCamera:
     """The chunk source of a whole camera path with the camera a one-pass Camera node gives
-    for it: an action string's act2cam keyframes, a Play log's per-chunk keyframes, else the
-    pose chain. Act controls (action.npy keys) are refused: Fast reads Base-Cam rays."""
-    if path.wasd is not None:
-        raise CameraError(f"{path.source}: gives Act controls (W/A/S/D keys from action.npy), but LingBot-World "
-                          "Fast reads Base-Cam Plücker rays; use the same poses.npy and intrinsics.npy without the "
-                          "keys (the Camera node's source files)")
-    if path.actions is not None:
-        act2cam_keys(path.actions, frames)  # a string longer than the video is refused, naming both lengths
-        return KeyframeCamera.of_keyframes(act2cam_keyframes(path.actions, frames), path.intrinsics, frames, height,
-                                           width)
-    if path.play_keys is not None:
-        keys = path.play_keys[:play_action_frames(frames)]
-        if len(keys) != play_action_frames(frames):
-            raise CameraError(f"{path.source}: holds {len(keys)} action frames; {frames} frames take "
-                              f"{play_action_frames(frames)} under the per-chunk (Play) timing")
-        return KeyframeCamera.of_keyframes(play_keyframes(keys, frames), path.intrinsics, frames, height, width)
-    return KeyframeCamera(path.poses, path.intrinsics, frames, height, width, source=path.source)
+    for it (the path's ``chunk_keyframes``: an action string's act2cam keyframes, a Play
+    log's per-chunk ones, else the pose chain). Act files are refused: Fast reads Base-Cam rays."""
+    check_size(height, width)
+    return KeyframeCamera.of_keyframes(path.chunk_keyframes(frames), path.intrinsics, frames, height, width)
 
 
 def as_camera_source(camera: CameraSource | CameraCondition | None) -> CameraSource | None:

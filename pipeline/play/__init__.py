@@ -4,7 +4,7 @@
   page), ``PlaySettings``, ``PlayResult``.
 * ``controls``: ``PlayControls``, the session's input state fed by the server's routes
   (rate limited, bounded), and the turn-based / continuous rules.
-* ``camera``: ``PlayCamera``, the keys of each chunk → its Plücker rays under the Play law
+* ``chunk_camera``: ``PlayCamera``, the keys of each chunk → its Plücker rays under the Play law
   (``wan/play_camera.py``), and the action log.
 * ``protocol``: the event names, limits and the strict readers of the page's messages
   (docs/play_protocol.md).

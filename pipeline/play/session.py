@@ -38,7 +38,7 @@ from ..fast.generator import DEFAULT_POLICY, FastGenerator, FastParams
 from ..guards import NonFiniteError, is_finite
 from ..memory import empty_device_cache
 from ..text import TextEmbeddings
-from .camera import PlayCamera
+from .chunk_camera import PlayCamera
 from .controls import ChunkRequest, PlayControls
 from .frames import jpeg_frames
 from .protocol import EVENT_FRAMES, EVENT_STARTED, EVENT_STATE, KEYS, MODES, keys_text

@@ -10,9 +10,9 @@ from bitsandbytes.nn import Linear4bit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_expert
+from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
 from comfyui_lingbot_world.loaders.layout import detect_expert_layout, write_config
-from comfyui_lingbot_world.loaders.nf4 import quantize_linears_
+from comfyui_lingbot_world.tools.synthetic.experts import quantize_linears_, save_bf16_expert
 from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert, write_synthetic_bf16_expert
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import LingBotDiT

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.conditioning import (
-    build_i2v_condition,
     check_frame_count,
     check_size,
     conditioning_video,

@@ -15,10 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_expert
+from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
 from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.layout import detect_expert_layout, read_config
-from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, save_nf4_expert
+from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
+from comfyui_lingbot_world.tools.synthetic.experts import save_bf16_expert, save_nf4_expert
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert
 from comfyui_lingbot_world.wan.config import TINY

@@ -16,7 +16,7 @@ from comfyui_lingbot_world.pipeline.camera import CameraCondition
 from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, OfficialOrderNoise,
                                                  SlicedCamera, StreamedI2V, WholeI2V, fast_latent_frames,
                                                  sample_fast)
-from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
+from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
 from comfyui_lingbot_world.wan.scheduler import FAST_TIMESTEP_INDICES, fast_schedule
 from comfyui_lingbot_world.wan.config import TINY

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from comfyui_lingbot_world.loaders.layout import read_config
-from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, quantize_linears_, save_nf4_expert
+from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
+from comfyui_lingbot_world.tools.synthetic.experts import quantize_linears_, save_nf4_expert
 from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert, write_synthetic_nf4_expert
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import LingBotDiT

@@ -11,7 +11,8 @@ import torch
 from bitsandbytes.utils import unpack_tensor_to_dict
 from safetensors import safe_open
 
-from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_expert, write_bf16_files
+from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, write_bf16_files
+from comfyui_lingbot_world.tools.synthetic.experts import save_bf16_expert
 from comfyui_lingbot_world.loaders.errors import CheckpointError
 from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, nf4_tensors, read_quantization_meta
 from comfyui_lingbot_world.loaders.nf4_convert import Progress, convert_to_nf4, plan_conversion

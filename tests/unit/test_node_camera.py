@@ -263,7 +263,7 @@ def test_import_source_lists_and_reads_a_csv_camera_log(installed):
 
 def test_per_chunk_play_keyframes_give_the_play_camera_without_windows(installed):
     from comfyui_lingbot_world.nodes.camera import KEYFRAMES_PLAY
-    from comfyui_lingbot_world.pipeline.play.camera import PlayCamera
+    from comfyui_lingbot_world.pipeline.play.chunk_camera import PlayCamera
 
     session = PlayCamera(H, W)
     live = torch.cat([session.next_chunk(keys) for keys in ("w", "", "jw", "l")], dim=2)

@@ -1,4 +1,4 @@
-"""The Play camera law (wan/play_camera.py) and a session's camera (pipeline/play/camera.py):
+"""The Play camera law (wan/play_camera.py) and a session's camera (pipeline/play/chunk_camera.py):
 which action frames a chunk's keys drive, latent frame i at pose 4i, the fixed unit, the
 live chunks equal to the whole-video replay bit for bit, the action log round trip, and
 the Camera node's per-chunk (Play) timing through pipeline/camera.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from comfyui_lingbot_world.pipeline.camera import (camera_condition, path_from_actions, path_from_play_actions)
-from comfyui_lingbot_world.pipeline.play.camera import PlayCamera
+from comfyui_lingbot_world.pipeline.play.chunk_camera import PlayCamera
 from comfyui_lingbot_world.wan.camera import CameraError, keyframe_camera, relative_poses
 from comfyui_lingbot_world.wan.camera_actions import GROUND_EPS, ActionError, action_keys, default_intrinsics
 from comfyui_lingbot_world.wan.play_camera import (PLAY_UNIT, PlayCameraLaw, chunk_action_frames, format_actions,

@@ -19,7 +19,7 @@ from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_pl
 from comfyui_lingbot_world.pipeline.fast import FastParams, WholeI2V, sample_fast
 from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
-from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
+from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
 from fast_helpers import HEIGHT, WIDTH, image, prompt
 from fast_helpers import one_thread, model, vae  # noqa: F401  (module fixtures)

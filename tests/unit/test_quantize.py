@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert, save_bf16_expert
+from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
+from comfyui_lingbot_world.tools.synthetic.experts import save_bf16_expert
 from comfyui_lingbot_world.loaders.nf4 import nf4_tensors
 from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.tools import cli, quantize

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from comfyui_lingbot_world.pipeline.fast import StreamedI2V
-from comfyui_lingbot_world.wan.conditioning import build_i2v_condition
+from i2v_reference import build_i2v_condition
 from fast_helpers import HEIGHT, LAT_H, LAT_W, WIDTH, image, video_frames
 from fast_helpers import one_thread, vae  # noqa: F401  (module fixtures)
 

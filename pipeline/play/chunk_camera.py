@@ -2,7 +2,7 @@
 rays, under the Play law (``wan.play_camera``), and the session's action log.
 
 The rays of each latent frame are made exactly as the one-pass camera of a Play-timing
-path makes them (``pipeline.camera.play_camera_tensor``: the same relative keyframe, the
+path makes them (``pipeline.camera.PlayLogPath``: the same relative keyframe, the
 same default intrinsics, ``keyframe_camera`` one latent frame at a time, float32), so the
 log replayed through the Camera node gives the session's camera bit for bit.
 """
