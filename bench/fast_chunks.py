@@ -58,7 +58,7 @@ from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae,
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
-from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
 
 PROMPT = "A walk through a sunlit pine forest towards a wooden cabin by a lake, mountains behind it."
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=81)
     p.add_argument("--kv-window", type=int, default=9, help="latent frames a chunk attends to; 0: the full cache")
     p.add_argument("--kv-sink", type=int, default=3)
-    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
+    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--shift", type=float, default=10.0)
     p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
     p.add_argument("--vram-cap-gb", type=float, default=None)

@@ -45,6 +45,7 @@ import torch
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
+from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import as_pil, open_vae, vae_dtype  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings  # noqa: E402
@@ -52,6 +53,7 @@ from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry  # noqa
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.pipeline.video_file import VideoWriter  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
@@ -186,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--change-s", type=float, default=1.3, help="continuous mode: seconds between key changes")
     p.add_argument("--kv-window", type=int, default=9)
     p.add_argument("--kv-sink", type=int, default=3)
-    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
-    p.add_argument("--vae-precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
+    p.add_argument("--vae-precision", default="fp32", choices=tuple(VAE_PRECISIONS))
     p.add_argument("--shift", type=float, default=10.0)
     p.add_argument("--attention", default=None)
     p.add_argument("--vram-cap-gb", type=float, default=None)

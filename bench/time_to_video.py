@@ -52,6 +52,7 @@ from memwatch import MemoryWatch  # noqa: E402
 
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import camera_condition  # noqa: E402
+from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
@@ -74,7 +75,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
         options[key] = value
     if name == "exact" and options:
         raise SystemExit("--variant exact takes no options (it is the reference)")
-    if options.get("vae", "fp32") not in ("fp32", "bf16"):
+    if options.get("vae", "fp32") not in VAE_PRECISIONS:
         raise SystemExit(f"--variant {text!r}: vae={options['vae']!r} is not fp32 or bf16")
     return name, options
 

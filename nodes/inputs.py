@@ -9,6 +9,7 @@ import torch
 from comfy_api.latest import io
 
 from ..pipeline.fast import DEFAULT_POLICY
+from ..pipeline.guards import VAE_PRECISIONS
 from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_conditioning
@@ -37,7 +38,7 @@ CameraPathType = io.Custom(CAMERA_PATH)
 FastDiTType = io.Custom(FAST_DIT)
 
 CATEGORY = "LingBot-World"
-PRECISIONS = ("fp32", "bf16")  # the VAE's
+PRECISIONS = tuple(VAE_PRECISIONS)  # the VAE's (pipeline/guards.py reads them)
 
 # --------------------------------------------------------------------------- inputs
 

@@ -30,6 +30,8 @@ CHOICE_LISTS = {
     ("turn", "continuous"): "pipeline/play/protocol.py",
     ("wasdijkl",): "wan/camera_actions.py",
     (".pth", ".safetensors"): "loaders/weight_role.py",
+    ("fp32", "bf16"): "pipeline/guards.py",  # the VAE's precisions (a dict there)
+    ("bf16", "int8"): "wan/runtime/kv_cache.py",  # the KV cache's dtypes
 }
 
 
