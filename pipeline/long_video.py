@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from ..wan.geometry import MAX_SEED, latent_shape
-from ..wan.long_video import Window, given_frames_mask, plan_windows, translation_scale
+from ..wan.conditioning import given_frames_mask
+from ..wan.long_video import Window, plan_windows, translation_scale
 from .camera import CameraCondition, CameraPath, ControlMismatch, camera_condition
 from .image import I2VCondition, ImageLike, VAESource, encode_image, open_vae, vae_dtype
 from .memory import release_module, resolve_device

@@ -35,6 +35,7 @@ __all__ = [
     "keyframe_camera",
     "plucker_rays",
     "relative_poses",
+    "rigid_inverse",
     "scale_intrinsics",
     "trajectory_keyframes",
     "usable_frames",
@@ -202,7 +203,7 @@ def interpolate_poses(c2ws: np.ndarray | torch.Tensor, n_out: int) -> np.ndarray
     return out.astype(np.float32)
 
 
-def _rigid_inverse(t: torch.Tensor) -> torch.Tensor:
+def rigid_inverse(t: torch.Tensor) -> torch.Tensor:
     """Inverse of rigid transforms [..., 4, 4] via Rᵀ and −Rᵀ·t (no general matrix inverse)."""
     inv = torch.zeros_like(t)
     r_t = t[..., :3, :3].transpose(-1, -2)
@@ -225,11 +226,11 @@ def relative_poses(c2ws: np.ndarray | torch.Tensor, normalize: bool = True) -> t
     t = c2ws if isinstance(c2ws, torch.Tensor) else torch.from_numpy(np.asarray(c2ws))
     if not t.is_floating_point():
         t = t.float()
-    first = _rigid_inverse(t[:1]) @ t
+    first = rigid_inverse(t[:1]) @ t
     first[0] = torch.eye(4, dtype=t.dtype, device=t.device)
     rel = first.clone()
     if t.shape[0] > 1:
-        rel[1:] = _rigid_inverse(first[:-1]) @ first[1:]
+        rel[1:] = rigid_inverse(first[:-1]) @ first[1:]
     if normalize:
         largest = rel[:, :3, 3].norm(dim=-1).max()
         if largest > 0:

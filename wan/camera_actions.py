@@ -60,6 +60,7 @@ __all__ = [
     "act2cam_camera",
     "act2cam_keyframes_of",
     "integrate_keys",
+    "key_set",
     "pad_act2cam_keys",
     "act2cam_keyframes",
     "act2cam_keys",
@@ -218,7 +219,8 @@ def _ground(v: np.ndarray) -> np.ndarray:
     return flat / (norm + GROUND_EPS) if norm > 0 else flat
 
 
-def _key_set(keys: str | Iterable[str]) -> frozenset[str]:
+def key_set(keys: str | Iterable[str]) -> frozenset[str]:
+    """The keys held in one frame (``"wj"``, ``{"w", "j"}``), lower case; ActionError on a key outside KEYS."""
     chosen = frozenset(keys.lower() if isinstance(keys, str) else (str(k).lower() for k in keys))
     unknown = sorted(chosen - set(KEYS))
     if unknown:
@@ -246,7 +248,7 @@ class ActionIntegrator:
 
     def step(self, keys: str | Iterable[str]) -> np.ndarray:
         """One frame with ``keys`` held (e.g. ``"wj"``, ``{"w", "j"}``, ``""`` for none)."""
-        keys = _key_set(keys)
+        keys = key_set(keys)
         d_pitch = 0.0
         if "i" in keys:
             d_pitch += _TURN

@@ -22,6 +22,7 @@ __all__ = [
     "check_size",
     "conditioning_video",
     "first_frame_mask",
+    "given_frames_mask",
     "image_to_tensor",
     "target_size",
     "to_rgb",
@@ -207,9 +208,17 @@ def first_frame_mask(frames: int, lat_h: int, lat_w: int) -> torch.Tensor:
     Per video frame the mask is 1 for frame 0 and 0 after. Frame 0 is repeated 4 times so
     that every latent frame covers 4 mask frames, and those 4 become the channels.
     """
+    return given_frames_mask(frames, 1, lat_h, lat_w)
+
+
+def given_frames_mask(frames: int, given: int, lat_h: int, lat_w: int) -> torch.Tensor:
+    """Mask [4, F_lat, lat_h, lat_w]: 1 for the first ``given`` video frames, else 0 (a long
+    video's window starts on the previous window's last frames)."""
     check_frame_count(frames)
+    if not 1 <= given <= frames:
+        raise ValueError(f"given frames must be within 1..{frames}; got {given}")
     per_frame = torch.zeros(frames, lat_h, lat_w)
-    per_frame[0] = 1.0
+    per_frame[:given] = 1.0
     padded = torch.cat([per_frame[:1].expand(VAE_STRIDE_T, -1, -1), per_frame[1:]])
     return padded.view(-1, VAE_STRIDE_T, lat_h, lat_w).transpose(0, 1).contiguous()
 

@@ -21,7 +21,6 @@ from .geometry import VAE_STRIDE_T, latent_frames
 __all__ = [
     "MAX_FRAMES",
     "Window",
-    "given_frames_mask",
     "path_keyframes",
     "plan_windows",
     "translation_scale",
@@ -79,21 +78,6 @@ def plan_windows(frames: int, window: int = 81, overlap: int = 1) -> list[Window
         start = plan[-1].start + stride
         plan.append(Window(len(plan), start, min(window, frames - start), overlap))
     return plan
-
-
-def given_frames_mask(frames: int, given: int, lat_h: int, lat_w: int) -> torch.Tensor:
-    """Mask [4, F_lat, lat_h, lat_w]: 1 for the first ``given`` video frames, else 0.
-
-    The same layout as ``conditioning.first_frame_mask`` (which is ``given`` = 1): frame 0
-    repeated 4 times, then 4 video frames per latent frame become the 4 channels.
-    """
-    check_frame_count(frames)
-    if not 1 <= given <= frames:
-        raise ValueError(f"given frames must be within 1..{frames}; got {given}")
-    per_frame = torch.zeros(frames, lat_h, lat_w)
-    per_frame[:given] = 1.0
-    padded = torch.cat([per_frame[:1].expand(VAE_STRIDE_T, -1, -1), per_frame[1:]])
-    return padded.view(-1, VAE_STRIDE_T, lat_h, lat_w).transpose(0, 1).contiguous()
 
 
 # --------------------------------------------------------------------------- camera

@@ -28,7 +28,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .camera_actions import KEYS, MOVE_PER_FRAME, ActionError, ActionIntegrator, action_keys, integrate_keys
+from .camera import rigid_inverse
+from .camera_actions import KEYS, MOVE_PER_FRAME, ActionError, ActionIntegrator, action_keys, integrate_keys, key_set
 from .conditioning import check_frame_count
 from .geometry import CHUNK_FRAMES, VAE_STRIDE_T
 
@@ -68,35 +69,17 @@ def _as_float32(pose: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(pose, dtype=np.float64).astype(np.float32))
 
 
-def _rigid_inverse(t: torch.Tensor) -> torch.Tensor:
-    inv = torch.zeros_like(t)
-    r_t = t[:3, :3].transpose(0, 1)
-    inv[:3, :3] = r_t
-    inv[:3, 3:] = -r_t @ t[:3, 3:]
-    inv[3, 3] = 1.0
-    return inv
-
-
 def relative_keyframe(keyframes: Sequence[torch.Tensor], index: int, unit: float = PLAY_UNIT) -> torch.Tensor:
     """Relative keyframe ``index`` [4, 4] float32 of absolute keyframes (float32 [4, 4] each)
     in ``relative_poses``' order: every pose relative to the first (the first itself the
     identity), then ``previous⁻¹ · current``; the translation divided by ``unit``."""
     if index == 0:
         return torch.eye(4, dtype=torch.float32)
-    inv_first = _rigid_inverse(keyframes[0])
+    inv_first = rigid_inverse(keyframes[0])
     previous = torch.eye(4, dtype=torch.float32) if index == 1 else inv_first @ keyframes[index - 1]
-    rel = _rigid_inverse(previous) @ (inv_first @ keyframes[index])
+    rel = rigid_inverse(previous) @ (inv_first @ keyframes[index])
     rel[:3, 3] = rel[:3, 3] / unit
     return rel
-
-
-def _key_set(keys: Iterable[str] | str) -> frozenset[str]:
-    held = frozenset(keys.lower() if isinstance(keys, str) else (str(k).lower() for k in keys))
-    unknown = sorted(held - set(KEYS))
-    if unknown:
-        raise ActionError(f"keys: unknown key(s) {', '.join(map(repr, unknown))}; keys are w a s d (move), "
-                          "i j k l (look)")
-    return held
 
 
 def play_keys(text: str, frames: int) -> list[frozenset[str]]:
@@ -146,7 +129,7 @@ class PlayCameraLaw:
         return len(self.keys_per_frame) + 1 if self.chunks else 0
 
     def next_chunk(self, keys: Iterable[str] | str) -> torch.Tensor:
-        held = _key_set(keys)
+        held = key_set(keys)
         span = chunk_action_frames(self.chunks, self.chunk_latent)
         for _ in span:
             pose = self.integrator.step(held)
@@ -165,7 +148,7 @@ def format_actions(per_frame_keys: Iterable[Iterable[str] | str]) -> str:
     the order w a s d i j k l; parsing it back gives the same per-frame keys."""
     runs: list[list] = []
     for keys in per_frame_keys:
-        held = _key_set(keys)
+        held = key_set(keys)
         if runs and runs[-1][0] == held:
             runs[-1][1] += 1
         else:

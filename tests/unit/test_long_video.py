@@ -23,9 +23,8 @@ from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 from comfyui_lingbot_world.wan.act_control import act_control_from_actions, wasd_from_actions
 from comfyui_lingbot_world.wan.camera_actions import (ActionError, act2cam_camera, act2cam_keyframes, action_poses,
                                                       default_intrinsics)
-from comfyui_lingbot_world.wan.conditioning import first_frame_mask
+from comfyui_lingbot_world.wan.conditioning import first_frame_mask, given_frames_mask
 from comfyui_lingbot_world.wan.long_video import (
-    given_frames_mask,
     path_keyframes,
     plan_windows,
     translation_scale,
