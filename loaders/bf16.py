@@ -24,9 +24,9 @@ from .dit_weights import (build_on_meta, check_block_count, check_shapes, config
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
 from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, read_config, require_layout, write_config
-from .nf4 import nf4_packed_shape, quantize_linear
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
 from .tensor_source import SafetensorsSource
+from .weight_kind import check_kind, convert_linear, host_bytes, host_spec, move_weight_to_host
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 _SHARD_NAME = "diffusion_pytorch_model-{index:05d}-of-{total:05d}.safetensors"
@@ -61,6 +61,24 @@ def open_bf16_weights(folder: Path, device: torch.device | str) -> tuple[Safeten
     return source, index
 
 
+def open_bf16_source(folder: Path, device: torch.device | str) -> SafetensorsSource:
+    """``open_bf16_weights`` without the file to name (the layout table's ``open``)."""
+    return open_bf16_weights(Path(folder), device)[0]
+
+
+def bf16_linear_weight_bytes(source: SafetensorsSource, key: str) -> int:
+    """Bytes a stored linear weight takes in the shards."""
+    shape = source.shape(key)
+    return shape[0] * shape[1] * torch.bfloat16.itemsize
+
+
+def bf16_host_weight_bytes(folder: Path, keys: list[str], quantize: str | None) -> int:
+    """Pinned bytes of these linear weights under block swap, held as ``quantize`` (None: bf16)."""
+    source, _ = open_bf16_weights(Path(folder), "cpu")
+    with source:
+        return sum(host_bytes(quantize or "bf16", *source.shape(k)) for k in keys)
+
+
 def _control_config(config: DiTConfig, source: SafetensorsSource, described_by: Path) -> DiTConfig:
     """``config`` with the control type of the stored control weight (header only)."""
     if CONTROL_WEIGHT not in source.keys():
@@ -88,7 +106,9 @@ def load_bf16_expert(
     """Load a layout-B expert onto ``device`` (eval mode, no gradients).
 
     ``quantize="nf4"`` turns every nn.Linear into a bitsandbytes NF4 Linear4bit while loading
-    (blocksize 64, double quantization, compute dtype ``dtype``), as the NF4 package stores them.
+    (blocksize 64, double quantization, compute dtype ``dtype``), as the NF4 package stores them;
+    ``"fp8"`` / ``"int8"`` into an 8-bit ``Linear8bit`` (per-channel scales); None or
+    ``"bf16"`` keeps them as stored.
 
     ``blocks_on_gpu=K`` keeps only blocks 0..K-1 wholly on ``device`` (CUDA); the linear weights
     of the others live in pinned RAM and stream in during each forward (see
@@ -96,8 +116,8 @@ def load_bf16_expert(
     RAM; with ``quantize="nf4"`` each is quantized on the GPU and its packed bytes moved out.
     None (or K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """
-    if quantize not in (None, "nf4"):
-        raise ValueError(f"quantize={quantize!r}: only None or 'nf4' are supported")
+    check_kind(quantize)
+    kind = None if quantize == "bf16" else quantize
     folder = require_layout(folder, "bf16")
     config_path = folder / CONFIG_FILE
     config = read_config(folder)
@@ -113,13 +133,13 @@ def load_bf16_expert(
         check_keys(described_by, expected, keys)
         check_shapes(config_path, config, model, {k: source.shape(k) for k in keys}, source.file_of)
 
-        linears = linear_layers(model) if quantize else {}
+        linears = linear_layers(model) if kind else {}
         deferred = {f"{name}.weight" for name in linears}
         host: dict[str, torch.Tensor] = {}
         if resident is not None:
             def spec(key: str) -> tuple[tuple[int, ...], torch.dtype]:
-                if key in deferred:  # stored as NF4: the packed bytes go to RAM
-                    return nf4_packed_shape(*expected[key].shape), torch.uint8
+                if key in deferred:  # stored as ``kind``: its bytes go to RAM
+                    return host_spec(kind, *expected[key].shape, dtype)
                 return tuple(expected[key].shape), dtype
             host = host_weights_for(model, resident, spec)
         plain = {k: t for k, t in expected.items() if k not in deferred}
@@ -136,28 +156,16 @@ def load_bf16_expert(
             materialize(linear, source.file_of(f"{name}.weight"), ["weight"],
                         lambda _key, n=name: source.read(f"{n}.weight"), device, float_dtype(dtype),
                         expected={"weight": linear.weight})
-            layer = quantize_linear(linear, compute_dtype=dtype)
+            layer = convert_linear(linear, kind, dtype)
             packed_into = host.get(f"{name}.weight")
             if packed_into is not None:
-                _move_packed(layer, packed_into, name)
+                move_weight_to_host(layer, packed_into, name)
             model.set_submodule(name, layer)
             linear.weight = None  # type: ignore[assignment]
     check_loaded(model, described_by)
     if resident is not None:
         BlockSwapper(model, resident, device)
     return model.eval().requires_grad_(False)
-
-
-def _move_packed(layer: Linear4bit, host: torch.Tensor, name: str) -> None:
-    """Put a freshly quantized layer's packed weight into ``host`` (pinned RAM); the quant
-    state stays on the device."""
-    packed = layer.weight.data
-    if tuple(packed.shape) != tuple(host.shape) or packed.dtype != host.dtype:
-        raise RuntimeError(f"{name}: bitsandbytes packed the NF4 weight as {tuple(packed.shape)} {packed.dtype}, "
-                           f"block swap expected {tuple(host.shape)} {host.dtype}; this bitsandbytes version "
-                           "is not supported with block swap")
-    host.copy_(packed)
-    layer.weight.data = host
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -7,18 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..wan.config import CONTROL_NAMES, CONTROL_WEIGHT, DiTConfig
-from .bf16 import read_bf16_config
 from .errors import CheckpointError
-from .layout import detect_expert_layout
-from .nf4 import read_nf4_config
+from .layout import layout_of
 
 
 def read_expert_config(folder: str | Path) -> DiTConfig:
-    """The ``DiTConfig`` of an expert folder of either layout, ``control_type`` included."""
+    """The ``DiTConfig`` of an expert folder of any layout, ``control_type`` included."""
     folder = Path(folder)
-    if detect_expert_layout(folder) == "nf4":
-        return read_nf4_config(folder)
-    return read_bf16_config(folder)
+    return layout_of(folder).read_config(folder)
 
 
 def read_expert_pair(high: str | Path, low: str | Path,

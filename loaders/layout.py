@@ -1,20 +1,28 @@
-"""Recognise an expert folder (NF4 layout A or bf16 layout B) and read its config.json.
+"""Recognise an expert folder (NF4 layout A, bf16 layout B, fp8 layout C) and read its config.json.
 
 Both checks run before any weight is touched, so a wrong folder fails in milliseconds with
 a message that says what was expected and what was found instead.
+
+``LAYOUTS`` is the table of checkpoint layouts (the place to add one): per layout, how its
+folder is recognised, the weight kind its linears are stored in, how it loads, opens (one
+tensor at a time), reads its config with the control weight's shape, and what its weights
+occupy once loaded. The rows point at their modules by name (``loaders/nf4.py``,
+``loaders/bf16.py``, ``loaders/fp8.py``), which import this one for the file names.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from ..wan.config import DiTConfig
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
 
-ExpertLayout = Literal["nf4", "bf16"]
+ExpertLayout = Literal["nf4", "bf16", "fp8"]
 
 CONFIG_FILE = "config.json"
 # Layout A (community NF4 package).
@@ -25,11 +33,63 @@ NF4_LEGACY_WEIGHTS_FILE = "model.pt"
 BF16_SHARD_PREFIX = "diffusion_pytorch_model"  # every file of a bf16 expert starts with it
 BF16_INDEX_FILE = f"{BF16_SHARD_PREFIX}.safetensors.index.json"
 BF16_SINGLE_FILE = f"{BF16_SHARD_PREFIX}.safetensors"
+# Layout C (fp8 package, written by ``python . quantize --format fp8``): one safetensors file,
+# every linear as ``<layer>.weight`` (float8_e4m3fn) + ``<layer>.weight_scale`` (float32, one per
+# output channel), the rest bf16.
+FP8_WEIGHTS_FILE = "model_fp8.safetensors"
 
 _EXPECTED = (
-    f"an NF4 expert ({NF4_META_FILE} + {NF4_WEIGHTS_FILE} or {NF4_LEGACY_WEIGHTS_FILE}) or a bf16 expert "
-    f"({BF16_INDEX_FILE} + its shards, or a single {BF16_SINGLE_FILE})"
+    f"an NF4 expert ({NF4_META_FILE} + {NF4_WEIGHTS_FILE} or {NF4_LEGACY_WEIGHTS_FILE}), an fp8 expert "
+    f"({FP8_WEIGHTS_FILE}) or a bf16 expert ({BF16_INDEX_FILE} + its shards, or a single {BF16_SINGLE_FILE})"
 )
+
+
+def _implemented_in(module: str, name: str) -> Callable[..., Any]:
+    """``loaders.<module>.<name>``, imported on first call (those modules import this one)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = f"{module}.{name}"
+    return call
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One checkpoint layout of a DiT expert folder."""
+
+    name: str
+    stored_kind: str  # the weight kind (wan/runtime/dense.py GEMM_KINDS) its linears are stored in
+    folder_suffix: str  # how a package names its folders ("high_noise_model" + suffix)
+    present: Callable[[set[str]], bool]  # the folder's file names say this layout
+    # load(folder, device, kind=None, blocks_on_gpu=None) -> LingBotDiT; ``kind``: the weight
+    # kind the linears are held in once loaded (None: as stored).
+    load: Callable[..., Any]
+    open: Callable[[Path, Any], Any]  # open(folder, device) -> TensorSource (a context manager)
+    read_config: Callable[[Path], DiTConfig]  # config.json with control_type told by the weights
+    # host_weight_bytes(folder, keys, kind) -> bytes of those linear weights kept in pinned RAM
+    host_weight_bytes: Callable[[Path, list[str], str | None], int]
+    # linear_weight_bytes(source, key) -> bytes the stored linear weight occupies in its file
+    linear_weight_bytes: Callable[[Any, str], int]
+
+
+def _nf4_present(names: set[str]) -> bool:
+    return NF4_META_FILE in names and (NF4_WEIGHTS_FILE in names or NF4_LEGACY_WEIGHTS_FILE in names)
+
+
+# In detection order: a folder that holds several kinds of weights is read as the first
+# (the smallest of them).
+LAYOUTS: dict[str, Layout] = {
+    "nf4": Layout("nf4", "nf4", "_bnb_nf4", _nf4_present, _implemented_in("nf4", "load_nf4_expert"),
+                  _implemented_in("nf4", "open_nf4_weights"), _implemented_in("nf4", "read_nf4_config"),
+                  _implemented_in("nf4", "nf4_host_weight_bytes"), _implemented_in("nf4", "nf4_linear_weight_bytes")),
+    "fp8": Layout("fp8", "fp8", "_fp8", lambda names: FP8_WEIGHTS_FILE in names,
+                  _implemented_in("fp8", "load_fp8_expert"), _implemented_in("fp8", "open_fp8_weights"),
+                  _implemented_in("fp8", "read_fp8_config"), _implemented_in("fp8", "fp8_host_weight_bytes"),
+                  _implemented_in("fp8", "fp8_linear_weight_bytes")),
+    "bf16": Layout("bf16", "bf16", "", lambda names: BF16_INDEX_FILE in names or BF16_SINGLE_FILE in names,
+                   _implemented_in("bf16", "load_bf16_expert"), _implemented_in("bf16", "open_bf16_source"),
+                   _implemented_in("bf16", "read_bf16_config"), _implemented_in("bf16", "bf16_host_weight_bytes"),
+                   _implemented_in("bf16", "bf16_linear_weight_bytes")),
+}
 
 
 def _require_folder(folder: Path) -> None:
@@ -42,17 +102,18 @@ def _require_folder(folder: Path) -> None:
 
 
 def detect_expert_layout(folder: str | Path) -> ExpertLayout:
-    """``"nf4"`` for layout A, ``"bf16"`` for layout B; CheckpointError for anything else.
+    """``"nf4"`` for layout A, ``"bf16"`` for layout B, ``"fp8"`` for layout C; CheckpointError
+    for anything else.
 
-    A folder that holds both kinds of weights is read as NF4 (the smaller of the two).
+    A folder that holds several kinds of weights is read as the first row of ``LAYOUTS``
+    that it holds (NF4, then fp8, then bf16: the smallest).
     """
     folder = Path(folder)
     _require_folder(folder)
     names = {p.name for p in folder.iterdir()}
-    if NF4_META_FILE in names and (NF4_WEIGHTS_FILE in names or NF4_LEGACY_WEIGHTS_FILE in names):
-        return "nf4"
-    if BF16_INDEX_FILE in names or BF16_SINGLE_FILE in names:
-        return "bf16"
+    for layout in LAYOUTS.values():
+        if layout.present(names):
+            return layout.name  # type: ignore[return-value]
     found = preview(names, limit=8) if names else "nothing (the folder is empty)"
     hint = ""
     if NF4_META_FILE in names:
@@ -62,12 +123,17 @@ def detect_expert_layout(folder: str | Path) -> ExpertLayout:
     raise CheckpointError(folder, f"is not an expert folder: expected {_EXPECTED}, found {found}{hint}")
 
 
+def layout_of(folder: str | Path) -> Layout:
+    """The ``LAYOUTS`` row of an expert folder (CheckpointError when it is none of them)."""
+    return LAYOUTS[detect_expert_layout(folder)]
+
+
 def require_layout(folder: str | Path, wanted: ExpertLayout) -> Path:
     """The folder as a Path, after checking that it holds an expert of layout ``wanted``."""
     folder = Path(folder)
     found = detect_expert_layout(folder)
     if found != wanted:
-        other = "load_bf16_expert" if found == "bf16" else "load_nf4_expert"
+        other = f"load_{found}_expert"
         raise CheckpointError(folder, f"holds a {found} expert, not an {wanted} one; read it with {other}")
     return folder
 

@@ -41,6 +41,7 @@ from .layout import (
 )
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
 from .tensor_source import SafetensorsSource, TensorSource, TorchFileSource
+from .weight_kind import check_kind, convert_linear, host_bytes, host_spec, move_weight_to_host
 
 NF4_FORMAT = "bnb_nf4"
 VALID_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes accepts
@@ -235,6 +236,27 @@ def open_nf4_weights(folder: Path, device: torch.device | str) -> TensorSource:
     return TorchFileSource(folder / NF4_LEGACY_WEIGHTS_FILE, device)
 
 
+def _stored_bytes(shape: tuple[int, ...], dtype: torch.dtype | None, float_size: int) -> int:
+    """Size once loaded as stored: floats in the compute dtype, packed 4-bit bytes as they are."""
+    size = float_size if dtype is None or dtype.is_floating_point else dtype.itemsize
+    return math.prod(shape) * size
+
+
+def nf4_linear_weight_bytes(source: TensorSource, key: str) -> int:
+    """Bytes a stored linear weight (packed 4-bit, or a float kept as it is) takes in the file."""
+    return math.prod(source.shape(key)) * (source.dtype(key) or torch.uint8).itemsize
+
+
+def nf4_host_weight_bytes(folder: Path, shapes: Mapping[str, tuple[int, int]], quantize: str | None) -> int:
+    """Pinned bytes of these linear weights (logical [out, in] shapes) under block swap, held
+    as ``quantize`` (None or "nf4": as stored)."""
+    if quantize not in (None, "nf4"):
+        return sum(host_bytes(quantize, *shape) for shape in shapes.values())
+    float_size = read_quantization_meta(folder).compute_dtype.itemsize
+    with open_nf4_weights(Path(folder), "cpu") as source:
+        return sum(_stored_bytes(source.shape(k), source.dtype(k), float_size) for k in shapes)
+
+
 def _quantized_layer_names(source: TensorSource, model: nn.Module, weights: Path) -> list[str]:
     """Names of the linear layers that the file stores in 4 bits."""
     keys = source.keys()
@@ -372,8 +394,13 @@ def load_nf4_expert(
     device: torch.device | str,
     compute_dtype: torch.dtype | str | None = None,
     blocks_on_gpu: int | None = None,
+    quantize: str | None = None,
 ) -> LingBotDiT:
     """Load an NF4 expert folder onto ``device`` (eval mode, no gradients).
+
+    ``quantize``: the weight kind the 4-bit linears are held in once loaded (None or "nf4":
+    as stored; "bf16", "fp8", "int8": each layer converted on the device as it is built,
+    ``loaders.weight_kind``).
 
     ``compute_dtype`` (default: the one in quantization_meta.json) is the dtype of the 4-bit
     matmuls and of every non-quantized tensor. Nothing is loaded before the whole file has
@@ -384,6 +411,8 @@ def load_nf4_expert(
     GPU, and a ``wan.runtime.block_swap.BlockSwapper`` streams them in during each forward. None (or
     K >= num_layers) keeps everything on the device; on a CPU device it is ignored.
     """
+    check_kind(quantize)
+    kind = None if quantize == "nf4" else quantize
     folder = require_layout(folder, "nf4")
     meta = read_quantization_meta(folder)
     config_path = folder / CONFIG_FILE
@@ -419,6 +448,8 @@ def load_nf4_expert(
         host: dict[str, torch.Tensor] = {}
         if resident is not None:
             def spec(key: str) -> tuple[tuple[int, ...], torch.dtype]:
+                if key in packed_weights and kind is not None:  # converted: its bytes go to RAM
+                    return host_spec(kind, *infos[key[: -len(".weight")]]["shape"], dtype)
                 if key in packed_weights:
                     return source.shape(key), source.dtype(key) or torch.uint8
                 return source.shape(key), dtype
@@ -432,9 +463,15 @@ def load_nf4_expert(
                         "cpu", float_dtype(dtype), expected=in_host)
         for name in quantized:
             packed_into = host.get(f"{name}.weight")
-            layer = _linear4bit_from_file(model.get_submodule(name), name,
-                                          source if packed_into is None else host_source,
-                                          infos[name], device, dtype, packed_into)
+            if kind is not None:  # built on the device, converted, then (block swap) moved out
+                layer = convert_linear(_linear4bit_from_file(model.get_submodule(name), name, source, infos[name],
+                                                             device, dtype), kind, dtype)
+                if packed_into is not None:
+                    move_weight_to_host(layer, packed_into, name)
+            else:
+                layer = _linear4bit_from_file(model.get_submodule(name), name,
+                                              source if packed_into is None else host_source,
+                                              infos[name], device, dtype, packed_into)
             model.set_submodule(name, layer)
     check_loaded(model, weights)
     if resident is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError, preview
-from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, NF4_META_FILE, detect_expert_layout
+from .layout import CONFIG_FILE, LAYOUTS, NF4_META_FILE, detect_expert_layout
 from .model_kind import FAST_FIELDS, identify_model
 from .package import FAST_FOLDERS, HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
 
@@ -48,8 +48,9 @@ class Release:
 def _expert(folder: Path, role: str | None) -> ReleaseExpert:
     """The expert in ``folder``, bf16 only, its role from config.json and ``role`` (the name
     it was found under, None when the folder was given on its own)."""
-    if detect_expert_layout(folder) == "nf4":
-        raise CheckpointError(folder, "is already an NF4 expert (quantization_meta.json); nothing to convert")
+    layout = LAYOUTS[detect_expert_layout(folder)]
+    if layout.stored_kind != "bf16":
+        raise CheckpointError(folder, f"is already an {layout.name.upper()} expert (quantized); nothing to convert")
     # The config decides when it says Fast (model_kind, as the Fast DiT Loader reads it);
     # otherwise the name the expert was found under.
     identity = identify_model(folder)
@@ -73,7 +74,9 @@ def _expert(folder: Path, role: str | None) -> ReleaseExpert:
 
 
 def _is_expert_folder(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in (BF16_INDEX_FILE, BF16_SINGLE_FILE, NF4_META_FILE))
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    # An NF4 folder missing its weights is still one (its own error says what is missing).
+    return NF4_META_FILE in names or any(layout.present(names) for layout in LAYOUTS.values())
 
 
 def find_release(src: str | Path) -> Release:

@@ -9,24 +9,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..loaders.bf16 import load_bf16_expert
-from ..loaders.layout import detect_expert_layout
-from ..loaders.nf4 import load_nf4_expert
+from ..loaders.layout import layout_of
 from .memory import build_or_release, release_module, resolve_device
 from .placement import Placement
 
 
 def load_expert(folder: str | Path, device: torch.device | str, quantize: str | None = None,
                 blocks_on_gpu: int | None = None) -> nn.Module:
-    """NF4 folders (layout A) load as they are; bf16 folders (layout B) optionally quantize.
+    """The expert through its layout's loader (``loaders.layout.LAYOUTS``).
 
+    ``quantize``: the weight kind its linears are held in once loaded (None: as stored; "nf4",
+    "bf16", "fp8", "int8": converted layer by layer while loading, ``loaders.weight_kind``).
     ``blocks_on_gpu``: blocks kept wholly on a CUDA device, the rest streamed from pinned RAM
     (None: all on the device; see ``wan.runtime.block_swap``).
     """
     folder = Path(folder)
-    if detect_expert_layout(folder) == "nf4":
-        return build_or_release(lambda: load_nf4_expert(folder, device, blocks_on_gpu=blocks_on_gpu))
-    return build_or_release(lambda: load_bf16_expert(folder, device, quantize=quantize, blocks_on_gpu=blocks_on_gpu))
+    layout = layout_of(folder)
+    return build_or_release(lambda: layout.load(folder, device, quantize=quantize, blocks_on_gpu=blocks_on_gpu))
 
 
 class DiskExperts:

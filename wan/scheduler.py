@@ -26,6 +26,7 @@ __all__ = [
     "FAST_TIMESTEP_INDICES",
     "FastSchedule",
     "SAMPLERS",
+    "SAMPLER_CLASSES",
     "SCHEDULES",
     "FlowEulerSampler",
     "FlowUniPCSampler",
@@ -35,7 +36,6 @@ __all__ = [
     "make_sampler",
 ]
 
-SAMPLERS = ("unipc", "euler")
 SCHEDULES = ("wan", "lightning")
 
 
@@ -217,14 +217,18 @@ class FlowUniPCSampler(_FlowSampler):
         return out
 
 
-def make_sampler(name: str, steps: int, shift: float, schedule: str = "wan") -> FlowUniPCSampler | FlowEulerSampler:
-    """A fresh sampler by name: "unipc" (the reference's choice) or "euler", on the
-    ``schedule`` "wan" (the reference's) or "lightning" (the step-distilled adapters')."""
+# The samplers by name (the place to add one): a class taking (steps, shift, schedule=...).
+SAMPLER_CLASSES: dict[str, type[_FlowSampler]] = {"unipc": FlowUniPCSampler, "euler": FlowEulerSampler}
+SAMPLERS = tuple(SAMPLER_CLASSES)
+
+
+def make_sampler(name: str, steps: int, shift: float, schedule: str = "wan") -> _FlowSampler:
+    """A fresh sampler by name from ``SAMPLER_CLASSES`` ("unipc", the reference's choice, or
+    "euler"), on the ``schedule`` "wan" (the reference's) or "lightning" (the step-distilled
+    adapters')."""
     key = str(name).strip().lower()
-    if key == "unipc":
-        return FlowUniPCSampler(steps, shift, schedule=schedule)
-    if key == "euler":
-        return FlowEulerSampler(steps, shift, schedule=schedule)
+    if key in SAMPLER_CLASSES:
+        return SAMPLER_CLASSES[key](steps, shift, schedule=schedule)
     raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
 
 

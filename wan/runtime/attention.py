@@ -3,6 +3,8 @@
 All inputs and outputs use the layout [batch, tokens, heads, head_dim]. The DiT needs no
 masks: a sample has no padded tokens and cross-attention looks at every text position.
 
+The backends are rows of ``ATTENTION_BACKENDS`` with their constraints (devices, dtypes,
+head sizes, compute capability) and whether they serve a sequence-parallel run.
 The backend is chosen once per device type. PyTorch SDPA is always available; on CUDA
 flash-attn (3, then 2) or SageAttention is used when installed. The environment variable
 LINGBOT_ATTENTION=sdpa|flash|sage forces one; forcing one that cannot run is an error.
@@ -20,14 +22,13 @@ import contextlib
 import contextvars
 import functools
 import os
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 ENV_VAR = "LINGBOT_ATTENTION"
-BACKENDS = ("sdpa", "flash", "sage")
-CHOICES = ("auto",) + BACKENDS
 # Compute capabilities where the 8-bit SageAttention kernel is published as faster than
 # FlashAttention 2 / SDPA: RTX 30 (sm86) and RTX 40 / L4 / L40 (sm89).
 SAGE_FASTER_CAPABILITIES = ((8, 6), (8, 9))
@@ -82,6 +83,56 @@ def _load_sage() -> Kernel | None:
 _LOADERS = {"flash": _load_flash, "sage": _load_sage}
 
 
+@dataclass(frozen=True)
+class AttentionBackend:
+    """One attention kernel and what it needs (the place to add one: a row of ``ATTENTION_BACKENDS``).
+
+    ``supports_sequence_parallel``: the kernel attends whole heads of one device's queries
+    to keys and values it is given, so a sequence-parallel run (heads split across GPUs
+    after an all-to-all, Ulysses style) can call it per rank; whoever builds a parallel run
+    must refuse a backend without it."""
+
+    name: str
+    load: Callable[[], Kernel | None]  # the kernel in [B, L, H, D] layout; None when not installed
+    package: str  # what to install for it (messages)
+    devices: tuple[str, ...]  # device types it runs on
+    dtypes: tuple[torch.dtype, ...]  # inputs it takes as they are (others are cast to bf16 and back)
+    head_dims: tuple[int, ...] | None  # head sizes its kernels take (None: any); others fall back to SDPA
+    min_capability: tuple[int, int] | None  # least CUDA compute capability (None: any)
+    supports_sequence_parallel: bool
+
+    def runs_on(self, device_type: str, capability: tuple[int, int] | None = None) -> bool:
+        """Whether the backend can run on this device (capability of a CUDA device, if known)."""
+        if device_type not in self.devices:
+            return False
+        return capability is None or self.min_capability is None or tuple(capability) >= self.min_capability
+
+
+_FLOATS = (torch.float32,) + _HALF
+ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
+    "sdpa": AttentionBackend("sdpa", lambda: _sdpa, "PyTorch", ("cpu", "cuda"), _FLOATS, None, None, True),
+    "flash": AttentionBackend("flash", lambda: _LOADERS["flash"](), "flash-attn (flash_attn_interface or flash_attn)",
+                              ("cuda",), _HALF, tuple(range(8, 257, 8)), (8, 0), True),
+    "sage": AttentionBackend("sage", lambda: _LOADERS["sage"](), "sageattention", ("cuda",), _HALF,
+                             SAGE_HEAD_DIMS, (8, 0), True),
+}
+BACKENDS = tuple(ATTENTION_BACKENDS)
+CHOICES = ("auto",) + BACKENDS
+
+
+def require_sequence_parallel(name: str) -> AttentionBackend:
+    """The backend ``name``, after checking that a sequence-parallel run may use it (what a
+    parallel run's builder calls); ValueError naming the backend and the ones that can."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    backend = ATTENTION_BACKENDS[name]
+    if not backend.supports_sequence_parallel:
+        able = [b.name for b in ATTENTION_BACKENDS.values() if b.supports_sequence_parallel]
+        raise ValueError(f"attention backend {name!r} cannot run a sequence-parallel model; choose one of "
+                         f"{', '.join(able)}")
+    return backend
+
+
 def _half_precision(kernel: Kernel) -> Kernel:
     """flash / sage run in fp16 or bf16 only: cast float32 inputs to bf16 and back."""
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -105,9 +156,9 @@ def _select(device_type: str) -> tuple[str, Kernel]:
                 f"{ENV_VAR}={forced} needs CUDA tensors, but attention runs on {device_type!r}; "
                 f"unset {ENV_VAR} or set it to sdpa"
             )
-        kernel = _LOADERS[forced]()
+        kernel = ATTENTION_BACKENDS[forced].load()
         if kernel is None:
-            package = "flash-attn (flash_attn_interface or flash_attn)" if forced == "flash" else "sageattention"
+            package = ATTENTION_BACKENDS[forced].package
             raise RuntimeError(f"{ENV_VAR}={forced} but {package} cannot be imported; install it or unset {ENV_VAR}")
         return forced, _half_precision(kernel)
     if device_type == "cuda":
@@ -136,12 +187,13 @@ def _chosen(name: str, device: torch.device) -> tuple[str, Kernel]:
         name = auto_backend(capability, capability is not None and _LOADERS["sage"]() is not None)
     if name == "sdpa":
         return "sdpa", _sdpa
-    if device.type != "cuda":
+    backend = ATTENTION_BACKENDS[name]
+    if not backend.runs_on(device.type):
         raise RuntimeError(f"attention backend {name!r} needs CUDA tensors, but attention runs on "
                            f"{device.type!r}; choose sdpa or auto")
-    kernel = _LOADERS[name]()
+    kernel = backend.load()
     if kernel is None:
-        package = "flash-attn (flash_attn_interface or flash_attn)" if name == "flash" else "sageattention"
+        package = backend.package
         raise RuntimeError(f"attention backend {name!r} chosen but {package} cannot be imported; "
                            f"install it or choose sdpa or auto")
     return name, _half_precision(kernel)

@@ -10,18 +10,24 @@ a preallocated buffer (``torch.addmm(..., out=)``), which saves the copy a chunk
 A LoRA attached to the layer (``wan.runtime.lora.attach_lora``) is added to the dense copy here
 (``W + scale * B A``), never to the layer's own weight.
 
-Only ``dense`` knows about 4-bit weights; it imports bitsandbytes lazily, and only for a
-weight that carries a bitsandbytes quant state (so bitsandbytes is installed).
+``GEMM_KINDS`` is the table of weight kinds a linear layer may hold and how each multiplies
+(the place to add one): bf16 (a plain floating-point weight), NF4 (bitsandbytes, dequantized
+once per block), fp8 and int8 (``wan.runtime.weights8``: 8-bit × 8-bit products with
+per-token activation scales). ``dense(layer)`` picks the row by what the layer holds. Only
+the NF4 row knows about bitsandbytes; it imports it lazily, and only for a weight that
+carries a bitsandbytes quant state (so bitsandbytes is installed).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .lora import add_lora_delta
+from .lora import LORA_ATTR, add_lora_delta
+from .weights8 import PRODUCTS, Linear8bit, kind_of_dtype
 
 
 @dataclass
@@ -62,29 +68,158 @@ class Dense:
         return out
 
 
-def dense(layer: nn.Module) -> Dense:
-    """The weight and bias of an ``nn.Linear`` (or bitsandbytes ``Linear4bit``) for reuse.
+@dataclass
+class Dense8:
+    """An 8-bit weight [out, in] (fp8 or int8) with its per-channel scales, ready for the
+    8-bit GEMM; LoRA adapters on the layer are added beside the product (``x Aᵀ Bᵀ · s``),
+    never into the 8-bit weight. Called as ``Dense`` is."""
 
-    A plain layer's own tensors are returned (no copy); a 4-bit weight is dequantized
-    once into its compute dtype. Callers drop the result when the sub-layer is done."""
+    weight: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+    kind: str
+    dtype: torch.dtype
+    adapters: tuple = ()
+
+    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+        y = PRODUCTS[self.kind](x2d, self.weight, self.scale, self.bias, self.dtype)
+        for f in self.adapters:
+            down, up = f.down.to(x2d.device, self.dtype), f.up.to(x2d.device, self.dtype)
+            y = torch.addmm(y, x2d.to(self.dtype) @ down.t(), up.t(), alpha=f.scale)
+        return y
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+        if gelu and out is not None:
+            raise ValueError("Dense: gelu and out cannot be combined")
+        lead = x.shape[:-1]
+        y = self._product(x.reshape(-1, x.shape[-1]))
+        if gelu:
+            y = F.gelu(y, approximate="tanh")
+        if out is None:
+            return y.reshape(*lead, -1)
+        out.view(-1, out.shape[-1]).copy_(y)
+        return out
+
+
+def _dense_plain(layer: nn.Module) -> Dense:
     weight = layer.weight
-    quant_state = getattr(weight, "quant_state", None)
-    if quant_state is not None:
-        from .bnb import bnb
+    matrix = add_lora_delta(layer, weight.detach())  # inference only; out= products refuse autograd inputs
+    bias = layer.bias
+    return Dense(matrix, None if bias is None else bias.detach().to(weight.dtype))
 
-        bnb_functional = bnb.functional
 
-        data = weight.data
-        if getattr(quant_state, "packing_format_for_cpu", False):
-            # The layer's own CPU forward repacked the weight for bitsandbytes' AVX512 kernel;
-            # dequantize a copy in the standard layout (the layer is left as it is).
-            data, quant_state = bnb_functional._convert_weight_packed_for_cpu_inverse(data, quant_state)
-        matrix = bnb_functional.dequantize_4bit(data, quant_state)
-        dtype = getattr(layer, "compute_dtype", None) or matrix.dtype
-        matrix = matrix.to(dtype)
-    else:
-        matrix = weight.detach()  # inference only; out= products refuse autograd inputs
-        dtype = weight.dtype
-    matrix = add_lora_delta(layer, matrix)  # a new tensor when adapters hang on the layer
+def _dense_nf4(layer: nn.Module) -> Dense:
+    from .bnb import bnb
+
+    bnb_functional = bnb.functional
+    weight = layer.weight
+    data, quant_state = weight.data, weight.quant_state
+    if getattr(quant_state, "packing_format_for_cpu", False):
+        # The layer's own CPU forward repacked the weight for bitsandbytes' AVX512 kernel;
+        # dequantize a copy in the standard layout (the layer is left as it is).
+        data, quant_state = bnb_functional._convert_weight_packed_for_cpu_inverse(data, quant_state)
+    matrix = bnb_functional.dequantize_4bit(data, quant_state)
+    dtype = getattr(layer, "compute_dtype", None) or matrix.dtype
+    matrix = add_lora_delta(layer, matrix.to(dtype))  # a new tensor when adapters hang on the layer
     bias = layer.bias
     return Dense(matrix, None if bias is None else bias.detach().to(dtype))
+
+
+def _dense_8bit(layer: nn.Module) -> Dense8:
+    weight = layer.weight.detach()
+    kind = kind_of_dtype(weight.dtype)
+    assert kind is not None
+    dtype = getattr(layer, "compute_dtype", None) or torch.bfloat16
+    bias = layer.bias
+    return Dense8(weight, layer.weight_scale.to(weight.device), None if bias is None else bias.detach().to(dtype),
+                  kind, dtype, tuple(getattr(layer, LORA_ATTR, ())))
+
+
+def _make_8bit(kind: str) -> Callable[[nn.Module, torch.dtype], nn.Module]:
+    def make(layer: nn.Module, dtype: torch.dtype) -> nn.Module:
+        bias = layer.bias
+        return Linear8bit.from_weight(layer.weight.detach(), None if bias is None else bias.detach(), kind, dtype)
+    return make
+
+
+def _make_plain(layer: nn.Module, dtype: torch.dtype) -> nn.Module:
+    linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    linear.weight = nn.Parameter(layer.weight.detach().to(dtype), requires_grad=False)
+    if layer.bias is not None:
+        linear.bias = nn.Parameter(layer.bias.detach().to(dtype), requires_grad=False)
+    return linear
+
+
+NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64  # 4 bits a weight plus one 8-bit absmax per 64 (double quant)
+
+
+@dataclass(frozen=True)
+class GemmKind:
+    """One weight kind a linear layer can hold: how to recognise it, how its product runs,
+    where it can run, what it occupies, and how to make it from a floating-point layer."""
+
+    name: str
+    holds: Callable[[nn.Module], bool]  # the layer holds this kind of weight
+    build: Callable[[nn.Module], "Dense | Dense8"]  # the reusable product for one block
+    weight_bytes: Callable[[int, int], int]  # bytes of an [out, in] weight once loaded
+    # Least CUDA compute capability whose tensor cores run the product; None: any device.
+    min_capability: tuple[int, int] | None = None
+    runs_on_cpu: bool = True
+    # From a floating-point layer (any nn.Linear, in the given compute dtype); None: made
+    # by its own loader (NF4: bitsandbytes with the package's settings, loaders/nf4.py).
+    make: Callable[[nn.Module, torch.dtype], nn.Module] | None = None
+    speed_rank: int = 0  # larger is faster on a card that supports it (auto picks by it)
+
+
+def _has_quant_state(layer: nn.Module) -> bool:
+    return getattr(layer.weight, "quant_state", None) is not None
+
+
+def _holds_8bit(kind: str) -> Callable[[nn.Module], bool]:
+    return lambda layer: kind_of_dtype(layer.weight.dtype) == kind
+
+
+GEMM_KINDS: dict[str, GemmKind] = {
+    "bf16": GemmKind("bf16", lambda layer: not _has_quant_state(layer) and layer.weight.dtype.is_floating_point
+                     and kind_of_dtype(layer.weight.dtype) is None, _dense_plain,
+                     lambda out_f, in_f: out_f * in_f * 2, make=_make_plain, speed_rank=2),
+    "nf4": GemmKind("nf4", _has_quant_state, _dense_nf4,
+                    lambda out_f, in_f: int(out_f * in_f * NF4_BYTES_PER_WEIGHT), speed_rank=1),
+    "fp8": GemmKind("fp8", _holds_8bit("fp8"), _dense_8bit, lambda out_f, in_f: out_f * in_f + 4 * out_f,
+                    min_capability=(8, 9), make=_make_8bit("fp8"), speed_rank=4),
+    "int8": GemmKind("int8", _holds_8bit("int8"), _dense_8bit, lambda out_f, in_f: out_f * in_f + 4 * out_f,
+                     min_capability=(8, 0), make=_make_8bit("int8"), speed_rank=3),
+}
+
+
+def gemm_kind(layer: nn.Module) -> GemmKind:
+    """The row of ``GEMM_KINDS`` for what ``layer`` holds; TypeError naming the weight otherwise."""
+    for kind in GEMM_KINDS.values():
+        if kind.holds(layer):
+            return kind
+    weight = layer.weight
+    raise TypeError(f"{type(layer).__name__} holds a {weight.dtype} weight {tuple(weight.shape)} of no known kind "
+                    f"({', '.join(GEMM_KINDS)}); add a row to wan/runtime/dense.py GEMM_KINDS")
+
+
+def runs_on(kind: str, capability: tuple[int, int] | None) -> bool:
+    """Whether kind ``kind``'s product runs on a CUDA device of ``capability`` (None: the CPU)."""
+    row = GEMM_KINDS[kind]
+    if capability is None:
+        return row.runs_on_cpu
+    return row.min_capability is None or tuple(capability) >= row.min_capability
+
+
+def weight_bytes(kind: str, shape: tuple[int, int]) -> int:
+    """Bytes an [out, in] linear weight of kind ``kind`` occupies once loaded."""
+    return GEMM_KINDS[kind].weight_bytes(*shape)
+
+
+def dense(layer: nn.Module) -> "Dense | Dense8":
+    """The weight and bias of an ``nn.Linear`` (or a quantized layer) for reuse, through the
+    ``GEMM_KINDS`` row of what it holds.
+
+    A plain layer's own tensors are returned (no copy); a 4-bit weight is dequantized
+    once into its compute dtype; an 8-bit weight stays 8-bit (its product quantizes the
+    activation). Callers drop the result when the sub-layer is done."""
+    return gemm_kind(layer).build(layer)

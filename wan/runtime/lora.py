@@ -28,6 +28,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
+from .weights8 import is_8bit
+
 LORA_ATTR = "lingbot_lora"
 _HOOK_ATTR = "lingbot_lora_hook"
 _BACKUP_ATTR = "lingbot_lora_originals"
@@ -111,7 +113,7 @@ def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def _is_quantized(param: torch.Tensor) -> bool:
-    return getattr(param, "quant_state", None) is not None or not param.dtype.is_floating_point
+    return getattr(param, "quant_state", None) is not None or not param.dtype.is_floating_point or is_8bit(param)
 
 
 @torch.no_grad()
@@ -162,9 +164,9 @@ def merge_lora(model: nn.Module, adapters: Mapping[str, Iterable[LoraFactors]]) 
     for name, factors in adapters.items():
         layer = model.get_submodule(name)
         weight = layer.weight
-        if getattr(weight, "quant_state", None) is not None or not weight.dtype.is_floating_point:
+        if _is_quantized(weight):
             raise TypeError(f"LoRA merge into {name!r}: its weight is quantized ({weight.dtype}); "
-                            "apply the LoRA unmerged (attach_lora) on 4-bit experts")
+                            "apply the LoRA unmerged (attach_lora) on 4-bit and 8-bit experts")
         for f in factors:
             _check_shapes(name, layer, f)
             weight.data += f.delta(weight.dtype, weight.device)

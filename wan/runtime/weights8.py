@@ -1,0 +1,169 @@
+"""8-bit linear weights (fp8 e4m3 and int8) and their scaled GEMMs, in pure PyTorch.
+
+A ``Linear8bit`` holds its weight in one byte per value with one float32 scale per output
+channel (row): ``W ≈ weight.float() * weight_scale[:, None]``; the bias stays in the compute
+dtype (bf16). The 8-bit bytes are what stays in memory: an A14B transformer of 18.5 B
+linear weights is ~18.5 GB this way, against ~37 GB in bf16 and ~9.6 GB in NF4.
+
+The products (``fp8_linear``, ``int8_linear``) quantize the activation per token (row) on
+the fly and multiply 8-bit × 8-bit:
+
+* fp8: ``torch._scaled_mm`` with row-wise scales (token scales [M, 1] × channel scales
+  [1, N]) into bf16; tensor-core fp8 needs sm89+ (Ada, Hopper, Blackwell);
+* int8: ``torch._int_mm`` (int32 accumulate), scaled afterwards; int8 tensor cores from
+  sm80 (Ampere).
+
+Both ops also run on the CPU in current PyTorch, which is how the unit tests check them
+against the bf16 product. Where a kernel refuses a shape (CUDA wants dimensions that are
+multiples of 16 for fp8, 8 for int8, and more than 16 tokens for int8), the product falls
+back to the dequantized bf16 weight: same weights, no activation rounding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+INT8_MAX = 127.0
+KINDS = ("fp8", "int8")
+_STORAGE = {"fp8": FP8, "int8": torch.int8}
+_RANGE = {"fp8": FP8_MAX, "int8": INT8_MAX}
+_TINY = 1e-12  # an all-zero row gets this scale instead of 0 (no division by zero)
+
+
+def storage_dtype(kind: str) -> torch.dtype:
+    """The dtype an 8-bit kind's weight bytes are stored in."""
+    if kind not in _STORAGE:
+        raise ValueError(f"8-bit weight kind {kind!r} is not one of {', '.join(KINDS)}")
+    return _STORAGE[kind]
+
+
+def kind_of_dtype(dtype: torch.dtype) -> str | None:
+    """"fp8" or "int8" for an 8-bit weight dtype, else None."""
+    return next((k for k, d in _STORAGE.items() if d == dtype), None)
+
+
+def quantize_rows(matrix: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales): ``matrix`` [R, C] as 8-bit ``kind`` with one float32 scale per row,
+    ``matrix ≈ values.float() * scales[:, None]`` (symmetric, absmax per row)."""
+    storage_dtype(kind)  # an unknown kind fails here, by name
+    limit = _RANGE[kind]
+    m = matrix.float()
+    scales = m.abs().amax(dim=1).clamp(min=_TINY) / limit
+    scaled = m / scales[:, None]
+    if kind == "int8":
+        values = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    else:
+        values = scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return values, scales
+
+
+def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``values.float() * scales[:, None]`` in ``dtype``."""
+    return (values.float() * scales.float()[:, None]).to(dtype)
+
+
+def is_8bit(weight: torch.Tensor) -> bool:
+    """Whether a linear weight is stored in one of the 8-bit kinds."""
+    return kind_of_dtype(weight.dtype) is not None
+
+
+def _fp8_kernel_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not x.is_cuda:
+        return True
+    return x.shape[1] % 16 == 0 and weight.shape[0] % 16 == 0
+
+
+def _int8_kernel_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not x.is_cuda:
+        return True
+    return x.shape[0] > 16 and x.shape[1] % 8 == 0 and weight.shape[0] % 8 == 0
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] (any float) times the fp8 weight [N, K]ᵀ with per-token × per-channel scales,
+    plus bias, in ``out_dtype`` [M, N]."""
+    if not _fp8_kernel_fits(x, weight):
+        return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+    xq, x_scale = quantize_rows(x, "fp8")
+    return torch._scaled_mm(xq, weight.t(), scale_a=x_scale[:, None], scale_b=weight_scale.float()[None, :],
+                            bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype)
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] times the int8 weight [N, K]ᵀ (int32 accumulation), scaled per token and
+    per channel, plus bias, in ``out_dtype`` [M, N]."""
+    if not _int8_kernel_fits(x, weight):
+        return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+    xq, x_scale = quantize_rows(x, "int8")
+    acc = torch._int_mm(xq, weight.t())
+    y = acc.float().mul_(x_scale[:, None]).mul_(weight_scale.float()[None, :])
+    if bias is not None:
+        y += bias.float()
+    return y.to(out_dtype)
+
+
+PRODUCTS = {"fp8": fp8_linear, "int8": int8_linear}
+
+
+class Linear8bit(nn.Linear):
+    """An ``nn.Linear`` whose weight [out, in] is 8-bit (``kind`` fp8 or int8) with a float32
+    ``weight_scale`` [out] buffer; the bias and the output are in ``compute_dtype``.
+
+    Still an ``nn.Linear`` (by subclass), so block swap, LoRA attachment and the loaders
+    find it as a linear layer; block swap moves only ``weight``, the scales stay put."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, kind: str = "fp8",
+                 compute_dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = in_features, out_features
+        self.kind = kind
+        self.compute_dtype = compute_dtype
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=storage_dtype(kind), device=device),
+                                   requires_grad=False)
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=compute_dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, kind: str,
+                    compute_dtype: torch.dtype = torch.bfloat16) -> "Linear8bit":
+        """Quantize a float weight [out, in] (on its own device) per output channel."""
+        values, scales = quantize_rows(weight.detach(), kind)
+        return cls.from_quantized(values, scales, bias, kind, compute_dtype)
+
+    @classmethod
+    def from_quantized(cls, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, kind: str,
+                       compute_dtype: torch.dtype = torch.bfloat16) -> "Linear8bit":
+        """A layer around stored 8-bit values [out, in] and their float32 scales [out]."""
+        if values.dtype != storage_dtype(kind) or values.dim() != 2 or tuple(scales.shape) != (values.shape[0],):
+            raise ValueError(f"{kind} weight: values {tuple(values.shape)} {values.dtype} and scales "
+                             f"{tuple(scales.shape)} do not make an [out, in] weight with one scale per row")
+        out_features, in_features = values.shape
+        layer = cls(in_features, out_features, bias=bias is not None, kind=kind, compute_dtype=compute_dtype,
+                    device="meta")
+        layer.weight = nn.Parameter(values, requires_grad=False)
+        layer.weight_scale = scales.to(torch.float32)
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.detach().to(compute_dtype), requires_grad=False)
+        return layer
+
+    def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight as floats [out, in] (``compute_dtype`` unless given)."""
+        scale = self.weight_scale.to(self.weight.device)
+        return dequantize_rows(self.weight, scale, dtype or self.compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        scale = self.weight_scale.to(self.weight.device)
+        y = PRODUCTS[self.kind](x.reshape(-1, x.shape[-1]), self.weight, scale, self.bias, self.compute_dtype)
+        return y.reshape(*lead, -1)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kind={self.kind}"
