@@ -1,4 +1,14 @@
-"""Give memory back now: VRAM to the driver and freed heap pages to the OS."""
+"""Memory: every estimate the pack makes (one owner), and giving memory back now.
+
+Estimates: the working room of the text encoder and the one-pass VAE stages
+(``TEXT_WORKSPACE``, ``VAE_WORKSPACE``), a transformer's activations per token
+(``activation_bytes``), a Fast run beside its transformer (``fast_run_bytes``: KV cache +
+a chunk's activations), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
+one budget for both), what fits a card (``fits``, ``plan_fast_memory``), and the host's
+room (``host_room_bytes``, ``vae_workspace_bytes``, ``check_video_fits``). ``nodes/host/``
+only asks ComfyUI for the room these name.
+
+Giving back: VRAM to the driver and freed heap pages to the OS."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +22,64 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
+from ..wan.config import DiTConfig
+from ..wan.runtime.kv_cache import CachePolicy, KVCache
+
 T = TypeVar("T")
+
+GIB = 1 << 30
+# Working memory beside the weights of a stage that loads its own model (T5, the one-pass
+# VAE Encode / Decode); generous so a 480x832x81 clip does not run short.
+TEXT_WORKSPACE = 1 * GIB
+VAE_WORKSPACE = 6 * GIB
+# Activation bytes per token and model feature while a transformer runs (hidden state in
+# fp32, q/k/v/o and the FFN hidden layer in bf16): what ComfyUI should keep free beside it.
+ACTIVATION_BYTES_PER_TOKEN_FEATURE = 24
+KV_DTYPE_BYTES = 2  # the Fast cache's compute dtype (bf16) per value; int8 entries are counted by the policy
+# kv_dtype "auto" (and every "fits" below) keeps a choice while the weights, the run's memory
+# and ComfyUI's own reserve take at most this share of the device (the rest: fragmentation
+# and other libraries).
+AUTO_FIT_SHARE = 0.95
+# The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
+# computed from the layer shapes): the encoder's until the image condition is constant, the
+# decoder's for the whole run. It scales with the frame's pixels; bf16 halves it.
+_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
+_PIXELS_480P = 480 * 832
+
+
+def activation_bytes(tokens: int, dim: int) -> int:
+    """Working memory to keep free while a transformer of width ``dim`` runs on ``tokens`` tokens."""
+    return int(tokens) * int(dim) * ACTIVATION_BYTES_PER_TOKEN_FEATURE
+
+
+def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
+    """Memory the VAE's stream encoder and decoder states take beside the VAE's weights
+    (Fast Long Video and Play: one budget)."""
+    scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
+    return int(_STREAM_STATE_BYTES_480P * scale)
+
+
+def vae_stream_budget(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> int:
+    """The VAE of a stream on the device: its weights and its streams' states."""
+    return int(weights_bytes) + vae_stream_bytes(height, width, precision)
+
+
+def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, latent_width: int, latent_frames: int | None,
+                   extra: int = 0) -> int:
+    """Working memory a Fast run needs beside its transformer (``config``: a ``DiTConfig``):
+    the policy's KV cache (text keys and values included) and one chunk's activations,
+    plus ``extra`` bytes (e.g. ``vae_stream_budget``)."""
+    _, ph, pw = config.patch_size
+    frame_tokens = (latent_height // ph) * (latent_width // pw)
+    cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
+                                   head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
+                                   latent_frames=latent_frames, text_tokens=config.text_len)
+    return cache + activation_bytes(policy.chunk * frame_tokens, config.dim) + int(extra)
+
+
+def fits(need: int, total: int) -> bool:
+    """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it)."""
+    return int(need) <= AUTO_FIT_SHARE * int(total)
 
 
 def empty_device_cache() -> None:

@@ -19,22 +19,20 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TypeVar
 
 from torch import nn
 
 import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
+from ...pipeline.memory import AUTO_FIT_SHARE, fast_run_bytes, fits
 from ...wan.config import DiTConfig
-from ...wan.runtime.kv_cache import CachePolicy, KVCache
+from ...wan.runtime.kv_cache import CachePolicy
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
-KV_DTYPE_BYTES = 2  # the cache's compute dtype (bf16) per value; int8 entries are counted by the policy
-# kv_dtype "auto" keeps bf16 while the transformer, the run's memory and ComfyUI's own reserve
-# take at most this share of the device (the rest: fragmentation and other libraries).
-AUTO_FIT_SHARE = 0.95
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +63,8 @@ class FastDiT:
 
 def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
                latent_frames: int | None, extra: int = 0) -> int:
-    """Working memory to keep free beside the transformer for a run: the policy's KV cache
-    (text keys and values included) and one chunk's activations, plus ``extra`` bytes."""
-    config = fast.config
-    _, ph, pw = config.patch_size
-    frame_tokens = (latent_height // ph) * (latent_width // pw)
-    cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
-                                   head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
-                                   latent_frames=latent_frames, text_tokens=config.text_len)
-    return cache + fast.patcher.inference_memory(policy.chunk * frame_tokens, config.dim) + int(extra)
+    """Working memory to keep free beside the transformer for a run (``fast_run_bytes``)."""
+    return fast_run_bytes(fast.config, policy, latent_height, latent_width, latent_frames, extra)
 
 
 def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
@@ -84,12 +75,28 @@ def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_
     total = mm.get_total_memory(device)
     need = (fast.patcher.model_size() + run_memory(fast, policy, latent_height, latent_width, latent_frames, extra)
             + mm.minimum_inference_memory())
-    if need <= AUTO_FIT_SHARE * total:
+    if fits(need, total):
         log.info("LingBot Fast: kv_dtype auto -> bf16 (%.1f of %.1f GiB on %s)", need / 2**30, total / 2**30, device)
         return policy
     log.info("LingBot Fast: kv_dtype auto -> int8: the bf16 cache would need %.1f GiB with the transformer, "
              "more than %.0f%% of %.1f GiB on %s", need / 2**30, AUTO_FIT_SHARE * 100, total / 2**30, device)
     return dataclasses.replace(policy, dtype="int8")
+
+
+@contextlib.contextmanager
+def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: int, latent_width: int,
+                      latent_frames: int | None, extra: int = 0) -> Iterator[tuple[nn.Module, R]]:
+    """The three Fast nodes' one preparation: ``run`` (``FastParams`` or ``PlaySettings``:
+    anything with a cache ``policy``) with kv_dtype auto fitted to the device
+    (``fit_kv_dtype``) when ``auto_dtype``, the run's memory (``run_memory`` + ``extra``,
+    e.g. the VAE streams) asked of ComfyUI, and the transformer loaded; yields the model
+    and the run as fitted, and unloads the model however the block ends."""
+    if auto_dtype:
+        run = dataclasses.replace(run, policy=fit_kv_dtype(fast, run.policy, latent_height, latent_width,
+                                                          latent_frames, extra))
+    memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames, extra)
+    with loaded_fast_model(fast, memory) as model:
+        yield model, run
 
 
 @contextlib.contextmanager
@@ -107,4 +114,4 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
         unload_patcher(fast.patcher)
 
 
-__all__ = ["FastDiT", "fit_kv_dtype", "loaded_fast_model", "run_memory"]
+__all__ = ["FastDiT", "fit_kv_dtype", "loaded_fast_model", "prepared_fast_run", "run_memory"]

@@ -46,21 +46,8 @@ from .registry import SESSIONS, SessionRegistry
 MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
 DEFAULT_CHUNK_BUDGET = 80  # 957 frames: one minute
 KEYFRAMES_PLAY = "per chunk (Play)"  # the Camera node's keyframe timing that replays a session
-# The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
-# computed from the layer shapes): the encoder's until the image condition is constant, the
-# decoder's for the whole session. It scales with the frame's pixels; bf16 halves it.
-_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
-_PIXELS_480P = 480 * 832
-
-
 # Latent frames encoded ahead when a session opens (the condition's fixed point is at ~30).
 PREFETCH_LATENT_FRAMES = 48
-
-
-def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
-    """Memory the session's VAE encoder and decoder states take beside the VAE's weights."""
-    scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
-    return int(_STREAM_STATE_BYTES_480P * scale)
 
 
 @dataclass(frozen=True)
