@@ -122,9 +122,7 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
             if writer is None or writer.frames_written == 0:
                 path.unlink(missing_ok=True)  # failed before its first frame: no empty file left behind
         shown = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)]).as_dict()
-        if note is not None:
-            shown["text"] = [note]
-        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=shown)
+        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=shown if note is None else {**shown, "text": [note]})
 
 
 def frames_made(frames: int) -> tuple[int, str | None]:

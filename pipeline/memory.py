@@ -16,8 +16,9 @@ import gc
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -294,3 +295,79 @@ def check_video_fits(frames: int, height: int, width: int, ram_bytes: int | None
             f"width x height x frames = {width}x{height}x{frames} needs about {need / 2**30:.1f} GiB of RAM{parts}, "
             f"more than {room[1]}; reduce width, height or frames{workspace_hint}"
         )
+
+
+# --------------------------------------------------------------------------- a Fast run on a card
+
+# Blocks of the transformer's weights in flight while blocks stream from pinned RAM
+# (wan/runtime/block_swap.py uploads one block ahead of the one computing).
+SWAP_BLOCKS_IN_FLIGHT = 2
+MIN_BLOCKS_ON_GPU = 1
+# A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
+# chunk, beside its carried state): what the overlap adds beside the next chunk's generation.
+_DECODE_BYTES_480P = 1.5 * GIB
+
+
+def decode_chunk_bytes(height: int, width: int, precision: str = "fp32") -> int:
+    """Working memory of one chunk's stream decode (the overlap holds it beside a generation)."""
+    return int(_DECODE_BYTES_480P * height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0))
+
+
+@dataclass(frozen=True)
+class FastMemoryPlan:
+    """What a Fast run keeps where on a card (``plan_fast_memory``)."""
+
+    kv_dtype: str  # "bf16" | "int8"
+    blocks_on_gpu: int | None  # None: every block on the GPU; else the others stream from pinned RAM
+    vae_on_gpu: bool  # False: the VAE and its streams on the CPU
+    overlap: bool  # chunk n decoded beside chunk n+1's generation
+    need: int  # the estimate on the card, bytes
+    fits: bool  # False: even the smallest plan exceeds the card (it is still the best try)
+
+    def describe(self) -> str:
+        blocks = "all blocks" if self.blocks_on_gpu is None else f"{self.blocks_on_gpu} blocks"
+        return (f"{self.kv_dtype} cache, {blocks} on the GPU, VAE on the {'GPU' if self.vae_on_gpu else 'CPU'}, "
+                f"decode {'overlapped' if self.overlap else 'sequential'}, ~{self.need / GIB:.1f} GiB")
+
+
+def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_bytes: Mapping[str, int],
+                     vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
+                     kv_dtype: str | None = None) -> FastMemoryPlan:
+    """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
+    the kv_dtype, block swap, where the VAE runs, and the decode overlap).
+
+    ``transformer_bytes``: the Fast transformer with every block on the GPU (``blocks``
+    blocks); ``run_bytes``: ``fast_run_bytes`` per cache dtype ("bf16", "int8");
+    ``vae_bytes``: the VAE's weights and stream states on the GPU (0: none, a clip);
+    ``decode_bytes``: one chunk's decode working memory (``decode_chunk_bytes``);
+    ``reserve_bytes``: what the host keeps (ComfyUI's minimum inference memory);
+    ``kv_dtype``: the user's choice (None: auto). Cheapest first, each step taken only
+    while the run does not fit (``fits``): the bf16 cache, then int8; all blocks on the GPU,
+    then the fewest blocks off it that fit (at least ``MIN_BLOCKS_ON_GPU`` kept); the VAE
+    on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
+    also fits (a VAE on the CPU: always, its memory is the host's)."""
+    per_block = transformer_bytes / max(int(blocks), 1)
+    dtypes = [kv_dtype] if kv_dtype is not None else ["bf16", "int8"]
+
+    def need(dtype: str, on_gpu: int | None, vae_gpu: bool) -> int:
+        weights = transformer_bytes if on_gpu is None else \
+            transformer_bytes - (blocks - on_gpu - SWAP_BLOCKS_IN_FLIGHT) * per_block
+        return int(weights + run_bytes[dtype] + (vae_bytes if vae_gpu else 0) + reserve_bytes)
+
+    def plan(dtype: str, on_gpu: int | None, vae_gpu: bool) -> FastMemoryPlan | None:
+        base = need(dtype, on_gpu, vae_gpu)
+        if not fits(base, card_bytes):
+            return None
+        overlap = not vae_gpu or fits(base + decode_bytes, card_bytes)
+        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, base + (decode_bytes if overlap and vae_gpu else 0),
+                              True)
+
+    swaps = range(max(blocks - SWAP_BLOCKS_IN_FLIGHT - 1, MIN_BLOCKS_ON_GPU), MIN_BLOCKS_ON_GPU - 1, -1)
+    steps = [(dtype, None) for dtype in dtypes] + [(dtypes[-1], on_gpu) for on_gpu in swaps]
+    for vae_gpu in (True, False) if vae_bytes else (True,):
+        for dtype, on_gpu in steps:
+            found = plan(dtype, on_gpu, vae_gpu)
+            if found is not None:
+                return found
+    dtype = dtypes[-1]
+    return FastMemoryPlan(dtype, MIN_BLOCKS_ON_GPU, not vae_bytes, False, need(dtype, MIN_BLOCKS_ON_GPU, False), False)
