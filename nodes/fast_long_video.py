@@ -17,11 +17,9 @@ import logging
 
 from comfy_api.latest import InputImpl, io, ui
 
-import comfy.model_management as mm
-
 from ..pipeline.camera import CameraPath
 from ..pipeline.fast import path_camera, stream_fast_video, stream_frames
-from ..pipeline.memory import vae_stream_budget
+from ..pipeline.memory import vae_budgets
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
@@ -112,10 +110,10 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         writer = None
         try:  # room for the cache and a chunk beside the transformer, and for the VAE and its streams
             with prepared_fast_run(fast_dit, params, kv_dtype == inputs.KV_AUTO, height // 8, width // 8,
-                                   latent_frames, vae_stream_budget(vae_bytes, height, width, precision)) as (
-                    model, params), VideoWriter(path, fps=fps) as writer:
-                stream_fast_video(model, prompt, source_vae, image[0], made, height, width, camera, params,
-                                  writer.write, device=mm.get_torch_device(), precision=precision,
+                                   latent_frames, *vae_budgets(vae_bytes, height, width, precision)) as run, \
+                    VideoWriter(path, fps=fps) as writer:
+                stream_fast_video(run.model, prompt, source_vae, image[0], made, height, width, camera, run.run,
+                                  writer.write, device=run.vae_device, precision=precision, overlap=run.overlap,
                                   decode_tile=decode_tile or None, on_step=progress.on_step,
                                   on_preview=progress.on_preview, check_interrupt=check_interrupt)
         finally:

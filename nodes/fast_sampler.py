@@ -79,8 +79,8 @@ class LingBotWorldFastSampler(io.ComfyNode):
         # Each chunk's noise from (seed, chunk): a clip is the start of the stream with the same seed.
         noise = ChunkNoise(seed, renoises=steps - 1)
         auto = kv_dtype == inputs.KV_AUTO
-        with prepared_fast_run(fast_dit, params, auto, lat_h, lat_w, latent_frames) as (model, params):
-            latent = sample_fast(model, prompt, i2v, camera, params, i2v.frames, noise=noise,
+        with prepared_fast_run(fast_dit, params, auto, lat_h, lat_w, latent_frames) as run:
+            latent = sample_fast(run.model, prompt, i2v, camera, run.run, i2v.frames, noise=noise,
                                  on_step=progress.on_step, on_preview=progress.on_preview,
                                  check_interrupt=check_interrupt)
         return io.NodeOutput({"samples": to_comfy_latent(latent)[None]})

@@ -20,7 +20,7 @@ from comfy_api.latest import InputImpl, io, ui
 
 from ..pipeline.image import as_pil
 from ..pipeline.latent import to_comfy_latent
-from ..pipeline.memory import vae_stream_budget
+from ..pipeline.memory import vae_budgets
 from ..pipeline.play import PlaySession, PlaySettings
 from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET
 from ..wan.conditioning import check_size, image_to_tensor
@@ -129,8 +129,8 @@ class LingBotWorldPlay(io.ComfyNode):
         path, name, subfolder = output_file(filename_prefix, width, height)
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
         with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, height // 8, width // 8, None,
-                               vae_stream_budget(vae_bytes, height, width, precision)) as (model, settings):
-            result = run_play_session(model, prompt, source, pixels, settings, path,
+                               *vae_budgets(vae_bytes, height, width, precision)) as run:
+            result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
                                       None if unique_id is None else str(unique_id), on_end=log_saver(path))
         if result.chunks == 0:

@@ -65,6 +65,12 @@ def vae_stream_budget(weights_bytes: int, height: int, width: int, precision: st
     return int(weights_bytes) + vae_stream_bytes(height, width, precision)
 
 
+def vae_budgets(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> tuple[int, int]:
+    """The VAE of a Fast stream (Fast Long Video, Play): its weights and streams on the
+    device (``vae_stream_budget``) and one chunk's decode (``decode_chunk_bytes``)."""
+    return vae_stream_budget(weights_bytes, height, width, precision), decode_chunk_bytes(height, width, precision)
+
+
 def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, latent_width: int, latent_frames: int | None,
                    extra: int = 0) -> int:
     """Working memory a Fast run needs beside its transformer (``config``: a ``DiTConfig``):

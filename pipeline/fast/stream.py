@@ -105,14 +105,15 @@ def stream_fast_video(
         decoder = vae.stream_decoder(decode_tile)
 
         def decode_and_write(_c: int, x0: torch.Tensor) -> None:
-            video = decoder.decode_next(x0[None].to(vae.dtype), cancel=check_interrupt)[0]
+            video = decoder.decode_next(x0[None].to(device=vae.device, dtype=vae.dtype), cancel=check_interrupt)[0]
             video = video.float().cpu()
             write(video)
             result.frames_written += video.shape[1]
             result.chunks_done += 1
 
-        worker = ChunkWorker(decode_and_write, overlap=device.type == "cuda" if overlap is None else overlap,
-                             device=device)
+        model_device = model.patch_embedding.weight.device  # the VAE's may be the CPU
+        worker = ChunkWorker(decode_and_write, overlap=model_device.type == "cuda" if overlap is None else overlap,
+                             device=model_device)
 
         def check() -> None:  # the worker's failure stops the next forward, as a cancel does
             worker.check()

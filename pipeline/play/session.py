@@ -270,7 +270,8 @@ class PlaySession:
         worker when overlapped: in order, one chunk at a time)."""
         request, started, generated = self._jobs.pop(c)
         begun = self.clock()
-        video = self._decoder.decode_next(x0[None].to(self.vae.dtype), cancel=self._check)[0].float().cpu()
+        latent = x0[None].to(device=self.vae.device, dtype=self.vae.dtype)  # the VAE may be on the CPU
+        video = self._decoder.decode_next(latent, cancel=self._check)[0].float().cpu()
         self.decode_s.append(self.clock() - begun)
         frames = jpeg_frames(video)
         if self.writer is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 
 import av
@@ -171,4 +172,48 @@ def test_a_play_session_overlapped_makes_the_sequential_sessions_latent_and_fram
     assert len(seq_pieces) == len(ovl_pieces) == 3
     assert all(torch.equal(a, b) for a, b in zip(seq_pieces, ovl_pieces))
     assert [f["frames"] for f in seq_frames] == [f["frames"] for f in ovl_frames]  # the page's JPEGs too
+    assert not worker_thread_alive()
+
+
+def test_turn_based_the_next_chunk_starts_when_its_key_arrives_not_after_the_decode(model, vae):
+    """Overlapped, a press while chunk 1 is still decoding starts chunk 2 at once: chunk 2
+    is made before chunk 1's frames are out; then both are delivered in order."""
+    release = threading.Event()
+    writer, events = Writer(), []
+    settings = PlaySettings(width=WIDTH, height=HEIGHT, seed=11, chunk_budget=5, poll_s=0.005,
+                            policy=CachePolicy(window=6, sink=3, dtype="bf16"))
+    session = PlaySession(model, prompt(), vae, image(), settings, writer=writer,
+                          emit=lambda event, data: events.append((event, data)), registry=SessionRegistry(),
+                          overlap=True)
+    real_deliver = session._deliver
+
+    def slow_deliver(c, x0):
+        assert release.wait(60)  # chunk 1's decode holds until the test lets it go
+        real_deliver(c, x0)
+
+    session._deliver = slow_deliver
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", session.run()), daemon=True)
+    thread.start()
+
+    def wait_until(condition, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.005)
+
+    wait_until(lambda: session._generator is not None)
+    session.controls.set_keys(frozenset("w"))
+    wait_until(lambda: session._generator.chunk_index == 1 and not session.controls.running)
+    session.controls.set_keys(frozenset("wd"))  # pressed while chunk 1 decodes
+    wait_until(lambda: session._generator.chunk_index == 2)
+    assert session.chunks_done == 0 and writer.pieces == []  # chunk 2 was made before chunk 1's frames
+    release.set()
+    wait_until(lambda: session.chunks_done == 2 and not session.controls.running)
+    session.controls.act("stop")
+    thread.join(60)
+    result = out["result"]
+    assert result.reason == "stop" and result.chunks == 2 and [p.shape[1] for p in writer.pieces] == [9, 12]
+    frames = [d for e, d in events if e == "lingbot.play.frames"]
+    assert [(f["chunk"], f["keys"]) for f in frames] == [(0, "w"), (1, "wd")]
     assert not worker_thread_alive()

@@ -67,12 +67,13 @@ def test_the_users_kv_dtype_is_kept_and_a_card_too_small_gets_the_smallest_plan(
 
 
 def test_fast_long_video_and_play_budget_the_vae_streams_alike():
-    """One budget: the flat 6 GiB of Fast Long Video is gone; both nodes ask vae_stream_budget."""
+    """One budget: the flat 6 GiB of Fast Long Video is gone; both nodes ask vae_budgets."""
     from pathlib import Path
 
     nodes = Path(memory.__file__).resolve().parents[1] / "nodes"
     for node in ("fast_long_video.py", "play.py"):
         source = (nodes / node).read_text()
-        assert "vae_stream_budget(" in source and "VAE_WORKSPACE" not in source
-    assert memory.vae_stream_budget(100, 480, 832, "fp32") == 100 + memory.vae_stream_bytes(480, 832, "fp32")
+        assert "vae_budgets(" in source and "VAE_WORKSPACE" not in source and "vae_stream_bytes" not in source
+    assert memory.vae_budgets(100, 480, 832, "fp32") == (100 + memory.vae_stream_bytes(480, 832, "fp32"),
+                                                         memory.decode_chunk_bytes(480, 832, "fp32"))
     assert memory.vae_stream_bytes(480, 832, "bf16") * 2 == pytest.approx(memory.vae_stream_bytes(480, 832), abs=2)
