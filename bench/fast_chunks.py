@@ -53,11 +53,12 @@ from comfyui_lingbot_world.pipeline.camera import (camera_condition, path_from_a
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
 from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
 from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, KeyframeCamera, StreamedI2V, path_camera,  # noqa: E402
-                                                 fast_latent_frames, sample_fast)
+                                                 fast_latent_frames, sample_fast, stream_fast_video)
 from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae, vae_dtype  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from memory_plan import apply_memory_plan  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
 
@@ -166,6 +167,43 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
     return record
 
 
+def run_pipelined(args, model, text: torch.Tensor, vae_file: Path, image, policy: CachePolicy,
+                  device: torch.device, watch: MemoryWatch) -> dict:
+    """Fast Long Video's own path (``stream_fast_video``): every chunk decoded and written,
+    overlapped with the next chunk's generation (``--pipeline overlap``) or after it
+    (``sequential``). A chunk's time is between two chunks' ends (the decode, overlapped,
+    is hidden in it or not)."""
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    frames = args.frames
+    camera = stream_camera(args, frames, height, width)
+    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention)
+    ends, written = [], []
+
+    def chunk_done(_done: int, _total: int, _x0: torch.Tensor) -> None:
+        sync(device)
+        ends.append(time.perf_counter())
+
+    with watch.phase("chunks") as phase:
+        started = time.perf_counter()
+        result = stream_fast_video(model, text, vae_file, image, frames, height, width, camera, params,
+                                   lambda video: written.append(time.perf_counter()), device=device,
+                                   precision=args.vae_precision, decode_tile=args.decode_tile or None,
+                                   on_preview=chunk_done, overlap=args.pipeline == "overlap")
+        sync(device)
+        loop_s = time.perf_counter() - started
+    between = [b - a for a, b in zip(ends, ends[1:])]
+    return {
+        "pipeline": args.pipeline, "chunks": result.chunks_done, "frames_written": result.frames_written,
+        "chunk_s": {"median": statistics.median(between or [ends[0] - started]),
+                    "steady_median": statistics.median(between[1:] or between or [ends[0] - started]),
+                    "per_chunk": between},
+        "time_to_first_chunk_s": ends[0] - started, "time_to_first_frames_s": written[0] - started,
+        "loop_s": loop_s, "fps": result.frames_written / loop_s,
+        "peak_vram_allocated_gb": phase.get("peak_vram_allocated_gb"),
+        "peak_vram_reserved_gb": phase.get("peak_vram_reserved_gb"),
+    }
+
+
 def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.device, text_device: torch.device,
                watch: MemoryWatch) -> dict:
     """T5 → VAE encode → chunks → decode for an 81-frame clip, the DiT already resident."""
@@ -240,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="encode the image condition before the first chunk instead of chunk by chunk")
     p.add_argument("--decode-tile", type=int, default=0)
     p.add_argument("--no-clip", action="store_true", help="skip the 81-frame end-to-end clip")
+    p.add_argument("--pipeline", default="loop", choices=("loop", "overlap", "sequential"),
+                   help="loop: the measured chunk loop below; overlap / sequential: stream_fast_video (Fast Long "
+                   "Video's path) with each chunk decoded beside the next chunk's generation or after it")
+    p.add_argument("--vae-precision", default="fp32", choices=("fp32", "bf16"), help="--pipeline overlap/sequential")
+    p.add_argument("--memory", default="manual", choices=("manual", "auto"),
+                   help="auto: kv dtype, blocks on the GPU and overlap as the nodes choose them for a card of "
+                   "--vram-cap-gb (pipeline.memory.plan_fast_memory); manual: the flags as given")
     args = p.parse_args(argv)
 
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -250,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     t5 = Path(args.t5) if args.t5 else files.t5
     tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
+    plan = None
+    if args.memory == "auto":
+        streamed = args.pipeline != "loop" or args.stream_decode
+        plan = apply_memory_plan(args, dit, vae_file if streamed else None, device, args.vae_precision)
+        if args.pipeline != "loop":
+            args.pipeline = "overlap" if args.overlap else "sequential"
     policy = policy_of(args)
     fast_latent_frames(args.frames)  # refuse a count that does not fill chunks before loading anything
     cap_vram(args.vram_cap_gb, device)
@@ -262,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_policy": policy_name(policy), "kv_window": policy.window, "kv_sink": policy.sink,
         "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "blocks_on_gpu": args.blocks_on_gpu or None,
         "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
+        "pipeline": args.pipeline, "memory_plan": plan,
     }
     image = load_image(args.image, height, width)
     try:
@@ -274,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                 model = load_expert(dit, device, quantize=args.quantize, blocks_on_gpu=args.blocks_on_gpu or None)
                 sync(device)
             record["dit_load_s"] = ph["seconds"]
-            record |= run_stream(args, model, text.positive, vae_file, image, policy, device, watch)
+            run = run_stream if args.pipeline == "loop" else run_pipelined
+            record |= run(args, model, text.positive, vae_file, image, policy, device, watch)
             if not args.no_clip:
                 clip_files = files or argparse.Namespace(t5=t5, tokenizer=tokenizer, vae=vae_file)
                 record["clip81"] = run_clip81(args, model, clip_files, image, policy, device, text_device, watch)

@@ -56,6 +56,7 @@ from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
+from memory_plan import apply_memory_plan  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
 
 # A walk: forward, look around, turn, strafe, back (cycled for as many chunks as needed).
@@ -146,7 +147,7 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
                 holder: dict = {}
                 session = PlaySession(model, text, vae, pixels, settings, writer=writer,
                                       emit=lambda e, d: holder["driver"].on_event(e, d),
-                                      registry=SessionRegistry())
+                                      registry=SessionRegistry(), overlap=args.overlap)
                 driver = Driver(session, mode, args.change_s)
                 holder["driver"] = driver
                 thread = threading.Thread(target=driver.run, daemon=True)
@@ -196,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks-on-gpu", type=int, default=0)
     p.add_argument("--quantize", default=None)
     p.add_argument("--image")
+    p.add_argument("--pipeline", default="overlap", choices=("overlap", "sequential"),
+                   help="overlap: chunk n decoded and sent while chunk n+1 generates; sequential: one after the other")
+    p.add_argument("--memory", default="manual", choices=("manual", "auto"),
+                   help="auto: kv dtype, blocks on the GPU and overlap as the nodes choose them for a card of "
+                   "--vram-cap-gb (pipeline.memory.plan_fast_memory); manual: the flags as given")
     args = p.parse_args(argv)
+    args.overlap = args.pipeline == "overlap"
 
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     text_device = torch.device(args.text_device) if args.text_device else device
@@ -206,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     t5 = Path(args.t5) if args.t5 else files.t5
     tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
+    plan = apply_memory_plan(args, dit, vae_file, device, args.vae_precision) if args.memory == "auto" else None
     policy = CachePolicy(window=args.kv_window, sink=args.kv_sink, dtype=args.kv_dtype)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cap_vram(args.vram_cap_gb, device)
@@ -217,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunks": session_chunks(args.seconds, args.fps), "kv_window": policy.window, "kv_sink": policy.sink,
         "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
+        "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan,
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:

@@ -7,6 +7,8 @@
 #   (LingBot-World Fast, bench/fast_chunks.py: the a14b expert has the Fast transformer's shapes)
 #   PLAY_MODES=turn bash bench/run_device.sh play30_cap24   (LingBot-World Play, bench/play_session.py; carry .whl2:
 #   the session writes its .mp4 with PyAV. A 60-second session per mode takes ~4 minutes: one mode per call)
+#   bash bench/run_device.sh fast957_pipe; PLAY_MODES=turn bash bench/run_device.sh play60_pipe   (decode overlapped)
+#   bash bench/run_device.sh fast81_cap16 fast81_cap12; bash bench/run_device.sh fast957_cap16   (16 / 12 GB cards)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Wheels carried to the machine: .whl (bitsandbytes), or .whl2 (bitsandbytes without the
@@ -82,6 +84,27 @@ for what in "$@"; do
                           --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
                           --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+        # Chunk n decoded beside chunk n+1 (issue 25 item 3): Fast Long Video's own path, 957 frames, int8 cache,
+        # bf16 VAE, 24 GiB cap, overlapped and sequential in the same call; Play (PLAY_MODES picks the mode).
+        fast957_pipe) for p in ${PIPES:-overlap sequential}; do
+                          fast --frames 957 --kv-dtype int8 --pipeline $p --vae-precision bf16 --no-clip --vram-cap-gb 24 \
+                              --out "$OUT/fast_957_w9s3_int8_cap24_${p}.json"
+                      done ;;
+        play60_pipe) for p in ${PIPES:-overlap sequential}; do
+                         play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
+                             --pipeline $p --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae_${p}.json"
+                     done ;;
+        # 16 and 12 GB cards (issue 25 item 4): the settings the nodes' auto takes for the cap (kv dtype, blocks on
+        # the GPU, overlap: pipeline.memory.plan_fast_memory, printed and in the JSON's memory_plan).
+        fast81_cap16|fast81_cap12) cap=${what#fast81_cap}
+                      fast --frames 81 --prefetch-y --no-clip --memory auto --vram-cap-gb $cap \
+                          --out "$OUT/fast_81_w9s3_auto_cap${cap}.json" ;;
+        fast957_cap16|fast957_cap12) cap=${what#fast957_cap}
+                      fast --frames 957 --pipeline overlap --memory auto --vae-precision bf16 --no-clip \
+                          --vram-cap-gb $cap --out "$OUT/fast_957_w9s3_auto_cap${cap}.json" ;;
+        play60_cap16|play60_cap12) cap=${what#play60_cap}
+                      play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
+                          --out "$OUT/play60_${PLAY_MODES:-both}_auto_cap${cap}.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
         ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others

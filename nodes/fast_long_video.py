@@ -13,15 +13,13 @@ instead of the finished video.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from comfy_api.latest import InputImpl, io, ui
 
-import comfy.model_management as mm
-
 from ..pipeline.camera import CameraPath
-from ..pipeline.fast import FastParams, path_camera, stream_fast_video, stream_frames
+from ..pipeline.fast import path_camera, stream_fast_video, stream_frames
+from ..pipeline.memory import vae_budgets
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
@@ -29,12 +27,11 @@ from ..wan.geometry import latent_frames as count_latent_frames, latent_size
 from ..wan.long_video import MAX_FRAMES
 from ..wan.scheduler import fast_schedule
 from . import inputs
-from .fast_sampler import FAST_LOADER, check_shift
-from .host.devices import VAE_WORKSPACE, check_interrupt
-from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
+from .host.devices import check_interrupt
+from .host.fast_model import prepared_fast_run
+from .host.outputs import output_file
 from .host.progress import ChunkProgress
-from .inputs import check_input, vae_source
-from .long_video import output_file
+from .inputs import FAST_LOADER, check_input
 
 log = logging.getLogger(__name__)
 
@@ -100,55 +97,54 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
     def execute(cls, fast_dit, image, vae, width, height, frames, kv_cache, kv_window, kv_sink, kv_dtype, shift,
                 seed, decode_tile, fps, filename_prefix, text=None, positive=None, camera_path=None, vae_model=None,
                 precision: str = "fp32") -> io.NodeOutput:
-        check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
-        prompt = inputs.pick_prompt(text, positive, fast_dit.config.text_dim)
+        prompt = inputs.fast_prompt(fast_dit, text, positive)
         inputs.check_image(image)
         inputs.check_precision(precision)
         check_size(height, width)
-        made = stream_frames(frames)  # bad counts fail before any load
-        note = None
-        if made != frames:
-            note = f"frames={frames} asked; {made} made (whole 12-frame chunks)"
-            log.warning("LingBot Fast Long Video: %s", note)
-        policy = inputs.cache_policy(kv_cache, kv_window, kv_sink, kv_dtype)
-        params = FastParams(seed=seed, shift=check_shift(shift), policy=policy)
-        camera = None
-        if camera_path is not None:
-            check_input(camera_path, CameraPath, "camera_path",
-                        "LingBot-World Camera Plücker Conditioning (its camera_path output)")
-            try:
-                camera = path_camera(camera_path, made, height, width)
-            except ValueError as exc:  # CameraError, or an action string longer than the video
-                raise CameraError(f"camera_path: {exc}") from None
-        source_vae, vae_size = vae_source(vae, vae_model)
-        vae_bytes = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
-        latent_frames = count_latent_frames(made)
-        chunks = latent_frames // policy.chunk
-        progress = ChunkProgress(chunks, steps=fast_schedule(params.shift, params.timestep_indices).steps,
-                                 images=False)  # an output node: the page must end showing the video
-        device = mm.get_torch_device()
-        # Room for the cache and a chunk beside the transformer, and for the VAE and its streams.
-        if kv_dtype == inputs.KV_AUTO:
-            policy = fit_kv_dtype(fast_dit, policy, *latent_size(height, width), latent_frames,
-                                  extra=vae_bytes + VAE_WORKSPACE)
-            params = dataclasses.replace(params, policy=policy)
-        memory = run_memory(fast_dit, policy, *latent_size(height, width), latent_frames, extra=vae_bytes + VAE_WORKSPACE)
-
+        made, note = frames_made(frames)  # bad counts fail before any load
+        params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed)
+        camera = stream_camera(camera_path, made, height, width)
+        source_vae, vae_bytes, latent_frames = *inputs.vae_source_bytes(vae, vae_model), count_latent_frames(made)
+        progress = ChunkProgress(latent_frames // params.policy.chunk, images=False,  # an output node: the page
+                                 steps=fast_schedule(params.shift, params.timestep_indices).steps)  # ends on the video
         path, name, subfolder = output_file(filename_prefix, width, height)
         writer = None
-        try:
-            with loaded_fast_model(fast_dit, memory) as model, VideoWriter(path, fps=fps) as writer:
-                stream_fast_video(model, prompt, source_vae, image[0], made, height, width, camera, params,
-                                  writer.write, device=device, precision=precision, decode_tile=decode_tile or None,
-                                  on_step=progress.on_step, on_preview=progress.on_preview,
-                                  check_interrupt=check_interrupt)
+        try:  # room for the cache and a chunk beside the transformer, and for the VAE and its streams
+            with prepared_fast_run(fast_dit, params, kv_dtype == inputs.KV_AUTO, *latent_size(height, width),
+                                   latent_frames, *vae_budgets(vae_bytes, height, width, precision)) as run, \
+                    VideoWriter(path, fps=fps) as writer:
+                stream_fast_video(run.model, prompt, source_vae, image[0], made, height, width, camera, run.run,
+                                  writer.write, device=run.vae_device, precision=precision, overlap=run.overlap,
+                                  decode_tile=decode_tile or None, on_step=progress.on_step,
+                                  on_preview=progress.on_preview, check_interrupt=check_interrupt)
         finally:
             if writer is None or writer.frames_written == 0:
                 path.unlink(missing_ok=True)  # failed before its first frame: no empty file left behind
         shown = ui.PreviewVideo([ui.SavedResult(name, subfolder, io.FolderType.output)]).as_dict()
-        if note is not None:
-            shown["text"] = [note]
-        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=shown)
+        return io.NodeOutput(InputImpl.VideoFromFile(str(path)), ui=shown if note is None else {**shown, "text": [note]})
+
+
+def frames_made(frames: int) -> tuple[int, str | None]:
+    """The frames the stream makes (whole chunks) and, when not the count asked, the note
+    the node logs and shows."""
+    made = stream_frames(frames)
+    if made == frames:
+        return made, None
+    note = f"frames={frames} asked; {made} made (whole 12-frame chunks)"
+    log.warning("LingBot Fast Long Video: %s", note)
+    return made, note
+
+
+def stream_camera(camera_path, frames: int, height: int, width: int):
+    """The chunk-by-chunk camera of the ``camera_path`` input (None: no camera)."""
+    if camera_path is None:
+        return None
+    check_input(camera_path, CameraPath, "camera_path", "LingBot-World Camera Plücker Conditioning (its camera_path "
+                "output)")
+    try:
+        return path_camera(camera_path, frames, height, width)
+    except ValueError as exc:  # CameraError, or an action string longer than the video
+        raise CameraError(f"camera_path: {exc}") from None
 
 
 __all__ = ["DEFAULT_FRAMES", "LingBotWorldFastLongVideo"]

@@ -8,24 +8,19 @@ Wan 2.1 convention, so core VAE Decode and the pack's decoder both read it.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-
 from comfy_api.latest import io
 
 from ..pipeline.camera import CameraCondition
-from ..pipeline.fast import ChunkNoise, FastParams, fast_latent_frames, sample_fast
+from ..pipeline.fast import ChunkNoise, fast_latent_frames, sample_fast
 from ..pipeline.image import I2VCondition
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.sampling import check_camera_matches
 from ..wan.scheduler import fast_schedule
 from . import inputs
 from .host.devices import check_interrupt
-from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
+from .host.fast_model import prepared_fast_run
 from .host.progress import ChunkProgress
-from .inputs import check_input
-
-FAST_LOADER = "LingBot-World Fast DiT Loader"
+from .inputs import FAST_LOADER, check_input
 
 
 def clip_latent_frames(i2v: I2VCondition) -> int:
@@ -35,12 +30,6 @@ def clip_latent_frames(i2v: I2VCondition) -> int:
     except ValueError as exc:
         raise ValueError(f"i2v: the LingBot-World Wan VAE Encode node's {exc}; set its frames there "
                          "(LingBot-World Fast makes 12 frames a chunk)") from None
-
-
-def check_shift(shift: float) -> float:
-    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not math.isfinite(shift) or shift <= 0:
-        raise ValueError(f"shift: {shift!r} is not a number above 0 (10 is the official Fast setting)")
-    return float(shift)
 
 
 class LingBotWorldFastSampler(io.ComfyNode):
@@ -76,27 +65,22 @@ class LingBotWorldFastSampler(io.ComfyNode):
     @classmethod
     def execute(cls, fast_dit, i2v, kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str, shift: float,
                 seed: int, text=None, positive=None, camera=None) -> io.NodeOutput:
-        check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
-        prompt = inputs.pick_prompt(text, positive, fast_dit.config.text_dim)
+        prompt = inputs.fast_prompt(fast_dit, text, positive)
         check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         latent_frames = clip_latent_frames(i2v)
         if camera is not None:
             check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
         check_camera_matches(camera, i2v)
-        policy = inputs.cache_policy(kv_cache, kv_window, kv_sink, kv_dtype)
-        params = FastParams(seed=seed, shift=check_shift(shift), policy=policy)
+        params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed)
         # Checked before the transformer loads: everything above fails in milliseconds.
         _, _, lat_h, lat_w = i2v.y.shape
-        chunks = latent_frames // policy.chunk
         steps = fast_schedule(params.shift, params.timestep_indices).steps
-        progress = ChunkProgress(chunks, steps=steps)
+        progress = ChunkProgress(latent_frames // params.policy.chunk, steps=steps)
         # Each chunk's noise from (seed, chunk): a clip is the start of the stream with the same seed.
         noise = ChunkNoise(seed, renoises=steps - 1)
-        if kv_dtype == inputs.KV_AUTO:
-            policy = fit_kv_dtype(fast_dit, policy, lat_h, lat_w, latent_frames)
-            params = dataclasses.replace(params, policy=policy)
-        with loaded_fast_model(fast_dit, run_memory(fast_dit, policy, lat_h, lat_w, latent_frames)) as model:
-            latent = sample_fast(model, prompt, i2v, camera, params, i2v.frames, noise=noise,
+        auto = kv_dtype == inputs.KV_AUTO
+        with prepared_fast_run(fast_dit, params, auto, lat_h, lat_w, latent_frames) as run:
+            latent = sample_fast(run.model, prompt, i2v, camera, run.run, i2v.frames, noise=noise,
                                  on_step=progress.on_step, on_preview=progress.on_preview,
                                  check_interrupt=check_interrupt)
         return io.NodeOutput({"samples": to_comfy_latent(latent)[None]})

@@ -3,12 +3,13 @@ several nodes declare (one declaration: the same names, defaults, ranges and too
 every node, so graphs move between them), and the checks that read those inputs."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from comfy_api.latest import io
 
-from ..pipeline.fast import DEFAULT_POLICY
+from ..pipeline.fast import DEFAULT_POLICY, FastParams
 from ..pipeline.guards import VAE_PRECISIONS
 from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
@@ -19,6 +20,7 @@ from ..wan.long_video import MAX_FRAMES
 from ..wan.scheduler import SAMPLERS
 from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP
 from .host.expert_patcher import QUANTIZE_CHOICES, ExpertLoadOptions
+from .host.fast_model import FastDiT
 from .host.model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
 
 # --------------------------------------------------------------------------- socket types
@@ -355,6 +357,33 @@ def cache_policy(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str) -> 
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name}: {value!r} is not a whole number of latent frames")
     return CachePolicy(window=kv_window, sink=kv_sink, dtype=kv_dtype)  # its errors name kv_window / kv_sink
+
+
+FAST_LOADER = "LingBot-World Fast DiT Loader"
+
+
+def check_shift(shift: float) -> float:
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not math.isfinite(shift) or shift <= 0:
+        raise ValueError(f"shift: {shift!r} is not a number above 0 (10 is the official Fast setting)")
+    return float(shift)
+
+
+def fast_params(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str, shift: float, seed: int) -> FastParams:
+    """The Fast nodes' cache and sampling widgets as ``FastParams`` (kv_dtype auto: bf16,
+    fitted to the device when the run is prepared); errors name the widget."""
+    return FastParams(seed=seed, shift=check_shift(shift), policy=cache_policy(kv_cache, kv_window, kv_sink, kv_dtype))
+
+
+def fast_prompt(fast_dit, text, positive) -> torch.Tensor:
+    """The Fast nodes' transformer input checked and their prompt picked (``pick_prompt``)."""
+    check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
+    return pick_prompt(text, positive, fast_dit.config.text_dim)
+
+
+def vae_source_bytes(vae: str, vae_model) -> tuple[VAESource, int]:
+    """``vae_source`` with the VAE's size in bytes."""
+    source, size = vae_source(vae, vae_model)
+    return source, size if isinstance(size, int) else size.stat().st_size
 
 
 def vae_source(vae: str, vae_model) -> tuple[VAESource, int | Path]:

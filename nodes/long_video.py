@@ -13,58 +13,24 @@ file keeps every finished window.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from comfy_api.latest import InputImpl, io, ui
 
 import comfy.model_management as mm
-import folder_paths
 
 from ..pipeline.camera import CameraPath, check_controls
 from ..pipeline.long_video import WindowedCamera, WindowParams, sample_windows
 from ..pipeline.sampling import SamplingParams
-from ..pipeline.video_file import VideoWriter, check_writable
+from ..pipeline.video_file import VideoWriter
 from ..wan.geometry import latent_shape, video_tokens
 from ..wan.long_video import MAX_FRAMES, plan_windows
 from . import inputs
 from .host.devices import VAE_WORKSPACE, check_interrupt, make_room
 from .host.expert_patcher import DiTExperts, run_experts
+from .host.outputs import output_file
 from .host.progress import LivePreview
 from .inputs import check_input, pick_text, vae_source
 
 DEFAULT_PREFIX = "LingBotWorld/long"
-
-
-def check_prefix(filename_prefix: str) -> None:
-    """A prefix ComfyUI can turn into a file name: no NUL or other control characters."""
-    bad = sorted({repr(c) for c in filename_prefix if ord(c) < 32 or ord(c) == 127})
-    if bad:
-        raise ValueError(f"filename_prefix: {filename_prefix!r} contains the control character(s) "
-                         f"{', '.join(bad)}; use letters, digits, '-', '_' and '/' for subfolders")
-
-
-def output_file(filename_prefix: str, width: int, height: int) -> tuple[Path, str, str]:
-    """A new .mp4 in ComfyUI's output folder, its file name and subfolder (as Save Video
-    names them). The file is created (empty) and a probe written to it, so a bad prefix, a
-    read-only folder or a full disk fail here, naming the path, before any window."""
-    check_prefix(filename_prefix)
-    output = folder_paths.get_output_directory()
-    try:
-        folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output, width,
-                                                                                   height)
-    except Exception as exc:  # ComfyUI refuses a prefix that leaves the output folder with a bare Exception
-        raise ValueError(f"filename_prefix: {filename_prefix!r} points outside the output folder; use a relative "
-                         f"name such as {DEFAULT_PREFIX!r}") from exc
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise OSError(exc.errno, f"{folder}: cannot create the folder for the video ({exc.strerror}); check "
-                                 "filename_prefix and that the output folder is writable") from exc
-    name = f"{filename}_{counter:05}_.mp4"
-    path = Path(folder) / name
-    check_writable(path)
-    return path, name, subfolder
 
 
 class LingBotWorldLongVideo(io.ComfyNode):

@@ -11,33 +11,28 @@ session's latent. A Cancel ends it as any prompt; the .mp4 keeps every finished 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from comfy_api.latest import InputImpl, io, ui
 
-import comfy.model_management as mm
-
-from ..pipeline.image import as_pil, open_vae, vae_dtype
+from ..pipeline.image import as_pil
 from ..pipeline.latent import to_comfy_latent
-from ..pipeline.memory import build_or_release, release_module
+from ..pipeline.memory import vae_budgets
 from ..pipeline.play import PlaySession, PlaySettings
+from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET
 from ..pipeline.play.protocol import MODES
-from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET, vae_stream_bytes
-from ..pipeline.video_file import VideoWriter
 from ..wan.conditioning import check_size, image_to_tensor
 from ..wan.geometry import latent_size
 from . import inputs
-from .host.devices import check_interrupt
-from .host.fast_model import FastDiT, fit_kv_dtype, loaded_fast_model, run_memory
-from .host.play_routes import client_connected, controller_id, emitter
-from .inputs import check_input, check_precision, vae_source
-from .long_video import output_file
+from .host.fast_model import prepared_fast_run
+from .host.outputs import output_file
+from .host.play_run import run_play_session
+from .inputs import FAST_LOADER, check_precision
 
 DEFAULT_PREFIX = "LingBotWorld/play"
-FAST_LOADER = "LingBot-World Fast DiT Loader"
 
 
 def log_file(video: Path) -> Path:
@@ -45,9 +40,13 @@ def log_file(video: Path) -> Path:
     return video.with_suffix(".json")
 
 
-def interrupt_types() -> tuple[type[BaseException], ...]:
-    kind = getattr(mm, "InterruptProcessingException", None)
-    return (kind,) if isinstance(kind, type) else ()
+def log_saver(video: Path) -> Callable[[PlaySession], None]:
+    """Saves a session's action log beside its .mp4 once it ends, also after a Cancel: the
+    log that replays what was saved (nothing when no chunk was made)."""
+    def save(session: PlaySession) -> None:
+        if session.chunks_done:
+            log_file(video).write_text(json.dumps(session.action_log(), indent=1))
+    return save
 
 
 class LingBotWorldPlay(io.ComfyNode):
@@ -118,48 +117,23 @@ class LingBotWorldPlay(io.ComfyNode):
     def execute(cls, fast_dit, image, vae, width, height, shift, seed, chunk_budget, mode, idle_timeout, kv_window,
                 kv_sink, kv_dtype, fps, filename_prefix, text=None, positive=None, vae_model=None,
                 precision: str = "fp32") -> io.NodeOutput:
-        check_input(fast_dit, FastDiT, "fast_dit", FAST_LOADER)
-        prompt = inputs.pick_prompt(text, positive, fast_dit.config.text_dim)
+        prompt = inputs.fast_prompt(fast_dit, text, positive)
         inputs.check_image(image)
         check_precision(precision)
         check_size(height, width)
-        if mode not in MODES:
-            raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         policy = inputs.cache_policy("sliding_window", kv_window, kv_sink, kv_dtype)
         settings = PlaySettings(width=width, height=height, seed=seed, shift=shift, chunk_budget=chunk_budget,
                                 mode=mode, idle_timeout_s=float(idle_timeout), policy=policy, fps=fps,
                                 vae_precision=precision)
         pixels = image_to_tensor(as_pil(image[0]), height, width)
-        source, vae_size = vae_source(vae, vae_model)
-        vae_weights = vae_size if isinstance(vae_size, int) else vae_size.stat().st_size
-        stream_bytes = vae_weights + vae_stream_bytes(height, width, precision)
-        if kv_dtype == inputs.KV_AUTO:
-            policy = fit_kv_dtype(fast_dit, policy, *latent_size(height, width), None, extra=stream_bytes)
-            settings = dataclasses.replace(settings, policy=policy)
-        memory = run_memory(fast_dit, policy, *latent_size(height, width), None, extra=stream_bytes)
+        source, vae_bytes = inputs.vae_source_bytes(vae, vae_model)
         path, name, subfolder = output_file(filename_prefix, width, height)
-        video_ref = {"filename": name, "subfolder": subfolder, "type": "output"}
-        controller = controller_id()
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
-        node_id = None if unique_id is None else str(unique_id)
-        with loaded_fast_model(fast_dit, memory) as model:
-            device = model.patch_embedding.weight.device
-            vae_module = build_or_release(lambda: open_vae(source, device, vae_dtype(device, precision)))
-            session = None
-            try:
-                with VideoWriter(path, fps=fps) as writer:
-                    session = PlaySession(model, prompt, vae_module, pixels, settings, writer=writer, emit=emitter(),
-                                          controller=controller, node_id=node_id,
-                                          client_connected=client_connected(controller),
-                                          check_interrupt=check_interrupt, interrupt_types=interrupt_types(),
-                                          video_ref=video_ref)
-                    result = session.run()
-            finally:
-                release_module(vae_module)
-                del vae_module
-                if session is not None and session.chunks_done:
-                    # Beside the .mp4, also after a Cancel: the log that replays what was saved.
-                    log_file(path).write_text(json.dumps(session.action_log(), indent=1))
+        with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
+                               *vae_budgets(vae_bytes, height, width, precision)) as run:
+            result = run_play_session(run, prompt, source, pixels, path,
+                                      {"filename": name, "subfolder": subfolder, "type": "output"},
+                                      None if unique_id is None else str(unique_id), on_end=log_saver(path))
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "

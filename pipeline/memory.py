@@ -1,4 +1,14 @@
-"""Give memory back now: VRAM to the driver and freed heap pages to the OS."""
+"""Memory: every estimate the pack makes (one owner), and giving memory back now.
+
+Estimates: the working room of the text encoder and the one-pass VAE stages
+(``TEXT_WORKSPACE``, ``VAE_WORKSPACE``), a transformer's activations per token
+(``activation_bytes``), a Fast run beside its transformer (``fast_run_bytes``: KV cache +
+a chunk's activations), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
+one budget for both), what fits a card (``fits``, ``plan_fast_memory``), and the host's
+room (``host_room_bytes``, ``vae_workspace_bytes``, ``check_video_fits``). ``nodes/host/``
+only asks ComfyUI for the room these name.
+
+Giving back: VRAM to the driver and freed heap pages to the OS."""
 from __future__ import annotations
 
 import ctypes
@@ -6,13 +16,77 @@ import gc
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 import torch
 from torch import nn
 
+from ..wan.config import DiTConfig
+from ..wan.runtime.kv_cache import CachePolicy, KVCache
+
 T = TypeVar("T")
+
+GIB = 1 << 30
+# Working memory beside the weights of a stage that loads its own model (T5, the one-pass
+# VAE Encode / Decode); generous so a 480x832x81 clip does not run short.
+TEXT_WORKSPACE = 1 * GIB
+VAE_WORKSPACE = 6 * GIB
+# Activation bytes per token and model feature while a transformer runs (hidden state in
+# fp32, q/k/v/o and the FFN hidden layer in bf16): what ComfyUI should keep free beside it.
+ACTIVATION_BYTES_PER_TOKEN_FEATURE = 24
+KV_DTYPE_BYTES = 2  # the Fast cache's compute dtype (bf16) per value; int8 entries are counted by the policy
+# kv_dtype "auto" (and every "fits" below) keeps a choice while the weights, the run's memory
+# and ComfyUI's own reserve take at most this share of the device (the rest: fragmentation
+# and other libraries).
+AUTO_FIT_SHARE = 0.95
+# The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
+# computed from the layer shapes): the encoder's until the image condition is constant, the
+# decoder's for the whole run. It scales with the frame's pixels; bf16 halves it.
+_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
+_PIXELS_480P = 480 * 832
+
+
+def activation_bytes(tokens: int, dim: int) -> int:
+    """Working memory to keep free while a transformer of width ``dim`` runs on ``tokens`` tokens."""
+    return int(tokens) * int(dim) * ACTIVATION_BYTES_PER_TOKEN_FEATURE
+
+
+def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
+    """Memory the VAE's stream encoder and decoder states take beside the VAE's weights
+    (Fast Long Video and Play: one budget)."""
+    scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
+    return int(_STREAM_STATE_BYTES_480P * scale)
+
+
+def vae_stream_budget(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> int:
+    """The VAE of a stream on the device: its weights and its streams' states."""
+    return int(weights_bytes) + vae_stream_bytes(height, width, precision)
+
+
+def vae_budgets(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> tuple[int, int]:
+    """The VAE of a Fast stream (Fast Long Video, Play): its weights and streams on the
+    device (``vae_stream_budget``) and one chunk's decode (``decode_chunk_bytes``)."""
+    return vae_stream_budget(weights_bytes, height, width, precision), decode_chunk_bytes(height, width, precision)
+
+
+def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, latent_width: int, latent_frames: int | None,
+                   extra: int = 0) -> int:
+    """Working memory a Fast run needs beside its transformer (``config``: a ``DiTConfig``):
+    the policy's KV cache (text keys and values included) and one chunk's activations,
+    plus ``extra`` bytes (e.g. ``vae_stream_budget``)."""
+    _, ph, pw = config.patch_size
+    frame_tokens = (latent_height // ph) * (latent_width // pw)
+    cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
+                                   head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
+                                   latent_frames=latent_frames, text_tokens=config.text_len)
+    return cache + activation_bytes(policy.chunk * frame_tokens, config.dim) + int(extra)
+
+
+def fits(need: int, total: int) -> bool:
+    """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it)."""
+    return int(need) <= AUTO_FIT_SHARE * int(total)
 
 
 def empty_device_cache() -> None:
@@ -227,3 +301,79 @@ def check_video_fits(frames: int, height: int, width: int, ram_bytes: int | None
             f"width x height x frames = {width}x{height}x{frames} needs about {need / 2**30:.1f} GiB of RAM{parts}, "
             f"more than {room[1]}; reduce width, height or frames{workspace_hint}"
         )
+
+
+# --------------------------------------------------------------------------- a Fast run on a card
+
+# Blocks of the transformer's weights in flight while blocks stream from pinned RAM
+# (wan/runtime/block_swap.py uploads one block ahead of the one computing).
+SWAP_BLOCKS_IN_FLIGHT = 2
+MIN_BLOCKS_ON_GPU = 1
+# A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
+# chunk, beside its carried state): what the overlap adds beside the next chunk's generation.
+_DECODE_BYTES_480P = 1.5 * GIB
+
+
+def decode_chunk_bytes(height: int, width: int, precision: str = "fp32") -> int:
+    """Working memory of one chunk's stream decode (the overlap holds it beside a generation)."""
+    return int(_DECODE_BYTES_480P * height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0))
+
+
+@dataclass(frozen=True)
+class FastMemoryPlan:
+    """What a Fast run keeps where on a card (``plan_fast_memory``)."""
+
+    kv_dtype: str  # "bf16" | "int8"
+    blocks_on_gpu: int | None  # None: every block on the GPU; else the others stream from pinned RAM
+    vae_on_gpu: bool  # False: the VAE and its streams on the CPU
+    overlap: bool  # chunk n decoded beside chunk n+1's generation
+    need: int  # the estimate on the card, bytes
+    fits: bool  # False: even the smallest plan exceeds the card (it is still the best try)
+
+    def describe(self) -> str:
+        blocks = "all blocks" if self.blocks_on_gpu is None else f"{self.blocks_on_gpu} blocks"
+        return (f"{self.kv_dtype} cache, {blocks} on the GPU, VAE on the {'GPU' if self.vae_on_gpu else 'CPU'}, "
+                f"decode {'overlapped' if self.overlap else 'sequential'}, ~{self.need / GIB:.1f} GiB")
+
+
+def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_bytes: Mapping[str, int],
+                     vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
+                     kv_dtype: str | None = None) -> FastMemoryPlan:
+    """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
+    the kv_dtype, block swap, where the VAE runs, and the decode overlap).
+
+    ``transformer_bytes``: the Fast transformer with every block on the GPU (``blocks``
+    blocks); ``run_bytes``: ``fast_run_bytes`` per cache dtype ("bf16", "int8");
+    ``vae_bytes``: the VAE's weights and stream states on the GPU (0: none, a clip);
+    ``decode_bytes``: one chunk's decode working memory (``decode_chunk_bytes``);
+    ``reserve_bytes``: what the host keeps (ComfyUI's minimum inference memory);
+    ``kv_dtype``: the user's choice (None: auto). Cheapest first, each step taken only
+    while the run does not fit (``fits``): the bf16 cache, then int8; all blocks on the GPU,
+    then the fewest blocks off it that fit (at least ``MIN_BLOCKS_ON_GPU`` kept); the VAE
+    on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
+    also fits (a VAE on the CPU: always, its memory is the host's)."""
+    per_block = transformer_bytes / max(int(blocks), 1)
+    dtypes = [kv_dtype] if kv_dtype is not None else ["bf16", "int8"]
+
+    def need(dtype: str, on_gpu: int | None, vae_gpu: bool) -> int:
+        weights = transformer_bytes if on_gpu is None else \
+            transformer_bytes - (blocks - on_gpu - SWAP_BLOCKS_IN_FLIGHT) * per_block
+        return int(weights + run_bytes[dtype] + (vae_bytes if vae_gpu else 0) + reserve_bytes)
+
+    def plan(dtype: str, on_gpu: int | None, vae_gpu: bool) -> FastMemoryPlan | None:
+        base = need(dtype, on_gpu, vae_gpu)
+        if not fits(base, card_bytes):
+            return None
+        overlap = not vae_gpu or fits(base + decode_bytes, card_bytes)
+        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, base + (decode_bytes if overlap and vae_gpu else 0),
+                              True)
+
+    swaps = range(max(blocks - SWAP_BLOCKS_IN_FLIGHT - 1, MIN_BLOCKS_ON_GPU), MIN_BLOCKS_ON_GPU - 1, -1)
+    steps = [(dtype, None) for dtype in dtypes] + [(dtypes[-1], on_gpu) for on_gpu in swaps]
+    for vae_gpu in (True, False) if vae_bytes else (True,):
+        for dtype, on_gpu in steps:
+            found = plan(dtype, on_gpu, vae_gpu)
+            if found is not None:
+                return found
+    dtype = dtypes[-1]
+    return FastMemoryPlan(dtype, MIN_BLOCKS_ON_GPU, not vae_bytes, False, need(dtype, MIN_BLOCKS_ON_GPU, False), False)

@@ -3,7 +3,7 @@
 T5 and the VAE are loaded by the pipeline itself and freed right after, so ComfyUI never
 counts them. Before such a stage we ask ComfyUI to evict what it holds on that device
 (other workflows' models, a resident expert) until the stage's weights plus working
-memory fit.
+memory fit; the working memory is estimated in ``pipeline/memory.py``.
 """
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ import torch
 
 import comfy.model_management as mm
 
+from ...pipeline.memory import TEXT_WORKSPACE, VAE_WORKSPACE  # noqa: F401  (the estimates' owner)
+
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 DEVICE_TOOLTIP = (
     "auto: the device ComfyUI computes on; gpu: the same, but fail if ComfyUI runs on the CPU; "
     "cpu: run this stage on the CPU (slow, but spares VRAM)."
 )
-GIB = 1024**3
-# Working memory on top of the weights; generous so a 480x832x81 clip does not run short.
-TEXT_WORKSPACE = 1 * GIB
-VAE_WORKSPACE = 6 * GIB
 
 
 def pick_device(choice: str, field: str = "device") -> torch.device:

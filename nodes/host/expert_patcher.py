@@ -34,7 +34,7 @@ from comfy.model_patcher import ModelPatcher
 from ...loaders.expert_size import expert_memory
 from ...pipeline.experts import load_expert
 from ...pipeline.lora import LoraExperts, lora_device_bytes
-from ...pipeline.memory import release_module
+from ...pipeline.memory import activation_bytes, release_module
 from ...pipeline.placement import Placement
 from ...pipeline.sampling import ExpertSource
 from ...wan.config import DiTConfig
@@ -42,9 +42,6 @@ from ...wan.config import DiTConfig
 log = logging.getLogger(__name__)
 
 QUANTIZE_CHOICES = ("none", "nf4")
-# Activation bytes per token and model feature while an expert runs (hidden state in fp32,
-# q/k/v/o and the FFN hidden layer in bf16): what ComfyUI should keep free beside it.
-ACTIVATION_BYTES_PER_TOKEN_FEATURE = 24
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,7 @@ class ExpertPatcher(ModelPatcher):
 
     def inference_memory(self, tokens: int, dim: int) -> int:
         """Working memory ComfyUI should leave free while this expert runs on ``tokens`` tokens."""
-        return int(tokens) * int(dim) * ACTIVATION_BYTES_PER_TOKEN_FEATURE
+        return activation_bytes(tokens, dim)
 
     # -- loading -------------------------------------------------------------------------
 

@@ -19,23 +19,21 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Generic, Iterator, TypeVar
 
+import torch
 from torch import nn
 
 import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
+from ...pipeline.memory import AUTO_FIT_SHARE, FastMemoryPlan, fast_run_bytes, fits, plan_fast_memory
 from ...wan.config import DiTConfig
-from ...wan.geometry import video_tokens
-from ...wan.runtime.kv_cache import CachePolicy, KVCache
+from ...wan.runtime.kv_cache import CachePolicy
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
-KV_DTYPE_BYTES = 2  # the cache's compute dtype (bf16) per value; int8 entries are counted by the policy
-# kv_dtype "auto" keeps bf16 while the transformer, the run's memory and ComfyUI's own reserve
-# take at most this share of the device (the rest: fragmentation and other libraries).
-AUTO_FIT_SHARE = 0.95
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +64,8 @@ class FastDiT:
 
 def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
                latent_frames: int | None, extra: int = 0) -> int:
-    """Working memory to keep free beside the transformer for a run: the policy's KV cache
-    (text keys and values included) and one chunk's activations, plus ``extra`` bytes."""
-    config = fast.config
-    frame_tokens = video_tokens(1, latent_height, latent_width, config.patch_size)
-    cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
-                                   head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
-                                   latent_frames=latent_frames, text_tokens=config.text_len)
-    return cache + fast.patcher.inference_memory(policy.chunk * frame_tokens, config.dim) + int(extra)
+    """Working memory to keep free beside the transformer for a run (``fast_run_bytes``)."""
+    return fast_run_bytes(fast.config, policy, latent_height, latent_width, latent_frames, extra)
 
 
 def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
@@ -84,12 +76,70 @@ def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_
     total = mm.get_total_memory(device)
     need = (fast.patcher.model_size() + run_memory(fast, policy, latent_height, latent_width, latent_frames, extra)
             + mm.minimum_inference_memory())
-    if need <= AUTO_FIT_SHARE * total:
+    if fits(need, total):
         log.info("LingBot Fast: kv_dtype auto -> bf16 (%.1f of %.1f GiB on %s)", need / 2**30, total / 2**30, device)
         return policy
     log.info("LingBot Fast: kv_dtype auto -> int8: the bf16 cache would need %.1f GiB with the transformer, "
              "more than %.0f%% of %.1f GiB on %s", need / 2**30, AUTO_FIT_SHARE * 100, total / 2**30, device)
     return dataclasses.replace(policy, dtype="int8")
+
+
+@dataclass
+class PreparedRun(Generic[R]):
+    """What ``prepared_fast_run`` yields: the loaded transformer, the run with its cache
+    fitted, and where the memory plan puts the rest (``pipeline.memory.plan_fast_memory``)."""
+
+    model: nn.Module
+    run: R
+    plan: FastMemoryPlan
+    device: torch.device  # the transformer's
+
+    @property
+    def vae_device(self) -> torch.device:
+        """Where the run's VAE streams go: the transformer's device, or the CPU when the
+        card has no room for them."""
+        return self.device if self.plan.vae_on_gpu else torch.device("cpu")
+
+    @property
+    def overlap(self) -> bool:
+        """Decode chunk n beside chunk n+1 (on a GPU only: on the CPU both would share the cores)."""
+        return self.plan.overlap and self.device.type == "cuda"
+
+
+def memory_plan(fast: FastDiT, policy: CachePolicy, auto_dtype: bool, latent_height: int, latent_width: int,
+                latent_frames: int | None, vae: int = 0, decode: int = 0) -> FastMemoryPlan:
+    """The run's memory settings for the load device's size (``plan_fast_memory``)."""
+    run = {d: run_memory(fast, dataclasses.replace(policy, dtype=d), latent_height, latent_width, latent_frames)
+           for d in ("bf16", "int8")}
+    return plan_fast_memory(mm.get_total_memory(fast.patcher.load_device), fast.patcher.model_size(),
+                            fast.config.num_layers, run, vae, decode, mm.minimum_inference_memory(),
+                            kv_dtype=None if auto_dtype else policy.dtype)
+
+
+@contextlib.contextmanager
+def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: int, latent_width: int,
+                      latent_frames: int | None, vae: int = 0, decode: int = 0) -> Iterator[PreparedRun[R]]:
+    """The three Fast nodes' one preparation: ``run`` (``FastParams`` or ``PlaySettings``:
+    anything with a cache ``policy``) with kv_dtype auto fitted to the device
+    (``fit_kv_dtype``) when ``auto_dtype``; the memory plan for the card (``vae``: the VAE
+    streams' budget on the device, ``decode``: a chunk's decode beside the next chunk),
+    whose block swap applies where the loader keeps every block on the GPU (its "0"); the
+    run's memory asked of ComfyUI and the transformer loaded, unloaded however the block ends."""
+    if auto_dtype:
+        run = dataclasses.replace(run, policy=fit_kv_dtype(fast, run.policy, latent_height, latent_width,
+                                                          latent_frames, vae))
+    plan = memory_plan(fast, run.policy, False, latent_height, latent_width, latent_frames, vae, decode)
+    load = fast
+    device = torch.device(fast.patcher.load_device)
+    options = fast.patcher.model.options
+    if plan.blocks_on_gpu is not None and options.blocks_on_gpu is None and device.type == "cuda":
+        log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
+        load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
+                                  fast.config, fast.identity)
+    memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
+                        vae if plan.vae_on_gpu else 0)
+    with loaded_fast_model(load, memory) as model:
+        yield PreparedRun(model, run, plan, model.patch_embedding.weight.device)
 
 
 @contextlib.contextmanager
@@ -107,4 +157,5 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
         unload_patcher(fast.patcher)
 
 
-__all__ = ["FastDiT", "fit_kv_dtype", "loaded_fast_model", "run_memory"]
+__all__ = ["FastDiT", "PreparedRun", "fit_kv_dtype", "loaded_fast_model", "memory_plan", "prepared_fast_run",
+           "run_memory"]

@@ -11,7 +11,10 @@ frames (the denoising passes write the chunk's own slots, which the next pass ov
 ``FastGenerator`` is the engine for all three callers — the clip sampler (``sample_fast``),
 the long-video stream (decode and write each chunk as it comes) and interactive Play (the
 camera of a chunk is decided when the chunk starts). ``next_chunk(camera)`` returns the
-chunk's x0; the cache is freed by ``close()``, and on any error or cancel inside a chunk.
+chunk's x0; ``run(plan, on_chunk)`` is the one chunk loop the three call with what differs
+(a per-chunk ``ChunkPlan`` provider, an on-chunk sink): it checks each chunk for NaN/inf
+and turns a CUDA out-of-memory into one naming the size and what to change. The cache is
+freed by ``close()``, and on any error or cancel inside a chunk.
 """
 from __future__ import annotations
 
@@ -74,6 +77,21 @@ def fast_latent_frames(frames: int, chunk: int = CHUNK_FRAMES) -> int:
                      f"({VAE_STRIDE_T * chunk} video frames); use {' or '.join(nearest)}")
 
 
+@dataclass(frozen=True)
+class ChunkPlan:
+    """What the caller decides when a chunk starts: its Plücker camera [1, 384, chunk,
+    h/8, w/8] (None: no camera) and whether to run its commit pass (a clip's last chunk
+    skips it: nothing reads it)."""
+
+    camera: torch.Tensor | None = None
+    commit: bool = True
+
+
+class FastOutOfMemoryError(torch.cuda.OutOfMemoryError):
+    """A CUDA out-of-memory of a Fast run, its message already naming the chunk, the size
+    and what to change (callers pass it on as it is)."""
+
+
 def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
@@ -109,8 +127,15 @@ class FastGenerator:
         self._check = check_interrupt
         self.chunk_index = 0
         self.forwards = 0  # model forwards run, commits included
-        self.cache: KVCache | None = model.new_kv_cache(params.policy, self.i2v.latent_height, self.i2v.latent_width,
-                                                        latent_frames, device=self.device)
+        self.cache: KVCache | None = None
+        detail = None
+        try:
+            self.cache = model.new_kv_cache(params.policy, self.i2v.latent_height, self.i2v.latent_width,
+                                            latent_frames, device=self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            detail = str(exc)
+        if detail is not None:
+            raise self._out_of_memory(1, detail)
         # float32 scalars: the official re-noise is float32 arithmetic ((1 - σ')·x0 + σ'·ε).
         self._renoise = [torch.tensor(s, dtype=torch.float32) for s in self.schedule.renoise_sigmas]
 
@@ -191,6 +216,52 @@ class FastGenerator:
             self.cache.skip_chunk()
         return x0
 
+    def run(self, plan: Callable[[int], ChunkPlan | None], on_chunk: Callable[[int, torch.Tensor], None] | None = None,
+            on_step: Callable[[int, int | None], None] | None = None, chunks: int | None = None) -> int:
+        """The chunk loop: ``plan(index)`` when each chunk starts (None ends the run; it may
+        wait, e.g. for a key), the chunk made, checked for NaN/inf (``NonFiniteError``) and
+        handed to ``on_chunk(index, x0)`` (x0 on the model's device). Runs until ``plan``
+        returns None or ``chunks`` chunks are done; returns the chunks made.
+        ``on_step(done, total)`` after every denoising step (total None when open-ended).
+        Any error closes the session; a CUDA OOM frees the cache and is raised again as
+        ``torch.cuda.OutOfMemoryError`` naming the chunk, the size and what to change."""
+        steps = self.schedule.steps
+        total_steps = None if chunks is None else chunks * steps
+        detail, c = None, self.chunk_index
+        try:
+            while chunks is None or self.chunk_index < chunks:
+                c = self.chunk_index
+                job = plan(c)
+                if job is None:
+                    break
+                step_done = (lambda i, _x, c=c: on_step(c * steps + i + 1, total_steps)) if on_step else None
+                x0 = self.next_chunk(job.camera, commit=job.commit, on_step=step_done)
+                del job
+                if not is_finite(x0):
+                    raise NonFiniteError(non_finite_message(c, chunks))
+                if on_chunk is not None:
+                    on_chunk(c, x0)
+                del x0
+            return self.chunk_index
+        except FastOutOfMemoryError:
+            self.close()
+            raise
+        except torch.cuda.OutOfMemoryError as exc:
+            detail = str(exc)  # only the text: the traceback holds the chunk's activations
+            self.close()
+        except BaseException:
+            self.close()
+            raise
+        raise self._out_of_memory(c + 1, detail)
+
+    def _out_of_memory(self, chunk: int, detail: str | None) -> FastOutOfMemoryError:
+        """Memory given back, the error to raise (outside the ``except``: no traceback kept)."""
+        empty_device_cache()
+        frames = None if self.latent_frames is None else (self.latent_frames - 1) * 4 + 1
+        return FastOutOfMemoryError(out_of_memory_message(frames, 8 * self.i2v.latent_height,
+                                                                 8 * self.i2v.latent_width, self.params.policy,
+                                                                 chunk, detail))
+
     def close(self) -> None:
         """Free the KV cache (and the image condition's VAE, if it still holds one)."""
         if self.cache is not None:
@@ -211,16 +282,20 @@ OOM_HINT = ("use a smaller kv_window or the int8 cache, reduce width/height, or 
             "LingBot-World DiT loader")
 
 
-def out_of_memory_message(frames: int, height: int, width: int, policy: CachePolicy, chunk: int,
+def out_of_memory_message(frames: int | None, height: int, width: int, policy: CachePolicy, chunk: int,
                           detail: str | None) -> str:
+    """``frames`` None: an open-ended run (Play)."""
     lines = (detail or "").strip().splitlines()
-    return (f"CUDA out of memory in LingBot-World Fast at chunk {chunk} ({frames} frames at {width}x{height}, "
+    size = f"{width}x{height}, open-ended" if frames is None else f"{frames} frames at {width}x{height}"
+    return (f"CUDA out of memory in LingBot-World Fast at chunk {chunk} ({size}, "
             f"{policy.describe()}): {OOM_HINT}. The cache was freed, so the next run starts clean. "
             f"({lines[0] if lines else 'no details'})")
 
 
-def non_finite_message(chunk: int, chunks: int) -> str:
-    return (f"chunk {chunk + 1} of {chunks} turned NaN/inf; likely cause: NaN or inf weights in the Fast "
+def non_finite_message(chunk: int, chunks: int | None) -> str:
+    """``chunks`` None: an open-ended run (Play)."""
+    of = "" if chunks is None else f" of {chunks}"
+    return (f"chunk {chunk + 1}{of} turned NaN/inf; likely cause: NaN or inf weights in the Fast "
             "transformer's file, an extreme focal length in the camera intrinsics, or an overflow. The run was "
             "stopped instead of decoding a black video.")
 
@@ -255,38 +330,24 @@ def sample_fast(
         raise ValueError(f"camera is for {camera.frames} frames but frames={frames}; use the same frame count")
     if isinstance(condition, I2VCondition) and condition.frames != frames:
         raise ValueError(f"the image condition is for {condition.frames} frames but frames={frames}")
-    height, width = 8 * source.latent_height, 8 * source.latent_width
     chunks = latent_frames // params.policy.chunk
-    steps = fast_schedule(params.shift, params.timestep_indices).steps
     latent = torch.empty(LATENT_CHANNELS, latent_frames, source.latent_height, source.latent_width)
-    generator = None
-    detail, failed_chunk = None, 0
-    try:
-        generator = FastGenerator(model, text, source, params, noise, latent_frames, check_interrupt)
-        for c in range(chunks):
-            failed_chunk = c
-            start = c * params.policy.chunk
-            cam = None if cameras is None else cameras.chunk(start, params.policy.chunk)
-            step_done = (lambda i, _x, c=c: on_step(c * steps + i + 1, chunks * steps)) if on_step else None
-            x0 = generator.next_chunk(cam, commit=c + 1 < chunks, on_step=step_done)
-            if not is_finite(x0):
-                raise NonFiniteError(non_finite_message(c, chunks))
-            latent[:, start:start + params.policy.chunk] = x0.cpu()
-            if on_chunk is not None:
-                on_chunk(c, x0)
-            if on_preview is not None:
-                on_preview(c + 1, chunks, x0)
-            del x0
-        return latent
-    except torch.cuda.OutOfMemoryError as exc:
-        # Keep only the text: the traceback holds the chunk's activations until it is gone.
-        detail = str(exc)
-    finally:
-        if generator is not None:
-            generator.close()
-    empty_device_cache()
-    raise torch.cuda.OutOfMemoryError(out_of_memory_message(frames, height, width, params.policy, failed_chunk + 1,
-                                                            detail))
+
+    def plan(c: int) -> ChunkPlan:
+        cam = None if cameras is None else cameras.chunk(c * params.policy.chunk, params.policy.chunk)
+        return ChunkPlan(cam, commit=c + 1 < chunks)
+
+    def keep(c: int, x0: torch.Tensor) -> None:
+        start = c * params.policy.chunk
+        latent[:, start:start + params.policy.chunk] = x0.cpu()
+        if on_chunk is not None:
+            on_chunk(c, x0)
+        if on_preview is not None:
+            on_preview(c + 1, chunks, x0)
+
+    with FastGenerator(model, text, source, params, noise, latent_frames, check_interrupt) as generator:
+        generator.run(plan, keep, on_step, chunks)
+    return latent
 
 
-__all__: Sequence[str] = ["DEFAULT_POLICY", "FastGenerator", "FastParams", "fast_latent_frames", "sample_fast"]
+__all__: Sequence[str] = ["ChunkPlan", "DEFAULT_POLICY", "FastGenerator", "FastOutOfMemoryError", "FastParams", "fast_latent_frames", "sample_fast"]

@@ -20,11 +20,13 @@ from torch import nn
 
 from ...wan.conditioning import check_frame_count, check_size, image_to_tensor
 from ...wan.geometry import CHUNK_FRAMES, VAE_STRIDE_T, latent_frames, video_frames
-from ..guards import NonFiniteError, is_finite, vae_precision
+from ..guards import vae_precision
 from ..image import ImageLike, VAESource, as_pil, open_vae
 from ..memory import build_or_release, empty_device_cache, release_module, resolve_device
 from .conditions import CameraSource, StreamedI2V
-from .generator import FastGenerator, FastParams, fast_latent_frames, non_finite_message, out_of_memory_message
+from .generator import (ChunkPlan, FastGenerator, FastOutOfMemoryError, FastParams, fast_latent_frames,
+                        out_of_memory_message)
+from .worker import ChunkWorker
 
 
 @dataclass
@@ -65,6 +67,7 @@ def stream_fast_video(
     on_step: Callable[[int, int], None] | None = None,
     on_preview: Callable[[int, int, torch.Tensor], None] | None = None,
     check_interrupt: Callable[[], None] | None = None,
+    overlap: bool | None = None,
 ) -> StreamResult:
     """Generate ``frames`` frames (whole chunks: ``fast_latent_frames``) chunk by chunk and
     ``write`` each chunk's decoded frames [3, n, H, W] in [-1, 1] as it finishes (9 frames
@@ -77,6 +80,9 @@ def stream_fast_video(
     step, ``on_preview(done, total, x0)`` after every chunk (before its decode);
     ``check_interrupt`` before every forward, transformer block and decoded frame. A CUDA
     OOM frees everything and is raised again naming the size and what to change.
+    ``overlap``: decode and write chunk n on a worker thread (and a second CUDA stream)
+    while chunk n+1 generates (``ChunkWorker``; the same frames in the same order); False:
+    one after the other; None: overlap on a GPU (on the CPU both would share the cores).
     """
     chunk = params.policy.chunk
     latent_frames = fast_latent_frames(frames, chunk)
@@ -86,42 +92,56 @@ def stream_fast_video(
     chunks = latent_frames // chunk
     result = StreamResult(frames=frames, chunks=chunks)
     vae = build_or_release(lambda: open_vae(vae_file, device, vae_precision(precision)))
-    source = generator = decoder = None
-    detail, failed_chunk = None, 0
+    source = generator = decoder = worker = None
+    failed, detail = True, None
     try:
         # The decoder needs the VAE to the end, so the condition never releases it; its
         # encoder state goes once the condition is proven constant, which prefetch reaches
         # before the first chunk: the encoder's activations and the decoder's state are then
         # never on the GPU together (bench/RESULTS.md: the difference between an
-        # out-of-memory and 22.2 GiB for 957 frames under a 24 GiB cap).
+        # out-of-memory and 22.2 GiB for 957 frames under a 24 GiB cap). Past that point
+        # every chunk's condition is already made (the next chunk's is prefetched).
         source = StreamedI2V(vae, pixels, latent_frames, check_interrupt=check_interrupt)
         source.prefetch()
         decoder = vae.stream_decoder(decode_tile)
-        generator = FastGenerator(model, text, source, params, latent_frames=latent_frames,
-                                  check_interrupt=check_interrupt)
-        steps = generator.schedule.steps
-        for c in range(chunks):
-            failed_chunk = c
-            cam = None if camera is None else camera.chunk(c * chunk, chunk)
-            step_done = (lambda i, _x, c=c: on_step(c * steps + i + 1, chunks * steps)) if on_step else None
-            x0 = generator.next_chunk(cam, commit=c + 1 < chunks, on_step=step_done)
-            del cam
-            if not is_finite(x0):
-                raise NonFiniteError(non_finite_message(c, chunks))
-            if on_preview is not None:
-                on_preview(c + 1, chunks, x0)
-            with torch.inference_mode():
-                video = decoder.decode_next(x0[None].to(vae.dtype), cancel=check_interrupt)[0]
-            del x0
+
+        def decode_and_write(_c: int, x0: torch.Tensor) -> None:
+            video = decoder.decode_next(x0[None].to(device=vae.device, dtype=vae.dtype), cancel=check_interrupt)[0]
             video = video.float().cpu()
             write(video)
             result.frames_written += video.shape[1]
             result.chunks_done += 1
-            del video
+
+        model_device = model.patch_embedding.weight.device  # the VAE's may be the CPU
+        worker = ChunkWorker(decode_and_write, overlap=model_device.type == "cuda" if overlap is None else overlap,
+                             device=model_device)
+
+        def check() -> None:  # the worker's failure stops the next forward, as a cancel does
+            worker.check()
+            if check_interrupt is not None:
+                check_interrupt()
+
+        generator = FastGenerator(model, text, source, params, latent_frames=latent_frames, check_interrupt=check)
+
+        def plan(c: int) -> ChunkPlan:
+            return ChunkPlan(None if camera is None else camera.chunk(c * chunk, chunk), commit=c + 1 < chunks)
+
+        def finished(c: int, x0: torch.Tensor) -> None:
+            if on_preview is not None:
+                on_preview(c + 1, chunks, x0)
+            worker.submit(c, x0)
+
+        generator.run(plan, finished, on_step, chunks)
+        worker.close()  # the last chunk's decode
+        failed = False
         return result
-    except torch.cuda.OutOfMemoryError as exc:
-        detail = str(exc)  # only the text: the traceback holds the chunk's activations
+    except FastOutOfMemoryError:
+        raise
+    except torch.cuda.OutOfMemoryError as exc:  # outside the chunks: the condition, the decode
+        detail = str(exc)  # only the text: the traceback holds the activations
     finally:
+        if worker is not None:
+            worker.close(failed=failed)  # a failure: the chunk in flight is still written
         if generator is not None:
             generator.close()
         if decoder is not None:
@@ -131,8 +151,8 @@ def stream_fast_video(
         release_module(vae)
         del vae
     empty_device_cache()
-    raise torch.cuda.OutOfMemoryError(out_of_memory_message(frames, height, width, params.policy, failed_chunk + 1,
-                                                            detail))
+    raise FastOutOfMemoryError(out_of_memory_message(frames, height, width, params.policy, result.chunks_done + 1,
+                                                     detail))
 
 
 __all__ = ["StreamResult", "stream_fast_video", "stream_frames"]

@@ -34,8 +34,8 @@ from ...wan.play_camera import format_actions
 from ...wan.runtime.kv_cache import CachePolicy
 from ...wan.vae import WanVAE
 from ..fast.conditions import StreamedI2V
-from ..fast.generator import DEFAULT_POLICY, FastGenerator, FastParams
-from ..guards import NonFiniteError, is_finite
+from ..fast.generator import DEFAULT_POLICY, ChunkPlan, FastGenerator, FastParams
+from ..fast.worker import ChunkWorker
 from ..memory import empty_device_cache
 from ..text import TextEmbeddings
 from .chunk_camera import PlayCamera
@@ -47,21 +47,8 @@ from .registry import SESSIONS, SessionRegistry
 MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
 DEFAULT_CHUNK_BUDGET = 80  # 957 frames: one minute
 KEYFRAMES_PLAY = "per chunk (Play)"  # the Camera node's keyframe timing that replays a session
-# The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
-# computed from the layer shapes): the encoder's until the image condition is constant, the
-# decoder's for the whole session. It scales with the frame's pixels; bf16 halves it.
-_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
-_PIXELS_480P = 480 * 832
-
-
 # Latent frames encoded ahead when a session opens (the condition's fixed point is at ~30).
 PREFETCH_LATENT_FRAMES = 48
-
-
-def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
-    """Memory the session's VAE encoder and decoder states take beside the VAE's weights."""
-    scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
-    return int(_STREAM_STATE_BYTES_480P * scale)
 
 
 @dataclass(frozen=True)
@@ -116,7 +103,10 @@ class PlaySession:
     [-1, 1] at the session's size; ``vae``: the VAE used to encode it and to decode every
     chunk (the caller frees it after ``run``). ``emit(event, data)`` sends an event to the
     page; ``client_connected()`` tells whether the controller's page is connected;
-    ``interrupt_types``: what ``check_interrupt`` raises (reported as reason "interrupt")."""
+    ``interrupt_types``: what ``check_interrupt`` raises (reported as reason "interrupt").
+    ``overlap``: decode, write and send chunk n on a worker thread (a second CUDA stream)
+    while chunk n+1 generates — a key pressed meanwhile starts its chunk at once; False:
+    one after the other; None: overlap on a GPU (``pipeline.fast.worker.ChunkWorker``)."""
 
     def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, vae: WanVAE, image: torch.Tensor,
                  settings: PlaySettings, *, writer: VideoSink | None = None,
@@ -125,7 +115,7 @@ class PlaySession:
                  check_interrupt: Callable[[], None] | None = None,
                  interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
                  clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
-                 session_id: str | None = None) -> None:
+                 session_id: str | None = None, overlap: bool | None = None) -> None:
         if tuple(image.shape) != (3, settings.height, settings.width):
             raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
                              f"{list(image.shape)}")
@@ -155,6 +145,9 @@ class PlaySession:
         self._generator: FastGenerator | None = None
         self._i2v: StreamedI2V | None = None
         self._decoder = None
+        self._worker: ChunkWorker | None = None
+        self._overlap = overlap
+        self._jobs: dict[int, list] = {}  # chunk -> [request, started, generated] until it is delivered
 
     # ---------------------------------------------------------------- what the page sees
     def _emit(self, event: str, data: dict) -> None:
@@ -210,22 +203,42 @@ class PlaySession:
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
                             attention=settings.attention)
-        self._generator = FastGenerator(self.model, self.text, self._i2v, params, latent_frames=None,
-                                        check_interrupt=self._check)
         self._decoder = self.vae.stream_decoder()
+        device = self.model.patch_embedding.weight.device
+        overlap = device.type == "cuda" if self._overlap is None else self._overlap
+        self._worker = ChunkWorker(self._deliver, overlap=overlap, device=device)
+        self._generator = FastGenerator(self.model, self.text, self._i2v, params, latent_frames=None,
+                                        check_interrupt=self._check_all)
 
     def _loop(self) -> str:
-        while True:
-            if self.chunks_done >= self.settings.chunk_budget:
-                return "budget"
+        ended = {"reason": "budget"}
+
+        def plan(c: int) -> ChunkPlan | None:
+            if c >= self.settings.chunk_budget:
+                return None
             request, reason = self._wait_for_request()
             if request is None:
-                return reason
-            try:
-                self._chunk(request)
-            finally:
-                self.controls.chunk_done()
-            self._publish_state()
+                ended["reason"] = reason
+                return None
+            self._publish_state()  # running
+            self._jobs[c] = [request, self.clock()]
+            return ChunkPlan(self.camera.next_chunk(request.keys))
+
+        try:
+            self._generator.run(plan, self._generated)
+        finally:
+            self.controls.chunk_done()
+        self._worker.close()  # the last chunk's frames are written and sent before the session ends
+        return ended["reason"]
+
+    def _generated(self, c: int, x0: torch.Tensor) -> None:
+        """Chunk ``c`` is made: keep its latent, hand it to the decode (which, overlapped,
+        runs while the next chunk starts) and take the next key press."""
+        self._latents.append(x0.float().cpu())
+        self._jobs[c].append(self.clock())
+        self._worker.submit(c, x0)
+        self.controls.chunk_done()
+        self._publish_state()
 
     def _idle(self) -> bool:
         now = self.clock()
@@ -233,10 +246,16 @@ class PlaySession:
             self._seen_at = now
         return now - max(self._seen_at, self.controls.last_input) >= self.settings.idle_timeout_s
 
+    def _check_all(self) -> None:
+        """The interrupt check, and the decode worker's failure (raised here, not lost)."""
+        if self._worker is not None:
+            self._worker.check()
+        if self._check is not None:
+            self._check()
+
     def _wait_for_request(self) -> tuple[ChunkRequest | None, str | None]:
         while True:
-            if self._check is not None:
-                self._check()
+            self._check_all()
             if self.controls.stop_requested:
                 return None, "stop"
             if self._idle():
@@ -247,21 +266,14 @@ class PlaySession:
             self._publish_state()
             self.controls.wait(self.settings.poll_s)
 
-    def _chunk(self, request: ChunkRequest) -> None:
-        self._publish_state()  # running
-        started = self.clock()
-        camera = self.camera.next_chunk(request.keys)
-        x0 = self._generator.next_chunk(camera)
-        del camera
-        if not is_finite(x0):
-            raise NonFiniteError(f"chunk {self.chunks_done + 1} turned NaN/inf; likely cause: NaN or inf weights in "
-                                 "the Fast transformer's file, or an overflow. The session was stopped.")
-        self._latents.append(x0.float().cpu())
-        generated = self.clock()
-        with torch.inference_mode():
-            video = self._decoder.decode_next(x0[None].to(self.vae.dtype), cancel=self._check)[0].float().cpu()
-        del x0
-        self.decode_s.append(self.clock() - generated)
+    def _deliver(self, c: int, x0: torch.Tensor) -> None:
+        """Decode chunk ``c``, write it to the file and send it to the page (on the decode
+        worker when overlapped: in order, one chunk at a time)."""
+        request, started, generated = self._jobs.pop(c)
+        begun = self.clock()
+        latent = x0[None].to(device=self.vae.device, dtype=self.vae.dtype)  # the VAE may be on the CPU
+        video = self._decoder.decode_next(latent, cancel=self._check)[0].float().cpu()
+        self.decode_s.append(self.clock() - begun)
         frames = jpeg_frames(video)
         if self.writer is not None:
             self.writer.write(video)
@@ -273,17 +285,19 @@ class PlaySession:
         latency = None if request.asked_at is None else self.clock() - request.asked_at
         if latency is not None:
             self.latency_s.append(latency)
-        self._emit(EVENT_FRAMES, {"chunk": self.chunks_done - 1, "first_frame": first_frame, "frames": frames,
+        self._emit(EVENT_FRAMES, {"chunk": c, "first_frame": first_frame, "frames": frames,
                                   "keys": keys_text(request.keys), "latency_s": latency,
                                   "chunk_s": generated - started})
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason
         try:
+            if self._worker is not None:
+                self._worker.close(failed=True)  # the chunk in flight is written; a failure there was raised
             for closer in (self._generator, self._decoder, self._i2v):
                 if closer is not None:
                     closer.close()
-            self._generator = self._decoder = self._i2v = None
+            self._generator = self._decoder = self._i2v = self._worker = None
             if self.writer is not None:
                 self.writer.close()  # the file holds every finished chunk and plays
         finally:

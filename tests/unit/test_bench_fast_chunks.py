@@ -28,3 +28,19 @@ def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path):
     clip = record["clip81"]
     assert clip["video_shape"] == [3, 81, 32, 48] and clip["video_finite"]
     assert set(clip["phases"]) == {"text_s", "vae_encode_s", "sampling_s", "decode_s"}
+
+
+def test_fast_bench_runs_the_long_video_path_overlapped_with_the_memory_plan(tmp_path):
+    """--pipeline overlap: stream_fast_video with the decode beside the next chunk; --memory
+    auto: the settings the nodes would take on a card of the cap (recorded)."""
+    package = tiny_package.build(tmp_path, "nf4")
+    out = tmp_path / "fast_overlap.json"
+    code = fast_chunks.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "33",
+                             "--pipeline", "overlap", "--memory", "auto", "--vram-cap-gb", "16", "--no-clip",
+                             "--out", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["pipeline"] == "overlap" and record["frames_written"] == 33 and record["chunks"] == 3
+    assert len(record["chunk_s"]["per_chunk"]) == 2 and record["fps"] > 0 and record["time_to_first_frames_s"] > 0
+    plan = record["memory_plan"]
+    assert plan["fits"] and plan["kv_dtype"] == "bf16" and plan["blocks_on_gpu"] is None  # a tiny model fits

@@ -34,3 +34,15 @@ def test_play_bench_records_a_turn_based_and_a_continuous_session(tmp_path):
         assert result["fps"] > 0 and len(result["chunk_s"]["all"]) == 2 and result["video_bytes"] > 0
     turn = record["modes"]["turn"]["key_to_frame_s"]
     assert len(turn["all"]) == 2 and 0 < turn["median"] <= turn["p90"]  # every turn-based chunk was asked for
+
+
+def test_play_bench_runs_sequentially_with_the_memory_plan(tmp_path):
+    package = tiny_package.build(tmp_path, "nf4")
+    out = tmp_path / "play_seq.json"
+    code = play_session.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--seconds", "2",
+                              "--modes", "continuous", "--pipeline", "sequential", "--memory", "auto",
+                              "--vram-cap-gb", "12", "--out", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["pipeline"] == "sequential" and record["memory_plan"]["fits"]
+    assert record["modes"]["continuous"]["chunks"] == 2

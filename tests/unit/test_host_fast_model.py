@@ -35,3 +35,36 @@ def test_comfyui_loads_and_drops_the_transformer_like_an_expert(fast_installed):
     del model
     gc.collect()
     assert probe() is None  # the weights are gone, not offloaded to RAM
+
+
+def test_the_memory_plan_follows_the_cards_size(fast_installed, monkeypatch):
+    """nodes/host/fast_model.memory_plan: plan_fast_memory with this transformer's size and
+    run memory on the load device's size; on a card too small for every block, blocks go
+    off the GPU before the VAE does; PreparedRun puts the VAE and the overlap where it says."""
+    import torch
+
+    from comfyui_lingbot_world.nodes.host.fast_model import PreparedRun, memory_plan
+    from comfyui_lingbot_world.pipeline.memory import AUTO_FIT_SHARE, FastMemoryPlan
+
+    fast, _ = load_fast(FAST, "nf4")
+    policy = CachePolicy(window=9, sink=3)
+    weights, reserve = fast.patcher.model_size(), mm.minimum_inference_memory()
+    run = {d: run_memory(fast, CachePolicy(window=9, sink=3, dtype=d), 4, 6, None) for d in ("bf16", "int8")}
+    vae = 10 * weights
+
+    def card(total: float):
+        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: int(total))
+        return memory_plan(fast, policy, True, 4, 6, None, vae=vae)
+
+    roomy = card(2 * (weights + run["bf16"] + vae + reserve) / AUTO_FIT_SHARE)
+    assert (roomy.kv_dtype, roomy.blocks_on_gpu, roomy.vae_on_gpu, roomy.overlap) == ("bf16", None, True, True)
+    tight = card((weights * 0.8 + run["int8"] + vae + reserve) / AUTO_FIT_SHARE)
+    assert tight.kv_dtype == "int8" and tight.blocks_on_gpu is not None and tight.vae_on_gpu
+    assert memory_plan(fast, policy, False, 4, 6, None, vae=vae).kv_dtype == "bf16"  # the user's dtype kept
+
+    cpu_vae = FastMemoryPlan("int8", 2, False, True, 0, True)
+    prepared = PreparedRun(None, policy, cpu_vae, torch.device("cpu"))
+    assert prepared.vae_device == torch.device("cpu") and not prepared.overlap  # no overlap on a CPU host
+    assert PreparedRun(None, policy, cpu_vae, torch.device("cuda", 0)).overlap
+    on_gpu = PreparedRun(None, policy, FastMemoryPlan("bf16", None, True, False, 0, True), torch.device("cuda", 0))
+    assert on_gpu.vae_device == torch.device("cuda", 0) and not on_gpu.overlap

@@ -1,0 +1,49 @@
+"""``--memory auto`` of the Fast benches: the settings the nodes' ``auto`` would take on a
+card of the cap's size (``pipeline.memory.plan_fast_memory``), applied to the bench's
+arguments (kv dtype, blocks on the GPU, decode overlap) and recorded in its JSON."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
+from comfyui_lingbot_world.loaders.expert_size import expert_memory  # noqa: E402
+from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.pipeline.memory import (GIB, decode_chunk_bytes, fast_run_bytes,  # noqa: E402
+                                                   plan_fast_memory, vae_stream_budget)
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+
+RESERVE_BYTES = 1 * GIB  # ComfyUI's minimum inference memory on a CUDA host (--reserve-vram unset)
+
+
+def card_bytes(args: argparse.Namespace, device: torch.device) -> int:
+    """The card the plan is for: the cap, else the device's memory."""
+    if args.vram_cap_gb:
+        return int(args.vram_cap_gb * GIB)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return 80 * GIB
+
+
+def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None, device: torch.device,
+                      precision: str = "bf16") -> dict:
+    """Set ``args.kv_dtype``, ``args.blocks_on_gpu`` and ``args.overlap`` from the plan for
+    this card (``vae_file`` None: no VAE beside the transformer); returns the plan's record."""
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    config = read_config(dit)
+    on_gpu, _ = expert_memory(dit, getattr(args, "quantize", None), None)
+    run = {d: fast_run_bytes(config, CachePolicy(window=args.kv_window or None, sink=args.kv_sink if args.kv_window
+                                                 else 0, dtype=d), height // 8, width // 8, None)
+           for d in ("bf16", "int8")}
+    vae = 0 if vae_file is None else vae_stream_budget(Path(vae_file).stat().st_size, height, width, precision)
+    plan = plan_fast_memory(card_bytes(args, device), on_gpu, config.num_layers, run, vae,
+                            decode_chunk_bytes(height, width, precision), RESERVE_BYTES)
+    args.kv_dtype = plan.kv_dtype
+    args.blocks_on_gpu = plan.blocks_on_gpu or 0
+    args.overlap = plan.overlap
+    print(f"memory auto for {card_bytes(args, device) / GIB:.0f} GiB: {plan.describe()}"
+          + ("" if plan.fits else " (does not fit: the smallest plan)"))
+    return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,
+            "overlap": plan.overlap, "estimate_gb": plan.need / GIB, "fits": plan.fits}
