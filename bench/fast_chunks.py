@@ -61,6 +61,7 @@ from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
+from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 
 PROMPT = "A walk through a sunlit pine forest towards a wooden cabin by a lake, mountains behind it."
 # Enough walking for 961 frames (the path wraps as needed): forward, look around, turn, strafe.
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="loop", choices=("loop", "overlap", "sequential"),
                    help="loop: the measured chunk loop below; overlap / sequential: stream_fast_video (Fast Long "
                    "Video's path) with each chunk decoded beside the next chunk's generation or after it")
-    p.add_argument("--vae-precision", default="fp32", choices=("fp32", "bf16"), help="--pipeline overlap/sequential")
+    p.add_argument("--vae-precision", default="fp32", choices=tuple(VAE_PRECISIONS), help="--pipeline overlap/sequential")
     p.add_argument("--memory", default="manual", choices=("manual", "auto"),
                    help="auto: kv dtype, blocks on the GPU and overlap as the nodes choose them for a card of "
                    "--vram-cap-gb (pipeline.memory.plan_fast_memory); manual: the flags as given")

@@ -13,7 +13,8 @@ from comfyui_lingbot_world.loaders.expert_size import expert_memory  # noqa: E40
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import (GIB, decode_chunk_bytes, fast_run_bytes,  # noqa: E402
                                                    plan_fast_memory, vae_stream_budget)
-from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.geometry import latent_size  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 
 RESERVE_BYTES = 1 * GIB  # ComfyUI's minimum inference memory on a CUDA host (--reserve-vram unset)
 
@@ -35,8 +36,8 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
     config = read_config(dit)
     on_gpu, _ = expert_memory(dit, getattr(args, "quantize", None), None)
     run = {d: fast_run_bytes(config, CachePolicy(window=args.kv_window or None, sink=args.kv_sink if args.kv_window
-                                                 else 0, dtype=d), height // 8, width // 8, None)
-           for d in ("bf16", "int8")}
+                                                 else 0, dtype=d), *latent_size(height, width), None)
+           for d in KV_DTYPES}
     vae = 0 if vae_file is None else vae_stream_budget(Path(vae_file).stat().st_size, height, width, precision)
     plan = plan_fast_memory(card_bytes(args, device), on_gpu, config.num_layers, run, vae,
                             decode_chunk_bytes(height, width, precision), RESERVE_BYTES)

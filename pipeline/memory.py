@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..wan.config import DiTConfig
-from ..wan.runtime.kv_cache import CachePolicy, KVCache
+from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy, KVCache
 
 T = TypeVar("T")
 
@@ -353,7 +353,7 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
     also fits (a VAE on the CPU: always, its memory is the host's)."""
     per_block = transformer_bytes / max(int(blocks), 1)
-    dtypes = [kv_dtype] if kv_dtype is not None else ["bf16", "int8"]
+    dtypes = [kv_dtype] if kv_dtype is not None else list(KV_DTYPES)
 
     def need(dtype: str, on_gpu: int | None, vae_gpu: bool) -> int:
         weights = transformer_bytes if on_gpu is None else \

@@ -31,6 +31,7 @@ from ...pipeline.memory import AUTO_FIT_SHARE, FastMemoryPlan, fast_run_bytes, f
 from ...wan.config import DiTConfig
 from ...wan.runtime.kv_cache import CachePolicy
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
+from ...wan.runtime.kv_cache import KV_DTYPES
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
 R = TypeVar("R")
@@ -110,7 +111,7 @@ def memory_plan(fast: FastDiT, policy: CachePolicy, auto_dtype: bool, latent_hei
                 latent_frames: int | None, vae: int = 0, decode: int = 0) -> FastMemoryPlan:
     """The run's memory settings for the load device's size (``plan_fast_memory``)."""
     run = {d: run_memory(fast, dataclasses.replace(policy, dtype=d), latent_height, latent_width, latent_frames)
-           for d in ("bf16", "int8")}
+           for d in KV_DTYPES}
     return plan_fast_memory(mm.get_total_memory(fast.patcher.load_device), fast.patcher.model_size(),
                             fast.config.num_layers, run, vae, decode, mm.minimum_inference_memory(),
                             kv_dtype=None if auto_dtype else policy.dtype)
