@@ -138,3 +138,8 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
+
+
+def build(device) -> LingBotDiT:
+    """A model factory for pipeline/parallel_pool.py (picklable: the workers call it)."""
+    return model().to(device)
