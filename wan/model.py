@@ -34,9 +34,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .runtime import fused
+from .runtime import parallel as sequence_parallel
 from .runtime.attention import attention
 from .runtime.dense import Dense, dense
 from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
+from .runtime.parallel import SequenceParallel
 from .config import CONTROL_CHANNELS, CONTROL_NAMES, FOLD_PIXELS, DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
@@ -211,6 +213,9 @@ class SelfAttention(_Attention):
             self._project_norm_(wk, self.norm_k, h, k[start:stop], rope, start)
             wv(h, out=v[start:stop])
             del h
+        run = sequence_parallel.current()
+        if run is not None:  # Ulysses: attend over the whole sequence with this rank's heads
+            return run.attend(q, k, v, self.num_heads, attention)
         return self._attend(q, k, v)
 
     def attend_cached(self, inputs: TokenSource, length: int, rope: Rope, spans: Sequence[tuple[int, int]],
@@ -219,6 +224,9 @@ class SelfAttention(_Attention):
         slots for the chunk, and its queries attend to the cache's committed frames plus the
         chunk (one contiguous slice). None (and no q) on the last layer of a commit pass,
         where only the keys and values are needed."""
+        run = sequence_parallel.current()
+        if run is not None:
+            return self._attend_cached_sharded(inputs, length, rope, spans, weights, cache, run)
         wq, wk, wv = weights
         k, v = cache.new_kv()
         if k.shape[0] != length:
@@ -232,6 +240,43 @@ class SelfAttention(_Attention):
             wv(h, out=v[start:stop])
             del h
         out = None if q is None else self._attend(q, *cache.attended())
+        cache.stored()
+        return out
+
+    def _attend_cached_sharded(self, inputs: TokenSource, length: int, rope: Rope, spans: Sequence[tuple[int, int]],
+                               weights: tuple[Dense | None, Dense, Dense], cache: LayerKV,
+                               run: sequence_parallel.ShardedRun) -> torch.Tensor | None:
+        """``attend_cached`` on this rank's ``length`` tokens of the chunk, the cache holding
+        this rank's heads of every token: one all-to-all brings the chunk's k, v (and q)
+        of this rank's heads for all its tokens, which go into the cache; the queries attend
+        to the cache, and a second all-to-all returns the output for this rank's tokens."""
+        wq, wk, wv = weights
+        dst_k, dst_v = cache.new_kv()
+        if dst_k.shape[0] != run.length:
+            raise ValueError(f"the chunk has {run.length} tokens, the cache's chunk slots hold {dst_k.shape[0]}")
+        dim = self.num_heads * self.head_dim
+        parts = [torch.empty(length, dim, dtype=dst_k.dtype, device=dst_k.device)
+                 for _ in range(2 if cache.kv_only else 3)]
+        for start, stop in spans:
+            h = inputs(start, stop)[0]
+            self._project_norm_(wk, self.norm_k, h, parts[0][start:stop], rope, start)
+            wv(h, out=parts[1][start:stop])
+            if len(parts) == 3:
+                self._project_norm_(wq, self.norm_q, h, parts[2][start:stop], rope, start)
+            del h
+        whole = run.sp.seq_to_heads(torch.stack(parts, 1).unflatten(-1, (self.num_heads, -1)))[:run.length]
+        del parts
+        dst_k.copy_(whole[:, 0].flatten(1))
+        dst_v.copy_(whole[:, 1].flatten(1))
+        out = None
+        if whole.shape[1] == 3:
+            k, v = cache.attended()
+            local = whole.shape[2]  # this rank's heads
+            attended = attention(whole[None, :, 2], k.unflatten(-1, (local, -1))[None],
+                                 v.unflatten(-1, (local, -1))[None])[0]
+            del whole
+            pad = run.sp.size * length - run.length
+            out = run.sp.heads_to_seq(F.pad(attended, (0, 0, 0, 0, 0, pad))).flatten(1)
         cache.stored()
         return out
 
@@ -571,18 +616,24 @@ class LingBotDiT(nn.Module):
         return self._rope_cache[key]
 
     def new_kv_cache(self, policy: CachePolicy, latent_height: int, latent_width: int,
-                     latent_frames: int | None = None, device: torch.device | str | None = None) -> KVCache:
+                     latent_frames: int | None = None, device: torch.device | str | None = None,
+                     parallel: SequenceParallel | None = None) -> KVCache:
         """A causal KV cache for this model at a latent of ``latent_height`` x ``latent_width``,
         in the self-attention's compute dtype (bf16 for NF4 or bf16 weights), on the device of
         the model's resident weights unless ``device`` is given. ``latent_frames``: the
-        video's length (needed by the full cache; None for an open-ended session)."""
+        video's length (needed by the full cache; None for an open-ended session).
+        ``parallel``: this rank's head shard of the cache (heads / group size, every token)."""
         pt, ph, pw = self.config.patch_size
         if pt != 1:
             raise ValueError(f"the causal cache needs a temporal patch of 1, the model has {pt}")
         if latent_height % ph or latent_width % pw:
             raise ValueError(f"latent {latent_height}x{latent_width} is not a multiple of the patch {ph}x{pw}")
         dtype = linear_compute_dtype(self.blocks[0].self_attn.k) or torch.float32
-        return KVCache(policy, layers=self.config.num_layers, heads=self.config.num_heads,
+        heads = self.config.num_heads
+        if parallel is not None:
+            parallel.check_heads(heads)
+            heads //= parallel.size
+        return KVCache(policy, layers=self.config.num_layers, heads=heads,
                        head_dim=self.config.head_dim, frame_tokens=(latent_height // ph) * (latent_width // pw),
                        dtype=dtype, device=device if device is not None else self.patch_embedding.weight.device,
                        latent_frames=latent_frames)
@@ -614,7 +665,8 @@ class LingBotDiT(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | Sequence[torch.Tensor] | None,
                 y: torch.Tensor | None = None, camera_tokens: torch.Tensor | None = None,
                 camera: torch.Tensor | None = None, cancel: Callable[[], None] | None = None,
-                kv_cache: KVCache | None = None, commit: bool = False) -> torch.Tensor | None:
+                kv_cache: KVCache | None = None, commit: bool = False,
+                parallel: SequenceParallel | None = None) -> torch.Tensor | None:
         """Predict the flow for latent x [B, 16, F, H, W] at timesteps t [B] (0..1000).
 
         context: padded [B, Lc, text_dim] (Lc <= text_len) or a list of [L_i, text_dim].
@@ -630,6 +682,10 @@ class LingBotDiT(nn.Module):
         commit: with kv_cache, the pass at t = 0 on the chunk's final x0 that stores its keys
         and values for the chunks after it; returns None (its output is not needed) and moves
         the cache to the next chunk.
+        parallel: this process's Ulysses group (wan/runtime/parallel.py): every rank of it
+        calls forward with the same arguments; each computes its slice of the tokens and all
+        get the whole prediction. With kv_cache, the cache must be the rank's head shard
+        (``new_kv_cache(..., parallel=parallel)``).
         Returns float32 [B, out_dim, F, H, W].
         """
         if commit and kv_cache is None:
@@ -657,27 +713,44 @@ class LingBotDiT(nn.Module):
             raise ValueError(f"camera_tokens: expected [{batch} or 1, {tokens.shape[1]}, {tokens.shape[2]}] "
                              f"for this latent, got {tuple(camera_tokens.shape)}")
 
+        length = tokens.shape[1]
+        if parallel is not None:  # this rank's slice of the tokens and of the camera tokens
+            parallel.check_heads(self.config.num_heads)
+            tokens = parallel.shard(tokens)
+            camera_tokens = None if camera_tokens is None else parallel.shard(camera_tokens)
+
         e, e0 = self._embed_time(t, batch, device)
         if kv_cache is not None:
-            return self._forward_causal(tokens, e, e0, grid, context, camera_tokens, cancel, kv_cache, commit)
+            return self._forward_causal(tokens, e, e0, grid, context, camera_tokens, cancel, kv_cache, commit,
+                                        parallel, length)
         text = self._embed_text(context, batch, device)
         rope = self.rope_tables(grid, device)
+        if parallel is not None:
+            rope = parallel.shard_rope(rope)
         hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
         try:
-            tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens)
+            with sequence_parallel.active(parallel, length):
+                tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens)
         finally:
             for hook in hooks:
                 hook.remove()
         del text
-        return self.unpatchify(self.head(tokens, e), grid).float()
+        return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
+
+    def _head_gathered(self, tokens: torch.Tensor, e: torch.Tensor, parallel: SequenceParallel | None,
+                       length: int) -> torch.Tensor:
+        """The head's output [B, length, patch values]; sequence parallel: every rank's slice gathered."""
+        out = self.head(tokens, e)
+        return out if parallel is None else parallel.gather(out, length)
 
     def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],
                         context: torch.Tensor | Sequence[torch.Tensor] | None, camera_tokens: torch.Tensor | None,
-                        cancel: Callable[[], None] | None, kv_cache: KVCache, commit: bool) -> torch.Tensor | None:
+                        cancel: Callable[[], None] | None, kv_cache: KVCache, commit: bool,
+                        parallel: SequenceParallel | None = None, length: int = 0) -> torch.Tensor | None:
         """``forward``'s transformer and head for one chunk with the causal cache."""
         cfg = self.config
-        kv_cache.check_geometry(grid[0], grid[1] * grid[2], cfg.num_heads, cfg.head_dim, cfg.num_layers,
-                                tokens.device)
+        heads = cfg.num_heads if parallel is None else cfg.num_heads // parallel.size  # a head-sharded cache
+        kv_cache.check_geometry(grid[0], grid[1] * grid[2], heads, cfg.head_dim, cfg.num_layers, tokens.device)
         if tokens.shape[0] != 1:
             raise ValueError(f"x: causal execution runs one sample (no CFG), got a batch of {tokens.shape[0]}")
         text = None
@@ -686,10 +759,13 @@ class LingBotDiT(nn.Module):
                 raise ValueError("context: the cache holds no text keys yet; pass the text on the first pass")
             text = self._embed_text(context, 1, tokens.device)
         rope = self.rope_tables(grid, tokens.device, kv_cache.frame_start)
+        if parallel is not None:
+            rope = parallel.shard_rope(rope)
         hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
         kv_cache.begin_pass(commit)
         try:
-            tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens, kv_cache=kv_cache)
+            with sequence_parallel.active(parallel, length):
+                tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens, kv_cache=kv_cache)
         except BaseException as exc:
             kv_cache.abort_pass(type(exc).__name__)
             raise
@@ -700,4 +776,4 @@ class LingBotDiT(nn.Module):
         del text
         if commit:
             return None
-        return self.unpatchify(self.head(tokens, e), grid).float()
+        return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()

@@ -117,6 +117,17 @@ class _FlowSampler:
     def _end_step(self, index: int) -> None:
         self._next_index = int(index) + 1
 
+    def to(self, device: torch.device | str) -> "_FlowSampler":
+        """Move every tensor the sampler keeps between steps to ``device`` (returns self).
+
+        ``step`` calls it with the incoming sample's device, so the history follows the
+        latent when a run moves it to another GPU (expert per GPU, pipeline/placement.py)."""
+        return self
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors kept between steps (for checks of where they live)."""
+        return []
+
 
 class FlowEulerSampler(_FlowSampler):
     """First-order flow-matching Euler: x ← x + (σ_{i+1} − σ_i)·v."""
@@ -124,6 +135,7 @@ class FlowEulerSampler(_FlowSampler):
     def step(self, model_output: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
         self._begin_step(index)
         x = sample.float()
+        self.to(x.device)
         v = model_output.to(device=x.device, dtype=torch.float32)
         out = x + (self._sig[index + 1] - self._sig[index]) * v
         self._end_step(index)
@@ -153,6 +165,16 @@ class FlowUniPCSampler(_FlowSampler):
         self._x0_history: list[torch.Tensor] = []  # clean estimates, oldest first (≤ 2)
         self._last_sample: torch.Tensor | None = None  # sample the last predictor started from
         self._last_order = 0
+
+    def to(self, device: torch.device | str) -> "FlowUniPCSampler":
+        device = torch.device(device)
+        self._x0_history = [m.to(device) for m in self._x0_history]
+        if self._last_sample is not None:
+            self._last_sample = self._last_sample.to(device)
+        return self
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return list(self._x0_history) + ([] if self._last_sample is None else [self._last_sample])
 
     def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000, schedule: str = "wan") -> None:
         super().__init__(steps, shift, num_train_timesteps, schedule)
@@ -203,6 +225,7 @@ class FlowUniPCSampler(_FlowSampler):
         """Advance ``sample`` (at sigma ``index``) given the flow prediction taken there."""
         self._begin_step(index)
         x = sample.float()
+        self.to(x.device)  # the history follows the latent (a move to another GPU between steps)
         v = model_output.to(device=x.device, dtype=torch.float32)
         # The clean estimate uses the sample the model actually saw (before correction).
         x0 = x - self._sig[index] * v

@@ -157,3 +157,33 @@ def test_make_sampler_names() -> None:
 def test_bad_schedule_arguments(steps: int, shift: float, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         FlowUniPCSampler(steps, shift)
+
+
+# --------------------------------------------------------------------------- the history follows the latent
+
+def test_unipc_history_follows_the_sample_to_another_device():
+    """expert_per_gpu moves the latent to GPU 1 at the boundary (issue 26: the history stayed
+    on GPU 0 and `_correct` mixed devices). "meta" stands for the second device: mixing it with
+    CPU tensors raises the same device error, so the step fails unless the state moved."""
+    sampler = FlowUniPCSampler(6, 5.0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=g)
+    for index in range(2):  # two steps on the first device: the order-2 history is full
+        x = sampler.step(torch.randn(2, 3, 4, generator=g), index, x)
+    assert sampler.state_tensors() and all(t.device.type == "cpu" for t in sampler.state_tensors())
+    moved = sampler.step(torch.empty(2, 3, 4, device="meta"), 2, x.to("meta"))
+    assert moved.device.type == "meta"
+    assert len(sampler.state_tensors()) == 3 and all(t.device.type == "meta" for t in sampler.state_tensors())
+
+
+def test_sampler_to_moves_every_state_tensor():
+    sampler = FlowUniPCSampler(5, 3.0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, generator=g)
+    for index in range(2):
+        x = sampler.step(torch.randn(4, generator=g), index, x)
+    shapes = [t.shape for t in sampler.state_tensors()]
+    assert sampler.to("meta") is sampler
+    assert [t.shape for t in sampler.state_tensors()] == shapes
+    assert all(t.device.type == "meta" for t in sampler.state_tensors())
+    assert FlowEulerSampler(4, 3.0).to("meta").state_tensors() == []

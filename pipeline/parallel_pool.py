@@ -1,0 +1,529 @@
+"""Persistent rank processes for sequence-parallel runs: this process is rank 0, one spawned
+worker per extra device, one ``torch.distributed`` group (NCCL on CUDA, gloo on the CPU).
+
+The workers hold their own copy of the model (built by a picklable ``factory(device)``) and
+run every forward in lock-step with rank 0: rank 0 sends the command (a queue per worker:
+the operation and the inputs' shapes), the inputs themselves go by ``broadcast`` over the
+group, every rank runs ``LingBotDiT.forward(..., parallel=sp)`` and all get the whole
+prediction. Nothing here knows ComfyUI (nodes/host/workers.py adds the memory accounting).
+
+- Cancel: before every block all ranks agree on a flag (one all-reduce of one number), so a
+  cancel on rank 0 stops every rank at the same block boundary and the group stays usable.
+- A worker that dies or fails: a watch thread in rank 0 sees it, aborts the group (a blocked
+  collective then raises) and the forward fails with ``WorkerLost`` naming the device; the
+  pool is torn down (workers stopped, group destroyed) and the next ``start`` begins afresh.
+- No worker outlives rank 0: each waits on its parent's sentinel and exits when it goes.
+- ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1`` are
+  set in every rank's environment (NVLink multicast stays off on the lent machines).
+"""
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+import os
+import queue
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ..wan.runtime.kv_cache import CachePolicy, KVCache
+from ..wan.runtime.parallel import SequenceParallel
+
+PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+START_TIMEOUT_S = 600.0  # a worker's first model load (an A14B expert from disk) fits in it
+WATCH_PERIOD_S = 0.2
+# Rendezvous and collective timeout. A collective never waits on a dead rank that long (the
+# watch aborts the group first); an NCCL collective past it would end the process.
+GROUP_TIMEOUT = timedelta(seconds=900)
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died or failed during a parallel run."""
+
+
+class Cancelled(Exception):
+    """Raised on the workers when rank 0 cancelled (they go back to waiting for commands)."""
+
+
+def apply_env() -> None:
+    for key, value in PARALLEL_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+# ----------------------------------------------------------------------------- tensors over the group
+
+def _describe(tensors: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    return [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+
+
+def _broadcast_out(tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+    for t in tensors.values():
+        dist.broadcast(t.to(device).contiguous(), src=0)
+
+
+def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]], device: torch.device) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, shape, dtype in meta:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(t, src=0)
+        out[name] = t
+    return out
+
+
+def synced_cancel(device: torch.device, local: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A ``cancel`` hook that every rank calls before every block: rank 0's ``local`` check
+    decides, one all-reduce tells the others, and all stop at the same block."""
+    return _SyncedCancel(device, local)
+
+
+class _SyncedCancel:
+    """See ``synced_cancel``; ``raised`` is rank 0's own error once every rank knows of it."""
+
+    def __init__(self, device: torch.device, local: Callable[[], None] | None) -> None:
+        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.local = local
+        self.raised: BaseException | None = None
+
+    def __call__(self) -> None:
+        error = None
+        self.flag.zero_()
+        if self.local is not None:
+            try:
+                self.local()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others know
+                error = exc
+                self.flag.fill_(1)
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        if error is not None:
+            self.raised = error
+            raise error
+        if int(self.flag.item()):
+            raise Cancelled("rank 0 cancelled the run")
+
+
+# ----------------------------------------------------------------------------- the worker process
+
+def _watch_parent() -> None:
+    parent = mp.parent_process()
+    if parent is not None:
+        parent.join()  # returns when the parent is gone
+        os._exit(0)
+
+
+def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any, reports: Any) -> None:
+    apply_env()
+    threading.Thread(target=_watch_parent, name="lingbot-parent-watch", daemon=True).start()
+    device = torch.device(devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
+    try:
+        dist.init_process_group(backend_for(device), init_method=init, rank=rank, world_size=world,
+                                timeout=GROUP_TIMEOUT, device_id=device if device.type == "cuda" else None)
+        sp = SequenceParallel.from_group()
+    except BaseException:  # noqa: BLE001
+        reports.put(("error", rank, traceback.format_exc()))
+        return
+    reports.put(("ready", rank, None))
+    models: dict[str, nn.Module] = {}
+    caches: dict[int, KVCache] = {}
+    cameras: dict[int, torch.Tensor] = {}
+    while True:
+        op, payload = commands.get()
+        try:
+            if op == "stop":
+                break
+            if op == "load":
+                key, factory = payload
+                models.pop(key, None)
+                models[key] = factory(device)
+                reports.put(("loaded", rank, key))
+            elif op == "free":
+                models.pop(payload, None)
+                caches.clear(), cameras.clear()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                reports.put(("freed", rank, payload))
+            elif op == "camera":
+                key, ident, meta = payload
+                plucker = _broadcast_in(meta, device)["plucker"]
+                with torch.inference_mode():
+                    cameras[ident] = models[key].prepare_camera(plucker)
+            elif op == "drop_camera":
+                cameras.pop(payload, None)
+            elif op == "new_cache":
+                key, ident, policy, height, width, frames = payload
+                caches[ident] = models[key].new_kv_cache(policy, height, width, frames, device=device, parallel=sp)
+            elif op == "close_cache":
+                cache = caches.pop(payload, None)
+                if cache is not None:
+                    cache.close()
+            elif op == "forward":
+                key, plain, meta = payload
+                tensors = _broadcast_in(meta, device)
+                context = [tensors[f"context{i}"] for i in range(plain["contexts"])] if plain["contexts"] else None
+                camera = cameras[plain["camera"]] if plain["camera"] is not None else tensors.get("camera_tokens")
+                cache = caches.get(plain["cache"])
+                if cache is not None:  # rank 0 may have skipped a chunk (KVCache.skip_chunk) since
+                    cache.frame_start = plain["frame_start"]
+                try:
+                    with torch.inference_mode():
+                        models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
+                                    kv_cache=cache, commit=plain["commit"],
+                                    parallel=sp, cancel=synced_cancel(device))
+                except Cancelled:
+                    pass
+            else:
+                raise ValueError(f"unknown command {op!r}")
+        except BaseException:  # noqa: BLE001 - reported; rank 0's watch aborts the group
+            reports.put(("error", rank, traceback.format_exc()))
+            break
+    models.clear(), caches.clear(), cameras.clear()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ----------------------------------------------------------------------------- starting a worker
+
+# The pack is imported under its folder's name inside ComfyUI (``comfyui_lingbot_world`` in
+# tests and tools), which a spawned interpreter cannot import by itself. The worker's entry
+# is therefore ``exec`` of this bootstrap: it registers the pack's folder under the same
+# package name (without running its __init__, so ComfyUI's nodes are not imported) and
+# calls ``_worker``; factories pickled by rank 0 then resolve to the same module names.
+_PACKAGE = __name__.rsplit(".pipeline.", 1)[0]
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOTSTRAP = """
+import sys, types, importlib
+if PACKAGE not in sys.modules:
+    package = types.ModuleType(PACKAGE)
+    package.__path__ = [ROOT]
+    package.__package__ = PACKAGE
+    sys.modules[PACKAGE] = package
+importlib.import_module(PACKAGE + ".pipeline.parallel_pool")._worker(*ARGS)
+"""
+
+
+class _main_not_reimported:
+    """``spawn`` re-imports the parent's main script in the child (``__mp_main__``); for
+    ComfyUI that is main.py, whose top level parses arguments and sets up the server. The
+    worker needs nothing from it, so the script's path is hidden while the child starts."""
+
+    def __enter__(self) -> None:
+        import sys
+
+        self.main = sys.modules.get("__main__")
+        self.file = getattr(self.main, "__file__", None)
+        if self.file is not None and getattr(self.main, "__spec__", None) is None:
+            del self.main.__file__
+        else:
+            self.file = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.main.__file__ = self.file
+
+
+# ----------------------------------------------------------------------------- rank 0
+
+@dataclass
+class _Dead:
+    rank: int
+    device: str
+    detail: str
+
+
+class RankPool:
+    """Rank 0 of a group over ``devices`` (``devices[0]`` is this process's device); the
+    workers are started by ``start`` and stay until ``close``."""
+
+    def __init__(self, devices: Sequence[torch.device | str]) -> None:
+        self.devices = [torch.device(d) for d in devices]
+        if len(self.devices) < 2:
+            raise ValueError(f"a parallel run needs at least 2 devices, got {len(self.devices)}")
+        if len({d.type for d in self.devices}) != 1:
+            raise ValueError(f"devices must all be CUDA or all CPU, got {[str(d) for d in self.devices]}")
+        self.world = len(self.devices)
+        self.device = self.devices[0]
+        self._procs: list[Any] = []
+        self._commands: list[Any] = []
+        self._reports: Any = None
+        self._dead: _Dead | None = None
+        self._watch: threading.Thread | None = None
+        self._stop_watch = threading.Event()
+        self._replies: "queue.Queue[tuple[str, int, Any]]" = queue.Queue()
+        self._init_dir: str | None = None
+        self.sp: SequenceParallel | None = None
+        self.models: set[str] = set()
+
+    # -------------------------------------------------------------- lifecycle
+    @property
+    def running(self) -> bool:
+        return self.sp is not None
+
+    def start(self) -> "RankPool":
+        if self.running:
+            return self
+        if dist.is_initialized():
+            raise RuntimeError("torch.distributed is already initialized in this process (another pack or run "
+                               "holds the default group); restart ComfyUI to use the sequence-parallel modes")
+        apply_env()
+        ctx = mp.get_context("spawn")
+        self._init_dir = tempfile.mkdtemp(prefix="lingbot-group-")
+        init = f"file://{os.path.join(self._init_dir, 'store')}"
+        self._reports = ctx.Queue()
+        self._dead = None
+        names = [str(d) for d in self.devices]
+        for rank in range(1, self.world):
+            commands = ctx.Queue()
+            proc = ctx.Process(target=exec, args=(_BOOTSTRAP, {"PACKAGE": _PACKAGE, "ROOT": _ROOT, "ARGS": (
+                rank, self.world, names, init, commands, self._reports)}), name=f"lingbot-rank{rank}", daemon=True)
+            with _main_not_reimported():
+                proc.start()
+            self._procs.append(proc)
+            self._commands.append(commands)
+        self._stop_watch.clear()
+        self._watch = threading.Thread(target=self._watch_workers, name="lingbot-rank-watch", daemon=True)
+        self._watch.start()
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend_for(self.device), init_method=init, rank=0, world_size=self.world,
+                                    timeout=GROUP_TIMEOUT, device_id=self.device if self.device.type == "cuda" else None)
+            self.sp = SequenceParallel.from_group()
+            self._await("ready", START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force), destroy the group; idempotent."""
+        for commands in self._commands:
+            try:
+                commands.put(("stop", None))
+            except Exception:  # noqa: BLE001
+                pass
+        deadline = time.monotonic() + 10.0
+        for proc in self._procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        self._stop_watch.set()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+        self._procs, self._commands, self.sp, self.models = [], [], None, set()
+        self._replies = queue.Queue()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -------------------------------------------------------------- failure watch
+    def _watch_workers(self) -> None:
+        while not self._stop_watch.wait(WATCH_PERIOD_S):
+            try:
+                while True:
+                    kind, rank, detail = self._reports.get_nowait()
+                    if kind == "error":
+                        self._lost(rank, f"failed:\n{detail}")
+                    else:
+                        self._replies.put((kind, rank, detail))
+            except queue.Empty:
+                pass
+            except (OSError, ValueError, EOFError):
+                return
+            for rank, proc in enumerate(self._procs, start=1):
+                if proc.exitcode is not None and not self._stop_watch.is_set():
+                    self._lost(rank, f"exited with code {proc.exitcode}")
+
+    def _lost(self, rank: int, detail: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = _Dead(rank, str(self.devices[rank]), detail)
+        if dist.is_initialized():  # a collective blocked on the lost rank raises now
+            try:
+                dist.distributed_c10d._abort_process_group()
+            except Exception:  # noqa: BLE001 - gloo raises on a closed peer by itself
+                pass
+
+    def lost_message(self) -> str:
+        dead = self._dead
+        assert dead is not None
+        return (f"the sequence-parallel worker on {dead.device} (rank {dead.rank}) {dead.detail.strip()}; "
+                "the workers were stopped and the next run starts them again")
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            message = self.lost_message()
+            self.close()
+            raise WorkerLost(message)
+        if not self.running:
+            raise RuntimeError("the rank pool is not started")
+
+    def _await(self, kind: str, timeout: float, count: int | None = None) -> None:
+        need = self.world - 1 if count is None else count
+        deadline = time.monotonic() + timeout
+        while need:
+            if self._dead is not None:
+                self._check()
+            try:
+                got, _, _ = self._replies.get(timeout=0.1)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the sequence-parallel workers did not answer {kind!r} within {timeout:.0f} s")
+                continue
+            if got == kind:
+                need -= 1
+
+    def _send(self, op: str, payload: Any) -> None:
+        self._check()
+        for commands in self._commands:
+            commands.put((op, payload))
+
+    def _guard(self, run: Callable[[], Any], synced: Callable[[BaseException], bool] = lambda exc: False) -> Any:
+        """Run a collective step; a lost worker (or a failure on rank 0 that leaves the
+        workers inside a collective) tears the pool down. ``synced(exc)``: the error is a
+        cancel every rank acted on at the same block, after which the group is still in step."""
+        try:
+            return run()
+        except BaseException as exc:
+            if self._dead is None:
+                self._poll_dead(1.0)  # a collective may notice a dead peer before the watch thread
+            if self._dead is not None:
+                message = self.lost_message()
+                self.close()
+                raise WorkerLost(message) from exc
+            if synced(exc):
+                raise
+            self.close()
+            raise
+
+    def _poll_dead(self, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        for rank, proc in enumerate(self._procs, start=1):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is not None:
+                self._lost(rank, f"exited with code {proc.exitcode}")
+                return
+
+    # -------------------------------------------------------------- commands
+    def load(self, key: str, factory: Callable[[torch.device], nn.Module]) -> nn.Module:
+        """Build ``factory(device)`` on every rank (the workers in parallel); rank 0's copy is returned."""
+        self._send("load", (key, factory))
+        model = factory(self.device)
+        self._await("loaded", START_TIMEOUT_S)
+        self.models.add(key)
+        return model
+
+    def free(self, key: str) -> None:
+        """The workers drop their copy of ``key`` (and their caches and camera tokens)."""
+        if not self.running:
+            return
+        self._send("free", key)
+        self._await("freed", 60.0)
+        self.models.discard(key)
+
+
+_ids = itertools.count(1)
+
+
+class ParallelModel(nn.Module):
+    """Rank 0's copy of the model, driving the workers' copies: called like ``LingBotDiT``
+    (``forward``, ``prepare_camera``, ``new_kv_cache``), every call runs on all ranks."""
+
+    def __init__(self, pool: RankPool, key: str, model: nn.Module) -> None:
+        super().__init__()
+        self.pool, self.key, self.inner = pool, key, model
+        self.config = model.config
+        self._cameras: dict[int, int] = {}  # id(rank 0's camera tokens) -> worker-side id
+        self._caches: dict[int, tuple[KVCache, int]] = {}
+
+    def prepare_camera(self, plucker: torch.Tensor) -> torch.Tensor:
+        pool = self.pool
+        ident = next(_ids)
+        tensors = {"plucker": plucker.to(pool.device)}
+        pool._send("camera", (self.key, ident, _describe(tensors)))
+        pool._guard(lambda: _broadcast_out(tensors, pool.device))
+        tokens = self.inner.prepare_camera(tensors["plucker"])
+        for old in list(self._cameras):  # one camera per expert activation: older ones go
+            pool._send("drop_camera", self._cameras.pop(old))
+        self._cameras[id(tokens)] = ident
+        return tokens
+
+    def new_kv_cache(self, policy: CachePolicy, latent_height: int, latent_width: int,
+                     latent_frames: int | None = None, device: torch.device | str | None = None) -> KVCache:
+        self._collect_caches()
+        ident = next(_ids)
+        self.pool._send("new_cache", (self.key, ident, policy, latent_height, latent_width, latent_frames))
+        cache = self.inner.new_kv_cache(policy, latent_height, latent_width, latent_frames, device=self.pool.device,
+                                        parallel=self.pool.sp)
+        self._caches[id(cache)] = (cache, ident)
+        return cache
+
+    def _collect_caches(self) -> None:
+        for key, (cache, ident) in list(self._caches.items()):
+            if cache.closed:
+                self.pool._send("close_cache", ident)
+                del self._caches[key]
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context: Any = None, y: torch.Tensor | None = None,
+                camera_tokens: torch.Tensor | None = None, camera: torch.Tensor | None = None,
+                cancel: Callable[[], None] | None = None, kv_cache: KVCache | None = None,
+                commit: bool = False) -> torch.Tensor | None:
+        pool = self.pool
+        if camera is not None:
+            camera_tokens = self.prepare_camera(camera)
+        tensors: dict[str, torch.Tensor] = {"x": x, "t": torch.as_tensor(t, device=pool.device)}
+        if y is not None:
+            tensors["y"] = y
+        contexts = 0
+        if context is not None:
+            items = list(context)  # a padded [B, L, D] tensor or a list: one [L, D] entry per sample
+            for i, item in enumerate(items):
+                tensors[f"context{i}"] = item
+            contexts = len(items)
+        camera_id = None if camera_tokens is None else self._cameras.get(id(camera_tokens))
+        if camera_tokens is not None and camera_id is None:
+            tensors["camera_tokens"] = camera_tokens
+        cache_id = None
+        if kv_cache is not None:
+            cache_id = self._caches[id(kv_cache)][1]
+        tensors = {k: v.to(pool.device) for k, v in tensors.items()}
+        plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit,
+                 "frame_start": None if kv_cache is None else kv_cache.frame_start}
+        pool._send("forward", (self.key, plain, _describe(tensors)))
+        hook = _SyncedCancel(pool.device, cancel)
+
+        def run() -> torch.Tensor | None:
+            _broadcast_out(tensors, pool.device)
+            context_arg = [tensors[f"context{i}"] for i in range(contexts)] if contexts else None
+            return self.inner(tensors["x"], tensors["t"], context_arg, y=tensors.get("y"),
+                              camera_tokens=camera_tokens, kv_cache=kv_cache, commit=commit, parallel=pool.sp,
+                              cancel=hook)
+        return pool._guard(run, synced=lambda exc: exc is hook.raised)
+
+    def close(self) -> None:
+        """Free the workers' copy (rank 0's is dropped with this object)."""
+        self.pool.free(self.key)
+        self._cameras.clear(), self._caches.clear()
+
+
+__all__ = ["Cancelled", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env", "synced_cancel"]

@@ -1,0 +1,176 @@
+"""The model side of multi-process runs: Ulysses sequence parallel on ``torch.distributed``.
+
+One process per GPU (NCCL; ``gloo`` on the CPU for tests), each holding the whole model. A
+``SequenceParallel`` names the process group that splits one forward's tokens; it is passed
+to ``LingBotDiT.forward(..., parallel=sp)``. What changes in the forward (wan/model.py):
+
+* after the patch embedding every rank keeps its slice of the token sequence: the sequence
+  is padded to a multiple of the group's size P and cut into P equal, contiguous slices
+  (``shard``); the camera tokens and the RoPE tables are cut the same way, so per-token
+  work (norms, projections, RoPE, camera injection, FFN) runs on 1/P of the tokens;
+* self-attention (Ulysses, DeepSpeed-Ulysses / USP): each rank projects q, k, v for its
+  tokens, one ``all_to_all_single`` turns [tokens/P, all heads] into [all tokens, heads/P]
+  (``seq_to_heads``), the padding is dropped, attention runs over the whole sequence with
+  H/P heads, and a second all-to-all turns the output back (``heads_to_seq``). Attention
+  is per head, so this is the same math as one process;
+* cross-attention needs nothing: each rank's queries attend to the whole text;
+* after the head the slices are gathered on every rank (``gather``) and unpadded, so every
+  rank holds the whole prediction and can step the sampler itself, in lock-step.
+
+Causal (Fast / Play): the KV cache is sharded by head (``LingBotDiT.new_kv_cache(...,
+parallel=sp)``: H/P heads of every token on each rank, resident there), so a forward
+exchanges only the new chunk's q, k and v; the chunk's keys and values land in the rank's
+cache after the all-to-all and its queries attend to the rank's heads of the cache.
+
+The group size must divide the heads (40 for A14B: 2, 4, 5, 8). ``STRATEGIES`` names the
+ways a run can split across processes (the loaders' ``devices`` modes map onto them).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+_ACTIVE: contextvars.ContextVar["ShardedRun | None"] = contextvars.ContextVar("lingbot_sequence_parallel",
+                                                                                     default=None)
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """A Ulysses group: ``size`` processes (this one is ``rank`` in it) sharing one forward.
+
+    ``group``: the ``torch.distributed`` process group (None: the default group)."""
+
+    rank: int
+    size: int
+    group: object | None = None
+
+    @classmethod
+    def from_group(cls, group: object | None = None) -> "SequenceParallel":
+        """The group ``group`` (None: the default one, after ``init_process_group``)."""
+        if not dist.is_initialized():
+            raise RuntimeError("sequence parallel needs torch.distributed.init_process_group first "
+                               "(one process per GPU: nodes/host/workers.py starts them)")
+        return cls(dist.get_rank(group), dist.get_world_size(group), group)
+
+    # ------------------------------------------------------------------ geometry
+    def padded(self, length: int) -> int:
+        """``length`` rounded up to a multiple of the group size."""
+        return -(-length // self.size) * self.size
+
+    def local_length(self, length: int) -> int:
+        return self.padded(length) // self.size
+
+    def span(self, length: int) -> tuple[int, int]:
+        """This rank's token range [start, stop) in the padded sequence."""
+        n = self.local_length(length)
+        return self.rank * n, (self.rank + 1) * n
+
+    def check_heads(self, heads: int) -> None:
+        if heads % self.size:
+            raise ValueError(f"sequence parallel over {self.size} GPUs needs a head count divisible by "
+                             f"{self.size}; the model has {heads} heads (A14B's 40 split over 2, 4, 5 or 8)")
+
+    # ------------------------------------------------------------------ tokens
+    def shard(self, x: torch.Tensor, dim: int = 1, fill: float = 0.0) -> torch.Tensor:
+        """This rank's slice of ``x`` along ``dim`` (padded with ``fill`` to a multiple of the
+        group size first), contiguous."""
+        length = x.shape[dim]
+        pad = self.padded(length) - length
+        if pad:
+            widths = [0, 0] * (x.dim() - 1 - dim) + [0, pad]
+            x = F.pad(x, widths, value=fill)
+        start, stop = self.span(length)
+        return x.narrow(dim, start, stop - start).contiguous()
+
+    def shard_rope(self, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables [L, 1, D/2] cut like the tokens (padding rotates by 0: cos 1, sin 0)."""
+        cos, sin = rope
+        return self.shard(cos, 0, 1.0), self.shard(sin, 0, 0.0)
+
+    def gather(self, x: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:
+        """Every rank's slice along ``dim`` put back in token order, padding dropped: the whole
+        sequence of ``length`` tokens on every rank."""
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=dim).narrow(dim, 0, length)
+
+    # ------------------------------------------------------------------ Ulysses exchange
+    def seq_to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[l, G, H, D] (this rank's l tokens, all H heads, G tensors such as q, k, v) ->
+        [P*l, G, H/P, D] (every token, this rank's heads), one all-to-all."""
+        l, g, h, d = x.shape
+        p = self.size
+        send = x.reshape(l, g, p, h // p, d).permute(2, 0, 1, 3, 4).contiguous()  # chunk j goes to rank j
+        recv = torch.empty_like(send)  # chunk i: rank i's tokens, my heads
+        dist.all_to_all_single(recv, send, group=self.group)
+        return recv.reshape(p * l, g, h // p, d)
+
+    def heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
+        """[P*l, H/P, D] (every token, this rank's heads) -> [l, H, D] (this rank's tokens, all heads)."""
+        n, hp, d = x.shape
+        p = self.size
+        send = x.reshape(p, n // p, hp, d).contiguous()  # chunk j: rank j's tokens
+        recv = torch.empty_like(send)  # chunk i: my tokens, rank i's heads
+        dist.all_to_all_single(recv, send, group=self.group)
+        return recv.permute(1, 0, 2, 3).reshape(n // p, p * hp, d)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, length: int,
+               kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Self-attention of the whole sequence (``length`` real tokens) from this rank's
+        slices q, k, v [l, H*D]: output [l, H*D] for this rank's tokens. ``kernel`` is the
+        attention function ([B, L, h, D] layout)."""
+        l = q.shape[0]
+        qkv = self.seq_to_heads(torch.stack([q, k, v], 1).unflatten(-1, (heads, -1)))[:length]
+        out = kernel(qkv[None, :, 0], qkv[None, :, 1], qkv[None, :, 2])[0]  # [length, H/P, D]
+        del qkv
+        return self.heads_to_seq(F.pad(out, (0, 0, 0, 0, 0, self.size * l - length))).flatten(1)
+
+
+@dataclass(frozen=True)
+class ShardedRun:
+    """The forward in progress: its group ``sp`` and the real (unpadded) token count ``length``."""
+
+    sp: SequenceParallel
+    length: int
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+               kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.sp.attend(q, k, v, heads, self.length, kernel)
+
+
+@contextlib.contextmanager
+def active(sp: SequenceParallel | None, length: int) -> Iterator[None]:
+    """Make ``sp`` the sequence-parallel group of the forward of ``length`` tokens running in
+    this context (None: a one-process forward; nothing changes)."""
+    token = _ACTIVE.set(None if sp is None else ShardedRun(sp, length))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def current() -> ShardedRun | None:
+    """The sharded forward in progress (None: one process holds the whole sequence)."""
+    return _ACTIVE.get()
+
+
+# The ways one forward can split across processes, by name (a loader's ``devices`` mode names
+# one). "ulysses": tokens over the group, self-attention by all-to-all over heads (this module).
+STRATEGIES: dict[str, type[SequenceParallel]] = {"ulysses": SequenceParallel}
+
+
+def strategy(name: str) -> type[SequenceParallel]:
+    """The strategy class registered as ``name``."""
+    if name not in STRATEGIES:
+        raise ValueError(f"parallel strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+__all__ = ["STRATEGIES", "SequenceParallel", "ShardedRun", "active", "current", "strategy"]
