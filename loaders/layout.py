@@ -5,7 +5,6 @@ a message that says what was expected and what was found instead.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -13,6 +12,7 @@ from typing import Any, Literal, Mapping
 from ..wan.config import DiTConfig
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
+from .new_file import write_json
 
 ExpertLayout = Literal["nf4", "bf16"]
 
@@ -145,5 +145,4 @@ def write_config(folder: str | Path, config: DiTConfig, fields: Mapping[str, Any
     source folder's own, kept by a copy in another layout."""
     path = Path(folder) / CONFIG_FILE
     data = dict(fields) if fields is not None else {"_class_name": "WanModel", **config.to_dict()}
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_json(path, data)

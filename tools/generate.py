@@ -32,6 +32,7 @@ from ..loaders.package import find_package
 from ..loaders.pose_import import CAMERA_AXES
 from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
+from ..loaders.new_file import new_file
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
 from ..pipeline.long_video import WindowParams
@@ -262,7 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     loras = [LoraSpec(cli.existing_file(Path(f), "--lora", "LoRA file"), _strength(high), _strength(low))
              for f, high, low in args.lora]
     if args.preview and camera is not None:
-        Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(args.preview)
+        with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
+            Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
+    if args.out.exists():  # --overwrite given (checked above): unlink the old name, never write into the file,
+        args.out.unlink()  # so a hard link to it keeps its bytes; the new video streams to a new file
     started = time.perf_counter()
     print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
     try:
