@@ -6,7 +6,6 @@ peak stays about one bf16 layer above the finished NF4 model.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -23,6 +22,7 @@ from .dit_weights import (build_on_meta, check_block_count, check_shapes, config
                           linear_layers)
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
+from .new_file import partial_name, write_json
 from .layout import BF16_INDEX_FILE, BF16_SINGLE_FILE, CONFIG_FILE, read_config, require_layout, write_config
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
 from .tensor_source import SafetensorsSource
@@ -196,7 +196,8 @@ class ShardWriter:
         self.total_size += size
 
     def _flush(self) -> None:
-        path = self.folder / f".shard-{len(self._written) + 1:05d}.partial"
+        path = partial_name(self.folder / f"shard-{len(self._written) + 1:05d}")
+        path.unlink(missing_ok=True)  # a crashed run's; save_file would write into it
         save_file(self._pending, str(path), metadata={"format": "pt"})
         self._written.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
@@ -213,7 +214,7 @@ class ShardWriter:
             shards.append(self.folder / name)
             weight_map.update({key: name for key in keys})
         index_data = {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.folder / BF16_INDEX_FILE).write_text(json.dumps(index_data, indent=2) + "\n", encoding="utf-8")
+        write_json(self.folder / BF16_INDEX_FILE, index_data)
         return shards
 
 

@@ -12,7 +12,6 @@ occupy once loaded. The rows point at their modules by name (``loaders/nf4.py``,
 from __future__ import annotations
 
 import importlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Callable, Literal, Mapping
 from ..wan.config import DiTConfig
 from .errors import CheckpointError, preview
 from .json_file import read_json_object
+from .new_file import write_json
 
 ExpertLayout = Literal["nf4", "bf16", "fp8"]
 
@@ -211,5 +211,4 @@ def write_config(folder: str | Path, config: DiTConfig, fields: Mapping[str, Any
     source folder's own, kept by a copy in another layout."""
     path = Path(folder) / CONFIG_FILE
     data = dict(fields) if fields is not None else {"_class_name": "WanModel", **config.to_dict()}
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_json(path, data)

@@ -11,9 +11,7 @@ reads bitsandbytes checkpoints reads ours.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -30,6 +28,7 @@ from .dit_weights import (build_on_meta, check_block_count, check_shapes, config
                           linear_layers)
 from .errors import CheckpointError
 from .json_file import read_json_object
+from .new_file import new_file, write_json
 from .layout import (
     CONFIG_FILE,
     NF4_LEGACY_WEIGHTS_FILE,
@@ -120,12 +119,10 @@ def write_nf4_files(
     ``config_fields``: config.json as given (``layout.write_config``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / NF4_WEIGHTS_FILE
-    partial = target.with_name(target.name + ".partial")
-    save_file(tensors, str(partial), metadata={"format": "pt"})
-    os.replace(partial, target)
+    with new_file(folder / NF4_WEIGHTS_FILE) as partial:
+        save_file(tensors, str(partial), metadata={"format": "pt"})
     write_config(folder, config, config_fields)
-    (folder / NF4_META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n", encoding="utf-8")
+    write_json(folder / NF4_META_FILE, meta.to_json())
     return folder
 
 

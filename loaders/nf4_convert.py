@@ -17,9 +17,7 @@ quantized to 8 bits in blocks of 256 (double quantization). Only the quant-state
 """
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,6 +31,7 @@ from .bf16 import open_bf16_weights
 from .dit_weights import build_on_meta, check_block_count, check_shapes, linear_layers
 from .errors import CheckpointError
 from .layout import CONFIG_FILE, NF4_META_FILE, NF4_WEIGHTS_FILE, read_config, require_layout
+from .new_file import write_bytes, write_json
 from .nf4 import QUANT_STATE_KEY, NF4Meta, nf4_packed_shape, nf4_tensors
 from .pinned_upload import make_uploader
 from .safetensors_writer import Entry, SafetensorsWriter
@@ -197,6 +196,6 @@ def convert_to_nf4(
     finally:
         if uploader is not None:
             uploader.close()
-    shutil.copyfile(plan.source / CONFIG_FILE, folder / CONFIG_FILE)
-    (folder / NF4_META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n", encoding="utf-8")
+    write_bytes(folder / CONFIG_FILE, (plan.source / CONFIG_FILE).read_bytes())
+    write_json(folder / NF4_META_FILE, meta.to_json())
     return folder

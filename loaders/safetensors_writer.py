@@ -120,7 +120,9 @@ class SafetensorsWriter:
         self._data_start = 8 + self._header_length
         self._shapes: dict[str, tuple[int, ...]] = {}
         self.checksums: dict[str, int] = {}  # CRC-32 of each tensor's bytes, for the read-back check
-        self._file = open(self.path, "wb")
+        # "x": a new file only; writing into an existing one would reach every hard link of it
+        # (loaders/new_file.py). The caller writes under a temporary name and renames it.
+        self._file = open(self.path, "xb")
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name not in self._index:

@@ -83,6 +83,47 @@ def existing_dir(path: Path, flag: str, what: str) -> Path:
     return path
 
 
+def cache_dir(path: Path | None, flag: str) -> Path | None:
+    """A cache folder checked now: a folder (created later when missing), not a file, and
+    writable where it exists."""
+    if path is None:
+        return None
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        what = f"{path} is a file" if existing == path else f"{existing} (inside {path}) is a file"
+        raise UsageError(flag, f"{what}; give a folder for the cache (it is created when missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(flag, f"folder {existing} is not writable; choose another {flag}")
+    return path
+
+
+def attention(name: str | None, device: str, flag: str) -> str | None:
+    """An --attention choice run once now on ``device`` (a tiny call, the experts' head size),
+    so a kernel that cannot run here (not installed, no CUDA, built for another GPU or torch)
+    answers in one line before any model loads, not at the first sampling step."""
+    if name is None or name in ("auto", "sdpa"):
+        return name
+    import torch
+
+    from ..pipeline.memory import resolve_device
+    from ..wan.runtime.attention import attention as run_attention
+    from ..wan.runtime.attention import attention_backend
+
+    where = resolve_device(device)
+    try:
+        q = torch.randn(1, 16, 2, 128, device=where, dtype=torch.bfloat16)
+        with attention_backend(name):
+            out = run_attention(q, q, q)
+        if where.type == "cuda":
+            torch.cuda.synchronize(where)
+        if not bool(torch.isfinite(out).all()):
+            raise RuntimeError("it returned NaN or infinite values")
+    except Exception as exc:  # noqa: BLE001 - whatever the kernel raises, the answer is the same
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(flag, f"{name} cannot run on {where} here ({reason}); use --attention sdpa or auto") from None
+    return name
+
+
 def open_image(path: Path, flag: str) -> Image.Image:
     existing_file(path, flag, "image")
     try:

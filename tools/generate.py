@@ -27,11 +27,14 @@ from typing import Sequence
 
 from PIL import Image
 
-from ..loaders.expert_config import read_expert_pair
+from ..loaders.dit_weights import build_on_meta
+from ..loaders.expert_config import read_expert_config, read_expert_pair
+from ..loaders.lora import read_lora
 from ..loaders.package import find_package
 from ..loaders.pose_import import CAMERA_AXES
 from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
+from ..loaders.new_file import new_file
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
 from ..pipeline.long_video import WindowParams
@@ -252,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             camera_stage.check_controls(camera, control_type, f"--package {args.package}")
         except camera_stage.ControlMismatch as exc:
             raise cli.UsageError(_camera_flag(args), str(exc)) from None
+        # A path shorter than the video (poses.npy of fewer frames) answers now, not after the text encoder.
+        _flag_error(_camera_flag(args), camera_stage.check_path_covers, camera, frames, height, width)
+    cli.cache_dir(args.cache_dir, "--cache-dir")
     try:
         params = SamplingParams(steps=args.steps, shift=args.shift, cfg_high=args.cfg[0], cfg_low=args.cfg[1],
                                 boundary=args.boundary, seed=args.seed, sampler=args.sampler,
@@ -262,8 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = apply_preset(args.sampling_preset, params)
     loras = [LoraSpec(cli.existing_file(Path(f), "--lora", "LoRA file"), _strength(high), _strength(low))
              for f, high, low in args.lora]
+    if loras:  # each file against the experts' layers (a skeleton, no weights): a junk file answers now
+        skeleton = _flag_error("--package", build_on_meta, read_expert_config(files.high), files.high)
+        for spec in loras:
+            _flag_error("--lora", read_lora, spec.path, skeleton)
+        del skeleton
+    cli.attention(params.attention, device, "--attention")  # one tiny call: a kernel that cannot run answers now
     if args.preview and camera is not None:
-        Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(args.preview)
+        with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
+            Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
+    if args.out.exists():  # --overwrite given (checked above): unlink the old name, never write into the file,
+        args.out.unlink()  # so a hard link to it keeps its bytes; the new video streams to a new file
     started = time.perf_counter()
     print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
     try:

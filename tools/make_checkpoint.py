@@ -23,6 +23,11 @@ tools/synthetic/t5.py); it is not part of the default parts.
 layer patch_embedding_wancamctrl takes 7 channels, [dim, 1792] at A14B and tiny patch
 sizes, instead of Base-Cam's 6; docs/conventions.md#act-checkpoint).
 
+Nothing in --out is replaced unless ``--overwrite``; then each part is written under a hidden
+temporary name and renamed into place (loaders/new_file.py), so a file of --out that is a hard
+link to a release's file (``quantize`` links the T5, the VAE and the tokenizer) is unlinked,
+never written into: the release keeps its bytes.
+
 ``tiny`` takes seconds on a CPU. ``a14b`` has the real shapes (each expert ~9.6 GB as NF4,
 ~37 GB as bf16; umT5-XXL ~10.6 GB); build it with --device cuda where one is available: the
 experts are made and quantized part by part on that device, never whole in RAM.
@@ -34,10 +39,12 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..loaders.model_kind import FAST_FOLDER_PREFIX, FAST_NF4_FOLDER, fast_config_fields
+from ..loaders.new_file import install, partial_name, refuse_existing, remove
 from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
 from .synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
 from .synthetic.t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
@@ -87,6 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parts", default=None,
                    help=f"comma-separated subset of {','.join(PARTS + EXTRA_PARTS)} (default: {','.join(PARTS)}); "
                    f"with --model fast, {MODEL_PART['fast']} instead of {MODEL_PART['base']}")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the parts --out already holds (each is written anew and renamed into place)")
     p.add_argument("--comfy-t5", choices=sorted(COMFY_T5_FILES), default="bf16",
                    help="format of the comfy_t5 part (ComfyUI's umt5_xxl_*.safetensors layout)")
     args = p.parse_args(argv)
@@ -115,39 +124,70 @@ def _human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def part_targets(out: Path, layout: str, parts: list[str], comfy_t5: str = "bf16") -> list[Path]:
+    """The files and folders of ``out`` that writing ``parts`` makes (or replaces)."""
+    names = {MODEL_PART["fast"]: [FAST_FOLDERS[layout]], "experts": list(EXPERT_FOLDERS[layout]), "t5": [T5_FILE],
+             "comfy_t5": [COMFY_T5_FILES[comfy_t5]], "vae": [VAE_FILE], "tokenizer": [TOKENIZER_FOLDER]}
+    return [out / name for part in parts for name in names[part]]
+
+
 def write_package(out: Path, preset: str, layout: str, seed: int, device: str, parts: list[str],
-                  comfy_t5: str = "bf16", model: str = "base") -> list[Path]:
+                  comfy_t5: str = "bf16", model: str = "base", overwrite: bool = False) -> list[Path]:
     """Write the chosen parts of a package into ``out``; returns the written paths.
-    ``transformer`` is the LingBot-World Fast transformer (``--model fast``)."""
+    ``transformer`` is the LingBot-World Fast transformer (``--model fast``). A part ``out``
+    already holds is refused (``TargetExists``) unless ``overwrite``; each part is written
+    under a temporary name and renamed into place, never into an existing file."""
+    for target in part_targets(out, layout, parts, comfy_t5):
+        refuse_existing(target, overwrite)
     shapes = dict(GEOMETRY_PRESETS[preset])
     shapes["dit"] = dataclasses.replace(shapes["dit"], control_type=MODELS[model])
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+
+    def put(name: str, write: Callable[[Path], Path]) -> None:
+        target, temporary = out / name, partial_name(out / name)
+        remove(temporary)
+        try:
+            write(temporary)
+            install(temporary, target)
+        except BaseException:
+            remove(temporary)
+            raise
+        written.append(target)
+
     if MODEL_PART["fast"] in parts:
         write_fast = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
-        written.append(write_fast(out / FAST_FOLDERS[layout], shapes["dit"], seed=seed + FAST_SEED_OFFSET,
-                                  device=device, config_fields=fast_config_fields(shapes["dit"])))
+        put(FAST_FOLDERS[layout], lambda path: write_fast(path, shapes["dit"], seed=seed + FAST_SEED_OFFSET,
+                                                           device=device,
+                                                           config_fields=fast_config_fields(shapes["dit"])))
     if "experts" in parts:
         write_expert = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
         for offset, folder in enumerate(EXPERT_FOLDERS[layout]):  # high- and low-noise differ by seed
-            written.append(write_expert(out / folder, shapes["dit"], seed=seed + offset, device=device))
+            put(folder, lambda path, offset=offset: write_expert(path, shapes["dit"], seed=seed + offset, device=device))
     if "t5" in parts:
-        written.append(write_t5_checkpoint(out / T5_FILE, shapes["t5"], seed=seed + 2))
+        put(T5_FILE, lambda path: write_t5_checkpoint(path, shapes["t5"], seed=seed + 2))
     if "comfy_t5" in parts:  # the same weights as the t5 part (same seed), ComfyUI's layout
-        written.append(write_comfy_t5(out / COMFY_T5_FILES[comfy_t5], shapes["t5"], seed=seed + 2, fmt=comfy_t5))
+        put(COMFY_T5_FILES[comfy_t5], lambda path: write_comfy_t5(path, shapes["t5"], seed=seed + 2, fmt=comfy_t5))
     if "vae" in parts:
-        written.append(write_vae_checkpoint(out / VAE_FILE, shapes["vae"], seed=seed + 3))
+        put(VAE_FILE, lambda path: write_vae_checkpoint(path, shapes["vae"], seed=seed + 3))
     if "tokenizer" in parts:
-        written.append(write_tokenizer(out / TOKENIZER_FOLDER, vocab_size=shapes["t5"].vocab_size))
+        put(TOKENIZER_FOLDER, lambda path: write_tokenizer(path, vocab_size=shapes["t5"].vocab_size))
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        raise cli.UsageError("--out", f"{args.out} is a file; give the package folder to write into")
+    taken = [p.name + ("/" if p.is_dir() else "") for p in part_targets(args.out, args.layout, args.parts, args.comfy_t5)
+             if p.exists() or p.is_symlink()]
+    if taken and not args.overwrite:
+        raise cli.UsageError("--out", f"{args.out} already holds {', '.join(taken)}; pass --overwrite to replace "
+                                      f"{'it' if len(taken) == 1 else 'them'}, or choose another --out")
     start = time.perf_counter()
     try:
         written = write_package(args.out, args.preset, args.layout, args.seed, args.device, args.parts,
-                                args.comfy_t5, args.model)
+                                args.comfy_t5, args.model, args.overwrite)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"make_checkpoint: failed: {exc}", file=sys.stderr)
         return 1

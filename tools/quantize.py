@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..loaders.errors import CheckpointError
+from ..loaders.new_file import install, partial_name, remove
 from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan_conversion
 from ..loaders.release import FAST, Release, ReleaseExpert, find_release
 from . import cli
@@ -204,26 +205,7 @@ def _printer(label: str, estimate: int) -> Callable[[Progress], None]:
 
 
 def _temporary(out: Path, name: str) -> Path:
-    return out / f".{name}.partial-{os.getpid()}"
-
-
-def _install(temporary: Path, target: Path) -> None:
-    """Rename the finished ``temporary`` to ``target``; an existing target (only there with
-    --overwrite) is moved aside first and deleted once the new one is in place."""
-    old = None
-    if target.exists() or target.is_symlink():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(temporary, target)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+    return partial_name(out / name)
 
 
 _CANNOT_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
@@ -261,9 +243,9 @@ def _shared(job: Job) -> list[str]:
         temporary = _temporary(job.out, path.name)
         try:
             how = _link_or_copy(path, temporary)
-            _install(temporary, target)
+            install(temporary, target)
         except BaseException:
-            _remove(temporary)
+            remove(temporary)
             raise
         lines.append(f"{path.name}{'/' if path.is_dir() else ''}: {how}"
                      + (" (--out is on another filesystem)" if how == "copied" else ""))
@@ -279,9 +261,9 @@ def _expert(job: Job, expert: ReleaseExpert, plan: ConversionPlan) -> str:
     temporary = _temporary(job.out, expert.nf4_name)
     try:
         convert_to_nf4(plan, temporary, job.device, _printer(expert.role, plan.output_bytes))
-        _install(temporary, job.out / expert.nf4_name)
+        install(temporary, job.out / expert.nf4_name)
     except BaseException:
-        _remove(temporary)
+        remove(temporary)
         raise
     size = _size(job.out / expert.nf4_name)
     return (f"{label}: {_human(plan.source_bytes)} bf16 -> {_human(size)} NF4 in {expert.nf4_name}/, "

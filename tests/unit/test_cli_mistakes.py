@@ -165,3 +165,84 @@ def test_parts_default_is_printed_once(capsys):
         make_checkpoint.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("(default: experts,t5,vae,tokenizer)") == 1
+
+
+# ------------------------------------------------------- mistakes found only at the first step before
+
+@pytest.mark.parametrize("backend", ["flash", "sage"])
+def test_attention_backend_that_cannot_run_here_is_one_line_before_work(package, image, tmp_path, capsys,
+                                                                         nothing_loads, backend):
+    """On the CPU (or a GPU the kernel was not built for) the choice answers now, not as a
+    traceback at the first sampling step."""
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
+                                           "--attention", backend), capsys), "--attention")
+    assert backend in line and "sdpa" in line
+
+
+def test_attention_backend_that_runs_is_accepted(package, image, tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen["attention"] = args[9].attention
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate", record)
+    code, _ = _answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
+                            "--attention", "sdpa"), capsys)
+    assert code == 130 and seen["attention"] == "sdpa"
+
+
+@pytest.mark.parametrize("content", [b"not a safetensors file at all", "unrelated"], ids=["junk-bytes", "other-model"])
+def test_junk_lora_file_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads, content):
+    lora = tmp_path / "style.safetensors"
+    if content == "unrelated":
+        from safetensors.torch import save_file
+        save_file({"text_model.layer.lora_down.weight": torch.zeros(4, 32),
+                   "text_model.layer.lora_up.weight": torch.zeros(32, 4)}, str(lora))
+    else:
+        lora.write_bytes(content)
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
+                                           "--lora", str(lora), "1.0", "1.0"), capsys), "--lora")
+    assert "style.safetensors" in line
+
+
+def test_camera_dir_shorter_than_the_video_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads):
+    from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
+
+    folder = tmp_path / "camera"
+    folder.mkdir()
+    poses, k = preset_trajectory("orbit_left", 9)
+    np.save(folder / "poses.npy", poses)
+    np.save(folder / "intrinsics.npy", k)
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "33", "--camera-dir",
+                                           str(folder)), capsys), "--camera-dir")
+    assert "9 poses" in line and "33" in line
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["the-file", "below-a-file"])
+def test_cache_dir_that_is_a_file_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads, inside):
+    blocker = tmp_path / "cache.txt"
+    blocker.write_text("a file")
+    cache = blocker / "prompts" if inside else blocker
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--cache-dir",
+                                           str(cache)), capsys), "--cache-dir")
+    assert "cache.txt" in line and "is a file" in line
+
+
+def test_a_lora_that_fits_the_experts_passes_the_early_check(package, image, tmp_path, capsys, monkeypatch):
+    from synthetic_lora import write_kohya_lora
+
+    from comfyui_lingbot_world.loaders.package import find_package
+
+    lora = write_kohya_lora(tmp_path / "fits.safetensors", find_package(package).high)
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen["loras"] = kwargs["loras"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate", record)
+    code, err = _answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
+                              "--lora", str(lora), "1.0", "0.5"), capsys)
+    assert code == 130, err
+    assert [(spec.path, spec.strength_high, spec.strength_low) for spec in seen["loras"]] == [(lora, 1.0, 0.5)]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ...loaders.new_file import new_file, write_json
 from ...wan.geometry import MAX_TOKENS
 from ...wan.t5 import T5_TINY, T5Geometry, UMT5Encoder, initial_std
 
@@ -83,7 +84,8 @@ def write_tokenizer(folder: Path, vocab_size: int | None = None) -> Path:
         single=["$A", "</s>"], pair=["$A", "</s>", "$B", "</s>"], special_tokens=[("</s>", EOS_ID)]
     )
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
-    tok.save(str(folder / "tokenizer.json"))
+    with new_file(folder / "tokenizer.json") as partial:  # each file new: never into a linked release file
+        tok.save(str(partial))
 
     specials = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
     flags = {"special": True, "normalized": False, "lstrip": False, "rstrip": False, "single_word": False}
@@ -96,8 +98,8 @@ def write_tokenizer(folder: Path, vocab_size: int | None = None) -> Path:
             str(i): {"content": t, **flags} for i, t in enumerate(SPECIAL_TOKENS)
         },
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+    write_json(folder / "tokenizer_config.json", config)
+    write_json(folder / "special_tokens_map.json", specials)
     return folder
 
 
@@ -117,9 +119,8 @@ def write_t5_checkpoint(path: Path, geometry: T5Geometry, seed: int = 0, dtype: 
     path = Path(path)
     tensors = draw_t5_weights(geometry, seed, dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    torch.save(tensors, partial)
-    partial.replace(path)
+    with new_file(path) as partial:
+        torch.save(tensors, partial)
     return path
 
 
@@ -235,9 +236,8 @@ def write_comfy_t5(path: Path, geometry: T5Geometry, seed: int = 0, fmt: str = "
     path = Path(path)
     tensors = comfy_t5_tensors(geometry, seed, fmt, tokenizer)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    save_file(tensors, str(partial), metadata={"format": "pt"})
-    partial.replace(path)
+    with new_file(path) as partial:
+        save_file(tensors, str(partial), metadata={"format": "pt"})
     return path
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ...loaders.new_file import new_file
 from ...wan.vae import WAN21, VAEGeometry, WanVAE
 
 
@@ -26,8 +27,9 @@ def write_vae_checkpoint(
     vae.init_weights(torch.Generator().manual_seed(seed))
     state = {key: tensor.to(dtype).contiguous() for key, tensor in vae.state_dict().items()}
     del vae
-    if path.suffix == ".safetensors":
-        save_file(state, str(path))
-    else:
-        torch.save(state, path)
+    with new_file(path) as partial:  # never into the old file: it may be a release's, hard-linked
+        if path.suffix == ".safetensors":
+            save_file(state, str(partial))
+        else:
+            torch.save(state, partial)
     return path
