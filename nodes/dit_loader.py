@@ -60,7 +60,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldDiTLoader",
             display_name=DISPLAY_NAME,
-            category=inputs.CATEGORY,
+            category=inputs.BASE_CATEGORY,
+            **inputs.search_aliases("lingbot base", "lingbot act", "lingbot base-cam", "lingbot loader", "lingbot nf4"),
             description=(
                 "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
                 "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "

@@ -55,7 +55,8 @@ class LingBotWorldPlay(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldPlay",
             display_name="LingBot-World Play",
-            category=inputs.CATEGORY,
+            category=inputs.PLAY_CATEGORY,
+            **inputs.search_aliases("lingbot play", "lingbot play the world", "lingbot keyboard", "lingbot fast"),
             description=(
                 "Walk through the world with the keyboard: W/A/S/D move, I/J/K/L look. Queue the prompt, then use "
                 "the Play panel on this node: the keys held when a 12-frame chunk starts steer it. turn: each key "
