@@ -29,19 +29,20 @@ CATEGORIES = {
     "LingBotWorldVAEEncode": "LingBot-World/Text and VAE", "LingBotWorldVAEDecode": "LingBot-World/Text and VAE",
 }
 _JS_RESULTS = """() => [...document.querySelectorAll('.comfy-vue-node-search-container li, .p-autocomplete-list li')]
-    .map(li => (li.querySelector('.option-display-name') ?? li).innerText.trim().split('\\n')[0])"""
+    .map(li => (li.querySelector('.option-display-name') ?? li).innerText.replace(/\\u00a0/g, ' ').trim().split('\\n')[0])
+    .filter(Boolean)"""
 
 
 def search(frontend: ComfyFrontend, query: str) -> list[str]:
     page = frontend.page
     page.keyboard.press("Escape")
     box = page.locator("#graph-canvas").bounding_box()
-    page.mouse.dblclick(box["x"] + box["width"] - 60, box["y"] + box["height"] - 60)
+    page.mouse.dblclick(box["x"] + 300, box["y"] + box["height"] / 2)  # clear of the nodes and the minimap
     field = page.locator(".comfy-vue-node-search-container input, .p-autocomplete-input").first
     field.wait_for(timeout=10_000)
     field.fill(query)
     page.wait_for_timeout(600)  # the results follow the typing after a debounce
-    return page.evaluate(_JS_RESULTS)
+    return [name.strip() for name in page.evaluate(_JS_RESULTS)]
 
 
 def test_pack_nodes_sit_in_one_folder_per_kind(comfy_server: ComfyServer) -> None:
