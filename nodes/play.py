@@ -12,9 +12,15 @@ session's latent. A Cancel ends it as any prompt; the .mp4 keeps every finished 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import uuid
 from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
 
 from comfy_api.latest import InputImpl, io, ui
 
@@ -42,6 +48,33 @@ FAST_LOADER = "LingBot-World Fast DiT Loader"
 def log_file(video: Path) -> Path:
     """Where the action log of a session's .mp4 is saved: beside it, same name, .json."""
     return video.with_suffix(".json")
+
+
+def start_image_file(video: Path) -> Path:
+    """Where the start image of a session's .mp4 is saved: beside it, ``<name>_start.png``."""
+    return video.with_name(video.stem + "_start.png")
+
+
+def save_start_image(image: torch.Tensor, video: Path) -> dict:
+    """The session's start image (``image[0]``, as the node got it) as a PNG beside the video,
+    and what the action log says of it: the file, its sha256, and whether the PNG holds the
+    image exactly (8-bit pixels, as Load Image gives them: then Load Image of this file
+    replays the session bit for bit)."""
+    pixels = (image[0].float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    path = start_image_file(video)
+    partial = path.with_name(path.name + ".partial")
+    Image.fromarray(pixels).save(partial, format="PNG")
+    os.replace(partial, path)  # a new file renamed into place
+    exact = torch.equal(torch.from_numpy(pixels.astype(np.float32) / 255.0), image[0].float().cpu())
+    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "exact": exact}
+
+
+def prompt_recipe(text) -> dict:
+    """The prompt texts for the action log: the T5 node's, or None with a word on where they are."""
+    if text is not None and getattr(text, "prompt", None) is not None:
+        return {"prompt": text.prompt, "negative_prompt": text.negative_prompt, "prompt_source": "text"}
+    return {"prompt": None, "negative_prompt": None,
+            "prompt_source": "positive: a CONDITIONING whose text this node does not see (copy it from its encoder)"}
 
 
 def interrupt_types() -> tuple[type[BaseException], ...]:
@@ -139,6 +172,8 @@ class LingBotWorldPlay(io.ComfyNode):
         memory = run_memory(fast_dit, policy, height // 8, width // 8, None, extra=stream_bytes)
         path, name, subfolder = output_file(filename_prefix, width, height)
         video_ref = {"filename": name, "subfolder": subfolder, "type": "output"}
+        # The whole recipe in the log: prompt texts and start image beside the keys and settings.
+        recipe = {**prompt_recipe(text), "start_image": save_start_image(image, path), "vae": vae}
         controller = controller_id()
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
         node_id = None if unique_id is None else str(unique_id)
@@ -152,7 +187,7 @@ class LingBotWorldPlay(io.ComfyNode):
                                           controller=controller, node_id=node_id,
                                           client_connected=client_connected(controller),
                                           check_interrupt=check_interrupt, interrupt_types=interrupt_types(),
-                                          video_ref=video_ref)
+                                          video_ref=video_ref, recipe=recipe)
                     result = session.run()
             finally:
                 release_module(vae_module)
@@ -162,6 +197,7 @@ class LingBotWorldPlay(io.ComfyNode):
                     log_file(path).write_text(json.dumps(session.action_log(), indent=1))
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
+            start_image_file(path).unlink(missing_ok=True)
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)
