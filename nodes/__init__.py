@@ -60,7 +60,7 @@ NODE_CLASS_MAPPINGS = {node.__name__: node for node in NODES}  # class name == n
 NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldTextEncode": "LingBot-World T5 Encode + Unload",
     "LingBotWorldDiTLoader": "LingBot-World NF4 DiT Loader (also bf16)",
-    "LingBotWorldCamera": "LingBot-World Camera Plücker Conditioning",
+    "LingBotWorldCamera": "LingBot-World Camera (Act, Base-Cam)",
     "LingBotWorldVAEEncode": "LingBot-World Wan VAE Encode",
     "LingBotWorldSampler": "LingBot-World Dual-Expert Sampler",
     "LingBotWorldVAEDecode": "LingBot-World Wan VAE Decode",

@@ -1,4 +1,4 @@
-"""LingBot-World Camera Plücker Conditioning: a camera path (preset, .npy files, an action
+"""LingBot-World Camera (Act, Base-Cam): a camera path (preset, .npy files, an action
 string, Act files or a pose export) for the sampler, and the whole path for the Long Video node.
 
 Each source is one entry of ``PATH_SOURCES``: a function from the node's inputs
@@ -72,8 +72,10 @@ class LingBotWorldCamera(io.ComfyNode):
         npy_files = [NO_FILE] + list_input_files(".npy")
         return io.Schema(
             node_id="LingBotWorldCamera",
-            display_name="LingBot-World Camera Plücker Conditioning",
-            category=inputs.CATEGORY,
+            display_name=inputs.CAMERA_NODE,
+            category=inputs.CAMERA_CATEGORY,
+            **inputs.search_aliases("lingbot act", "lingbot camera", "lingbot act2cam", "lingbot wasd keys",
+                                    "lingbot base-cam", "lingbot plucker"),
             description=(
                 "Turns a camera path into the conditioning LingBot-World follows. Use a preset "
                 "move, poses.npy ([N,4,4] camera-to-world, OpenCV axes) and intrinsics.npy ([N,4] fx, fy, "

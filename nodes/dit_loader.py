@@ -11,10 +11,11 @@ import comfy.model_management as mm
 from ..loaders.expert_config import read_expert_pair
 from ..loaders.layout import detect_expert_layout
 from ..loaders.model_kind import assumed_message, require_model
+from ..wan.config import CONTROL_NAMES
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
 from .host.expert_patcher import DiTExperts, ExpertPatcher, experts_for_placement
-from .host.model_files import EXPERT_KINDS, default_expert_pair, list_expert_folders, resolve_model_path
+from .host.model_files import EXPERT_KINDS, default_expert_pair, expert_control, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,27 @@ def placement_for(devices: str) -> Placement | None:
     return cuda_placement(devices, count, first=comfy_device.index or 0)
 
 
+def picked_note(high: str | None) -> str:
+    """What a fresh node picked and why, for the tooltip (Base-Cam first: the camera nodes'
+    defaults drive it; an Act package needs W/A/S/D keys)."""
+    if high is None:
+        return ""
+    control = expert_control(high)
+    kind = CONTROL_NAMES.get(control, "a checkpoint it could not read")
+    why = " (Base-Cam first: the Camera node's defaults drive it)" if control == "cam" else ""
+    return f" A fresh node picks {high}: {kind}{why}."
+
+
 class LingBotWorldDiTLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         experts = list_expert_folders()
-        high, low = default_expert_pair(experts)
+        high, low = default_expert_pair(experts, expert_control)
         return io.Schema(
             node_id="LingBotWorldDiTLoader",
             display_name=DISPLAY_NAME,
-            category=inputs.CATEGORY,
+            category=inputs.BASE_CATEGORY,
+            **inputs.search_aliases("lingbot base", "lingbot act", "lingbot base-cam", "lingbot loader", "lingbot nf4"),
             description=(
                 "Points at the high-noise and low-noise experts of LingBot-World (NF4 package folders, or "
                 "official bf16 folders). Loads nothing here: the sampler has ComfyUI load one expert at a "
@@ -62,7 +75,7 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                 io.Combo.Input("high_noise", options=experts, default=high,
                                tooltip="Folder of the high-noise expert (e.g. high_noise_model_bnb_nf4), used for "
                                "the early, noisy steps. Folders under models/lingbot and models/diffusion_models "
-                               "that hold config.json and the weights are listed."),
+                               "that hold config.json and the weights are listed." + picked_note(high)),
                 io.Combo.Input("low_noise", options=experts, default=low,
                                tooltip="Folder of the low-noise expert (e.g. low_noise_model_bnb_nf4), used for "
                                "the late steps that settle the detail."),

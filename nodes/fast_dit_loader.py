@@ -30,7 +30,8 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldFastDiTLoader",
             display_name=DISPLAY_NAME,
-            category=inputs.CATEGORY,
+            category=inputs.FAST_CATEGORY,
+            **inputs.search_aliases("lingbot fast", "lingbot fast loader", "lingbot play"),
             description=(
                 "Points at the LingBot-World Fast transformer (robbyant/lingbot-world-fast: one causal model, 4 "
                 "steps, no CFG, 12 frames per chunk). Loads nothing here: the Fast Sampler has ComfyUI load it "

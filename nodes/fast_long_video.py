@@ -48,7 +48,8 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldFastLongVideo",
             display_name="LingBot-World Fast Long Video",
-            category=inputs.CATEGORY,
+            category=inputs.FAST_CATEGORY,
+            **inputs.search_aliases("lingbot fast", "lingbot fast long video", "lingbot fast walk"),
             description=(
                 "Makes a long video with LingBot-World Fast (up to 957 frames, one minute at 16 fps) in ONE causal "
                 "pass: 12 frames at a time, every chunk seeing the start frames and the recent ones through the KV "

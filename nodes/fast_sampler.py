@@ -38,7 +38,8 @@ class LingBotWorldFastSampler(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldFastSampler",
             display_name="LingBot-World Fast Sampler",
-            category=inputs.CATEGORY,
+            category=inputs.FAST_CATEGORY,
+            **inputs.search_aliases("lingbot fast", "lingbot fast sampler", "lingbot fast clip", "lingbot play replay"),
             description=(
                 "Generates the video latent with LingBot-World Fast: 12 frames (3 latent frames) at a time, 4 "
                 "fixed steps each and no CFG, every chunk seeing the ones before it through a KV cache. The "
@@ -54,7 +55,7 @@ class LingBotWorldFastSampler(io.ComfyNode):
                 *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
                 *inputs.fast_prompt_inputs(),
                 inputs.Camera.Input("camera", optional=True,
-                                   tooltip="Camera path from LingBot-World Camera Plücker Conditioning. Its width, "
+                                   tooltip=f"Camera path from {inputs.CAMERA_NODE}. Its width, "
                                    "height and frames must match the VAE Encode node."),
             ],
             outputs=[io.Latent.Output("samples", display_name="samples",

@@ -40,6 +40,25 @@ CameraPathType = io.Custom(CAMERA_PATH)
 FastDiTType = io.Custom(FAST_DIT)
 
 CATEGORY = "LingBot-World"
+# The node library's folders (one per kind of node; the Act checkpoint is driven through the
+# Camera node's W/A/S/D inputs, so its folder is the camera's).
+BASE_CATEGORY = f"{CATEGORY}/Base"
+FAST_CATEGORY = f"{CATEGORY}/Fast"
+PLAY_CATEGORY = f"{CATEGORY}/Play"
+CAMERA_CATEGORY = f"{CATEGORY}/Camera and Act"
+FILES_CATEGORY = f"{CATEGORY}/Text and VAE"
+CAMERA_NODE = "LingBot-World Camera (Act, Base-Cam)"  # the Camera node's display name, for messages
+
+
+def search_aliases(*aliases: str) -> dict[str, list[str]]:
+    """``io.Schema`` keywords that make the node search find a node by these phrases: the V3
+    schema's ``search_aliases`` where the host has it (ComfyUI 0.28; its frontend searches them,
+    every word of a query within one alias), nothing on older hosts (0.3.75), whose search reads
+    the node's name and display name only."""
+    fields = getattr(io.Schema, "__dataclass_fields__", {})
+    return {"search_aliases": list(aliases)} if "search_aliases" in fields else {}
+
+
 PRECISIONS = tuple(VAE_PRECISIONS)  # the VAE's (pipeline/guards.py reads them)
 
 # --------------------------------------------------------------------------- inputs

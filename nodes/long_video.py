@@ -39,7 +39,8 @@ class LingBotWorldLongVideo(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldLongVideo",
             display_name="LingBot-World Long Video",
-            category=inputs.CATEGORY,
+            category=inputs.BASE_CATEGORY,
+            **inputs.search_aliases("lingbot base", "lingbot long video", "lingbot long walk"),
             description=(
                 "Makes a long video (up to 961 frames, one minute at 16 fps) as chained windows: each window "
                 "starts on the last frame(s) of the previous one and follows its piece of the camera path. "
@@ -100,7 +101,7 @@ class LingBotWorldLongVideo(io.ComfyNode):
         camera = None
         if camera_path is not None:
             check_input(camera_path, CameraPath, "camera_path",
-                         "LingBot-World Camera Plücker Conditioning (its camera_path output)")
+                         f"{inputs.CAMERA_NODE} (its camera_path output)")
             # Base-Cam or Act: the wrong pairing fails here, before an expert loads.
             check_controls(camera_path, dit.config.control_type, dit.label)
             camera = WindowedCamera(camera_path, frames, height, width, scale_quantile, dit.config.control_type)

@@ -60,7 +60,8 @@ class LingBotWorldLoraLoader(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldLoraLoader",
             display_name="LingBot-World LoRA Loader",
-            category=inputs.CATEGORY,
+            category=inputs.BASE_CATEGORY,
+            **inputs.search_aliases("lingbot base", "lingbot lora", "lingbot lightning"),
             description=(
                 "Adds a LoRA to each expert of the DiT (Wan2.2 A14B LoRAs come as a high-noise and a low-noise "
                 "file). The sampler adds the low-rank product to each layer's output while the expert runs, so "

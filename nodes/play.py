@@ -29,7 +29,7 @@ from ..wan.geometry import latent_size
 from . import inputs
 from .host.fast_model import prepared_fast_run
 from .host.outputs import output_file
-from .host.play_run import run_play_session
+from .host.play_run import prompt_recipe, run_play_session, save_start_image, start_image_file
 from .inputs import FAST_LOADER, check_precision
 
 DEFAULT_PREFIX = "LingBotWorld/play"
@@ -55,7 +55,8 @@ class LingBotWorldPlay(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldPlay",
             display_name="LingBot-World Play",
-            category=inputs.CATEGORY,
+            category=inputs.PLAY_CATEGORY,
+            **inputs.search_aliases("lingbot play", "lingbot play the world", "lingbot keyboard", "lingbot fast"),
             description=(
                 "Walk through the world with the keyboard: W/A/S/D move, I/J/K/L look. Queue the prompt, then use "
                 "the Play panel on this node: the keys held when a 12-frame chunk starts steer it. turn: each key "
@@ -129,13 +130,16 @@ class LingBotWorldPlay(io.ComfyNode):
         source, vae_bytes = inputs.vae_source_bytes(vae, vae_model)
         path, name, subfolder = output_file(filename_prefix, width, height)
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
+        # The whole recipe in the log: prompt texts and start image beside the keys and settings.
+        recipe = {**prompt_recipe(text), "start_image": save_start_image(image, path), "vae": vae}
         with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
                                *vae_budgets(vae_bytes, height, width, precision)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
-                                      None if unique_id is None else str(unique_id), on_end=log_saver(path))
+                                      None if unique_id is None else str(unique_id), on_end=log_saver(path), recipe=recipe)
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
+            start_image_file(path).unlink(missing_ok=True)
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)

@@ -57,7 +57,8 @@ class LingBotWorldSampler(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldSampler",
             display_name="LingBot-World Dual-Expert Sampler",
-            category=inputs.CATEGORY,
+            category=inputs.BASE_CATEGORY,
+            **inputs.search_aliases("lingbot base", "lingbot act", "lingbot sampler", "lingbot act2cam"),
             description=(
                 "Generates the video latent with LingBot-World's two experts: the high-noise expert for "
                 "the steps above the boundary, then the low-noise expert. ComfyUI loads one expert at a "
@@ -73,7 +74,7 @@ class LingBotWorldSampler(io.ComfyNode):
                              tooltip="Denoising steps (the reference uses 70; 40 is common)."),
                 *inputs.guidance_inputs("Seed of the starting noise."),
                 inputs.Camera.Input("camera", optional=True,
-                                   tooltip="Camera path from LingBot-World Camera Plücker Conditioning. "
+                                   tooltip=f"Camera path from {inputs.CAMERA_NODE}. "
                                    "Its width, height and frames must match the VAE Encode node."),
                 *inputs.conditioning_inputs(),
                 # The step cache. Optional with "off" defaults, after every older widget: saved
@@ -113,7 +114,7 @@ class LingBotWorldSampler(io.ComfyNode):
         text = pick_text(text, positive, negative, dit.config.text_dim)
         check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         if camera is not None:
-            check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
+            check_input(camera, CameraCondition, "camera", inputs.CAMERA_NODE)
             # Base-Cam or Act: the wrong pairing fails here, before an expert loads; an action
             # string's camera is rebuilt with the control the checkpoint reads.
             camera = camera_for_checkpoint(camera, dit.config.control_type, dit.label)

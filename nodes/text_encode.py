@@ -38,7 +38,8 @@ class LingBotWorldTextEncode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldTextEncode",
             display_name="LingBot-World T5 Encode + Unload",
-            category=inputs.CATEGORY,
+            category=inputs.FILES_CATEGORY,
+            **inputs.search_aliases("lingbot text", "lingbot prompt", "lingbot t5"),
             description=(
                 "Encodes the prompt and the negative prompt with umT5-XXL, then frees the encoder "
                 "(VRAM and RAM) before the video model loads. Encoded prompts are cached on disk, so "

@@ -34,7 +34,8 @@ class LingBotWorldVAEEncode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldVAEEncode",
             display_name="LingBot-World Wan VAE Encode",
-            category=inputs.CATEGORY,
+            category=inputs.FILES_CATEGORY,
+            **inputs.search_aliases("lingbot vae", "lingbot image", "lingbot video"),
             description=(
                 "Encodes the start image with the Wan2.1 VAE into the image-to-video condition (the first "
                 "frame plus a mask for the frames to generate). The image is resized to width x height; "
@@ -78,7 +79,8 @@ class LingBotWorldVAEDecode(io.ComfyNode):
         return io.Schema(
             node_id="LingBotWorldVAEDecode",
             display_name="LingBot-World Wan VAE Decode",
-            category=inputs.CATEGORY,
+            category=inputs.FILES_CATEGORY,
+            **inputs.search_aliases("lingbot vae", "lingbot image", "lingbot video"),
             description=(
                 "Decodes the sampled latent into video frames with the Wan2.1 VAE, then frees the VAE. "
                 "Feed the frames to Create Video (16 fps) and Save Video. Takes any Wan 2.1 LATENT, "

@@ -25,6 +25,10 @@ class TextEmbeddings:
     positive: torch.Tensor  # [L_pos, text_dim], trimmed to the prompt's true length
     negative: torch.Tensor  # [L_neg, text_dim]
     from_cache: bool  # True when the encoder was not loaded at all
+    # The texts as the T5 node was given them (None: embeddings from elsewhere, e.g. a core
+    # CONDITIONING): a Play session's action log records them so that it replays alone.
+    prompt: str | None = None
+    negative_prompt: str | None = None
 
 
 def load_tokenizer(t5_file: Path, tokenizer_dir: Path | None) -> UMT5Tokenizer:
@@ -60,6 +64,7 @@ def encode_text(
     # As the reference: an empty prompt is encoded like any other, an empty negative prompt
     # means the model's default one.
     prompt, negative_prompt = check_text(prompt, "prompt"), check_text(negative_prompt, "negative_prompt")
+    given_negative = negative_prompt
     negative_prompt = negative_prompt or DEFAULT_NEGATIVE_PROMPT
     t5_file = Path(t5_file)
     tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
@@ -88,4 +93,5 @@ def encode_text(
             for text, emb in fresh.items():
                 cache.put(text, emb)
         found = [f if f is not None else fresh[t] for t, f in zip(texts, found)]
-    return TextEmbeddings(positive=found[0], negative=found[1], from_cache=not missing)
+    return TextEmbeddings(positive=found[0], negative=found[1], from_cache=not missing, prompt=prompt,
+                          negative_prompt=given_negative)

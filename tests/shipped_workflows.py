@@ -20,3 +20,54 @@ FAST_WORKFLOWS = ("lingbot_fast_clip", "lingbot_fast_walk")
 # A live session: it waits for keys, so it is not run like the others (tests/integration/test_play_server.py
 # runs its API graph; the browser test of the Play panel runs the template).
 LIVE_TEMPLATES = ("lingbot_play",)
+
+# Inputs whose widget the frontend follows with one more value in widgets_values (the seed's
+# "control after generate", LoadImage's upload button), besides what the schema flags.
+_SEED_NAMES = ("seed", "noise_seed")
+_WIDGET_TYPES = ("COMBO", "INT", "FLOAT", "STRING", "BOOLEAN")
+
+
+def _is_widget(spec: list) -> bool:
+    return isinstance(spec[0], list) or spec[0] in _WIDGET_TYPES
+
+
+def _extra_values(name: str, spec: list) -> int:
+    options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    if options.get("image_upload") or options.get("video_upload"):
+        return 1
+    if spec[0] == "INT" and (options.get("control_after_generate") or name in _SEED_NAMES):
+        return 1
+    return 0
+
+
+def template_prompt(ui: dict, object_info: dict) -> dict:
+    """The API prompt that the page queues for a UI workflow (example_workflows/), read with the
+    server's own node schemas (GET /object_info): widget values in the schema's input order,
+    links as [node id, output slot]; notes (nodes with no schema and no outputs) left out."""
+    links = {link[0]: link for link in ui["links"]}
+    prompt: dict = {}
+    for node in ui["nodes"]:
+        schema = object_info.get(node["type"])
+        if schema is None:
+            if node.get("outputs"):
+                raise ValueError(f"node {node['id']}: type {node['type']!r} is not offered by the server")
+            continue  # a note
+        inputs: dict = {}
+        for slot in node.get("inputs", []):
+            if slot.get("link") is not None:
+                _, origin, origin_slot, *_ = links[slot["link"]]
+                inputs[slot["name"]] = [str(origin), origin_slot]
+        values = list(node.get("widgets_values") or [])
+        specs = {**schema["input"].get("required", {}), **schema["input"].get("optional", {})}
+        order = schema["input_order"].get("required", []) + schema["input_order"].get("optional", [])
+        for name in order:
+            spec = specs[name]
+            if not _is_widget(spec):
+                continue
+            if not values:
+                break  # a widget added after the file was saved: the node's default applies
+            value = values.pop(0)
+            del values[:_extra_values(name, spec)]
+            inputs.setdefault(name, value)
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}
+    return prompt

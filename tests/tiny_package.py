@@ -35,6 +35,7 @@ FAST_FOLDER = "lingbot_world_fast"  # the official Fast download's folder name (
 ACT_PACKAGE_NAME = "lingbot-world-base-act-nf4"  # where tests install the tiny Act package
 START_IMAGE = "lingbot_world_start.jpg"
 TRAJECTORY_FOLDER = "lingbot_world"
+TRAJECTORY_POSES = 81  # workflows/api/lingbot_camera_files.json runs 81 frames on it
 
 
 def package_with_fast(cache_root: Path) -> Path:
@@ -54,8 +55,8 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
     """Make a ComfyUI base folder ready for the shipped workflows, with a tiny NF4 package.
 
     The package is built once under ``cache_root`` and linked into models/lingbot/, with the
-    tiny Fast transformer (bf16) as its lingbot_world_fast/; the start image and a 41-pose
-    trajectory go into input/.
+    tiny Fast transformer (bf16) as its lingbot_world_fast/; the start image and an 81-pose
+    trajectory (the camera-files template's own frame count) go into input/.
     """
     import numpy as np
     from PIL import Image
@@ -70,7 +71,7 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (72, 108, 3), dtype=np.uint8)).save(input_dir / START_IMAGE)
-    poses, intrinsics = preset_trajectory("orbit_left", 41, 1.0)
+    poses, intrinsics = preset_trajectory("orbit_left", TRAJECTORY_POSES, 1.0)
     (input_dir / TRAJECTORY_FOLDER).mkdir(exist_ok=True)
     np.save(input_dir / TRAJECTORY_FOLDER / "poses.npy", poses.astype(np.float32))
     np.save(input_dir / TRAJECTORY_FOLDER / "intrinsics.npy", intrinsics.astype(np.float32))

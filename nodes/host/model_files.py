@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 import folder_paths
 
 from ...loaders.errors import CheckpointError
+from ...loaders.expert_config import read_expert_config
 from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
 from ...loaders.model_kind import FAST_FOLDER_PREFIX
 from ...loaders.weight_role import WEIGHT_SUFFIXES, weight_role
@@ -183,23 +184,43 @@ def _leaf(name: str) -> str:
     return name.rsplit("/", 1)[-1].lower()
 
 
-def default_expert_pair(folders: list[str]) -> tuple[str | None, str | None]:
+def default_expert_pair(folders: list[str], control_of: Callable[[str], str | None] | None = None,
+                        wanted: str = "cam") -> tuple[str | None, str | None]:
     """The DiT Loader's defaults: a high_noise folder and the low_noise folder of the same package.
 
     A high_noise folder whose low_noise twin (same parent, same name otherwise) is listed
-    wins; without twins, any high_noise and low_noise folders; else the first folder.
+    wins; without twins, any high_noise and low_noise folders; else the first folder. With
+    ``control_of`` (a folder's control type, "cam" or "act", None when unreadable), a pair of
+    the ``wanted`` control comes first: the camera nodes' defaults (a preset camera) drive
+    Base-Cam, so an Act package listed before it (alphabetically) is not the fresh node's pick.
     """
     if not folders:
         return None, None
     by_name = {f.lower(): f for f in folders}
     highs = [f for f in folders if "high_noise" in _leaf(f)]
+    twins = []
     for high in highs:
         twin = by_name.get(high.lower()[: len(high) - len(_leaf(high))] + _leaf(high).replace("high_noise", "low_noise"))
         if twin is not None:
-            return high, twin
+            twins.append((high, twin))
+    if control_of is not None and len(twins) > 1:
+        for high, twin in twins:
+            if control_of(high) == wanted:
+                return high, twin
+    if twins:
+        return twins[0]
     lows = [f for f in folders if "low_noise" in _leaf(f)]
     high = highs[0] if highs else folders[0]
     return high, lows[0] if lows else high
+
+
+def expert_control(name: str) -> str | None:
+    """The control type ("cam": Base-Cam, "act": Act) of the expert folder a combo value names,
+    read off config.json and the weights' headers (nothing loaded); None when unreadable."""
+    try:
+        return read_expert_config(resolve_model_path(name, EXPERT_KINDS, "expert", want_dir=True)).control_type
+    except (CheckpointError, ValueError, OSError):
+        return None
 
 
 def default_fast_folder(folders: list[str]) -> str | None:

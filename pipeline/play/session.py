@@ -115,7 +115,7 @@ class PlaySession:
                  check_interrupt: Callable[[], None] | None = None,
                  interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
                  clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
-                 session_id: str | None = None, overlap: bool | None = None) -> None:
+                 session_id: str | None = None, overlap: bool | None = None, recipe: dict | None = None) -> None:
         if tuple(image.shape) != (3, settings.height, settings.width):
             raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
                              f"{list(image.shape)}")
@@ -128,6 +128,7 @@ class PlaySession:
         self._check = check_interrupt
         self.interrupt_types = interrupt_types
         self.video_ref = video_ref
+        self.recipe = dict(recipe or {})  # what the caller knows of the inputs (prompt, start image): the log's too
         self.clock = clock
         self.registry = registry
         self.controls = PlayControls(settings.mode, clock=clock)
@@ -326,4 +327,5 @@ class PlaySession:
             "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype, "keyframes": KEYFRAMES_PLAY,
             "width": settings.width, "height": settings.height, "vae_precision": settings.vae_precision,
             "fps": settings.fps, "mode": settings.mode, "ended": self.end_reason,
+            **self.recipe,
         }

@@ -250,11 +250,78 @@ def test_a_viewer_gets_no_keys_and_no_buttons(page) -> None:
     page.keyboard.down("w")
     page.keyboard.up("w")
     assert page.evaluate("() => window.sent") == []
-    assert page.evaluate("() => window.shortcuts") == ["w"]  # not captured: the page behaves as usual
+    # Issue 27: the keys are the controlling tab's; here they are swallowed, not the page's
+    # shortcuts (A opened the Media Assets sidebar), and the panel says where they go.
+    assert page.evaluate("() => window.shortcuts") == []
+    assert "tab that runs it" in page.inner_text(".lingbot-play .lbp-overlay")
+    page.keyboard.press("r")  # not a play key: the page's own
+    assert page.evaluate("() => window.shortcuts") == ["r"]
     # The caps show the keys that steered the chunk on screen.
     page.evaluate("() => window.panel.showFrames({chunk: 0, first_frame: 0, frames: window.jpegFrames(2), keys: 'sk'})")
     caps = page.evaluate("() => [...document.querySelectorAll('.lbp-cap.lbp-held')].map(c => c.dataset.key)")
     assert caps == ["s", "k"]
+
+
+def test_a_viewer_shows_no_lit_key_once_the_session_ends(page) -> None:
+    page.evaluate(_JS_NEW_PANEL, False)
+    page.evaluate("() => window.panel.showFrames({chunk: 0, first_frame: 0, frames: window.jpegFrames(2), keys: 'wj'})")
+    assert root_data(page)["held"] == ""  # a viewer holds nothing; the caps show the session's keys
+    page.evaluate("() => window.panel.showState({state: 'ended', reason: 'stop', chunks_done: 1, frames_done: 9})")
+    caps = page.evaluate("() => [...document.querySelectorAll('.lbp-cap.lbp-held')].map(c => c.dataset.key)")
+    assert caps == []
+    page.keyboard.press("w")  # the session is over: the page's shortcuts are back
+    assert page.evaluate("() => window.shortcuts") == ["w"]
+
+
+def _focus_in_panel(page) -> bool:
+    return page.evaluate("() => window.panel.element.contains(document.activeElement)")
+
+
+@pytest.mark.parametrize("sequence", ["continue", "pause-continue", "step"])
+def test_a_button_that_disables_itself_keeps_the_keyboard_in_the_panel(page, sequence: str) -> None:
+    """Continue and Pause disable themselves once the session answers; the keyboard must stay
+    in the panel (it fell to the page: held W opened ComfyUI's Workflows sidebar)."""
+    page.evaluate(_JS_NEW_PANEL, True)
+    states = {"continue": "running", "pause": "paused", "step": "running"}
+    clicks = {"continue": ["continue"], "pause-continue": ["continue", "pause", "continue"], "step": ["step"]}[sequence]
+    for action in clicks:
+        page.click(f".lingbot-play button.lbp-{action}")
+        page.evaluate(f"() => window.panel.showState({{state: '{states[action]}', chunks_done: 1, frames_done: 9}})")
+        assert page.evaluate(f"() => document.querySelector('.lingbot-play button.lbp-{action}').disabled")
+        assert _focus_in_panel(page), f"after {action}: focus on {page.evaluate('() => document.activeElement.tagName')}"
+        assert page.evaluate("() => window.panel.capturing") is True
+        page.keyboard.down("w")
+        page.keyboard.up("w")
+    assert page.evaluate("() => window.shortcuts") == []
+    assert page.evaluate("() => window.sent") == ["w", ""] * len(clicks)
+    assert root_data(page)["keyboard"] == "session"
+    assert page.inner_text(".lingbot-play .lbp-keyboard") == "keys: session"
+
+
+def test_the_panel_gives_the_keyboard_back_visibly_when_the_session_ends(page) -> None:
+    page.evaluate(_JS_NEW_PANEL, True)
+    page.click(".lingbot-play .lbp-screen")
+    assert page.inner_text(".lingbot-play .lbp-keyboard") == "keys: session"
+    page.evaluate("() => window.panel.showState({state: 'ended', reason: 'budget', chunks_done: 2, frames_done: 21})")
+    assert not _focus_in_panel(page)
+    assert page.inner_text(".lingbot-play .lbp-keyboard") == "keys: ComfyUI"
+    assert root_data(page)["keyboard"] == "page"
+    page.keyboard.press("w")
+    assert page.evaluate("() => window.shortcuts") == ["w"] and page.evaluate("() => window.sent") == []
+
+
+def test_a_late_reply_to_stop_does_not_bring_an_ended_session_back(page) -> None:
+    """The reply to Stop holds the state of its moment ("waiting"); when it arrives after the
+    "ended" event the panel stayed "waiting" for good (the browser test's end-of-session race)."""
+    page.evaluate(_JS_NEW_PANEL, True)
+    page.click(".lingbot-play button.lbp-stop")
+    page.evaluate("() => window.panel.showState({state: 'ended', reason: 'stop', chunks_done: 3, frames_done: 33})")
+    page.evaluate("() => window.panel.showState({state: 'waiting'})")  # the reply, late
+    assert root_data(page)["state"] == "ended"
+    assert "ended: stop" in page.inner_text(".lingbot-play .lbp-state").lower()
+    # A new session on the same panel starts afresh.
+    page.evaluate("() => window.panel.startSession({sessionId: 'def', controller: true, mode: 'turn', fps: 16})")
+    assert root_data(page)["state"] == "waiting"
 
 
 # ----- frame_player.js ---------------------------------------------------------------------

@@ -134,3 +134,25 @@ def test_input_npy_files_cannot_escape_the_input_folder(comfy_dirs, tmp_path):
         model_files.resolve_input_file(model_files.NO_FILE, "poses_file", ".npy")
     with pytest.raises(ValueError, match="not found"):
         model_files.resolve_input_file("a/missing.npy", "poses_file", ".npy")
+
+
+def test_a_fresh_dit_loader_picks_base_cam_beside_an_act_package_listed_first(comfy_dirs, package, act_packages):
+    """Issue 27: with lingbot-world-base-act-nf4 beside lingbot-world-base-cam-nf4 (Act first
+    alphabetically) a fresh DiT Loader took Act, and its preset camera failed at the sampler.
+    Base-Cam is picked, and the tooltip says which folder and checkpoint it picked."""
+    (comfy_dirs["lingbot"] / "lingbot-world-base-act-nf4").symlink_to(act_packages["nf4"], target_is_directory=True)
+    (comfy_dirs["lingbot"] / "lingbot-world-base-cam-nf4").symlink_to(package, target_is_directory=True)
+    experts = model_files.list_expert_folders()
+    assert experts[0].startswith("lingbot/lingbot-world-base-act-nf4/")
+    assert model_files.expert_control(experts[0]) == "act"
+    dit = LingBotWorldDiTLoader.INPUT_TYPES()["required"]
+    high, low = dit["high_noise"][1]["default"], dit["low_noise"][1]["default"]
+    assert (high, low) == ("lingbot/lingbot-world-base-cam-nf4/high_noise_model_bnb_nf4",
+                           "lingbot/lingbot-world-base-cam-nf4/low_noise_model_bnb_nf4")
+    assert f"A fresh node picks {high}: Base-Cam" in dit["high_noise"][1]["tooltip"]
+    # Only Act installed: Act is picked (and the tooltip says so), not nothing.
+    (comfy_dirs["lingbot"] / "lingbot-world-base-cam-nf4").unlink()
+    dit = LingBotWorldDiTLoader.INPUT_TYPES()["required"]
+    assert dit["high_noise"][1]["default"] == "lingbot/lingbot-world-base-act-nf4/high_noise_model_bnb_nf4"
+    assert ": Act." in dit["high_noise"][1]["tooltip"]
+    assert model_files.expert_control("lingbot/nowhere/high_noise_model") is None

@@ -42,7 +42,7 @@ def test_lora_loader_schema_and_registration(installed):
         spec = schema["required"][key][1]
         assert (spec["default"], spec["min"], spec["max"], spec["step"]) == (1.0, -4.0, 4.0, 0.05)
     schema = LingBotWorldLoraLoader.GET_SCHEMA()
-    assert schema.category == "LingBot-World" and [o.get_io_type() for o in schema.outputs] == ["LINGBOT_DIT"]
+    assert schema.category == "LingBot-World/Base" and [o.get_io_type() for o in schema.outputs] == ["LINGBOT_DIT"]
     assert LingBotWorldLoraLoader.validate_inputs("none", "wan/style_high.safetensors") is True
     assert "lora_low_noise: 'gone.safetensors' is not offered" in \
         LingBotWorldLoraLoader.validate_inputs("none", "gone.safetensors")

@@ -158,3 +158,63 @@ def test_bad_inputs_are_refused_before_anything_loads(fast_installed, change, me
 
 def test_every_queue_runs_a_new_session():
     assert LingBotWorldPlay.fingerprint_inputs() != LingBotWorldPlay.fingerprint_inputs()
+
+
+def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installed):
+    """Issue 27: the log held no prompt and no start image, so a replay as the README said
+    it did not reproduce the session. Now the log beside the .mp4 is the whole recipe: the
+    prompt texts, the start image (a PNG beside it, with its sha256), the seed, the settings
+    and the keys; from that file alone (the image copied into input/ and read by the core
+    Load Image node's way) the Fast clip nodes give the session's latent, bit for bit."""
+    import hashlib
+
+    import numpy as np
+    from PIL import Image
+
+    from node_runs import FAST, T5_FILE, TOKENIZER
+    from comfyui_lingbot_world.nodes.fast_sampler import LingBotWorldFastSampler
+    from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode
+
+    pixels = np.random.default_rng(3).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    image = torch.from_numpy(pixels.astype(np.float32) / 255.0)[None]  # as Load Image gives a photo
+    text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, "a lighthouse on a cliff", "fog", "auto")[0]
+    fast_dit, _ = load_fast(FAST)
+    thread, out = start(play_inputs(fast_dit, text, image=image, seed=11))
+    session = out["session"]
+    for keys in ("d", "ik"):
+        press(session, keys)
+    session.controls.act("stop")
+    thread.join(120)
+    video, _, latent = out["output"].args
+    log_path = Path(video.get_stream_source()).with_suffix(".json")
+    del text, image, session, out  # from here on: the files only
+
+    log = json.loads(log_path.read_text())
+    assert (log["prompt"], log["negative_prompt"], log["prompt_source"]) == ("a lighthouse on a cliff", "fog", "text")
+    start_png = log_path.parent / log["start_image"]["file"]
+    assert hashlib.sha256(start_png.read_bytes()).hexdigest() == log["start_image"]["sha256"]
+    assert log["start_image"]["exact"] is True
+    input_dir = fast_installed["input"]
+    (input_dir / start_png.name).write_bytes(start_png.read_bytes())  # as the docs say: copy it into input/
+
+    replay_text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, log["prompt"], log["negative_prompt"], "auto")[0]
+    # What the core Load Image node does with that file (nodes.py LoadImage.load_image).
+    with Image.open(input_dir / start_png.name) as png:
+        replay_image = torch.from_numpy(np.array(png.convert("RGB")).astype(np.float32) / 255.0)[None]
+    camera = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, log["width"], log["height"],
+                                        log["frames"], actions=log["actions"], keyframes=log["keyframes"])[0]
+    i2v = LingBotWorldVAEEncode.execute(replay_image, log["vae"], log["width"], log["height"], log["frames"], "auto",
+                                        precision=log["vae_precision"])[0]
+    replay = LingBotWorldFastSampler.execute(fast_dit, i2v, "sliding_window", log["kv_window"], log["kv_sink"],
+                                             log["kv_dtype"], log["shift"], log["seed"], text=replay_text,
+                                             camera=camera)[0]
+    assert replay["samples"].shape == latent["samples"].shape
+    assert torch.equal(replay["samples"], latent["samples"])
+
+
+def test_a_start_image_that_8_bits_cannot_hold_is_marked_inexact(tmp_path):
+    from comfyui_lingbot_world.nodes.play import save_start_image, start_image_file
+
+    video = tmp_path / "play_00001.mp4"
+    record = save_start_image(start_image(), video)  # noise in float32: not 8-bit values
+    assert record["file"] == start_image_file(video).name == "play_00001_start.png" and record["exact"] is False

@@ -71,6 +71,39 @@ EXPECTED_OUTPUTS = {
 }
 
 
+NODE_CATEGORIES = {
+    "LingBotWorldDiTLoader": "LingBot-World/Base", "LingBotWorldSampler": "LingBot-World/Base",
+    "LingBotWorldLongVideo": "LingBot-World/Base", "LingBotWorldLoraLoader": "LingBot-World/Base",
+    "LingBotWorldFastDiTLoader": "LingBot-World/Fast", "LingBotWorldFastSampler": "LingBot-World/Fast",
+    "LingBotWorldFastLongVideo": "LingBot-World/Fast", "LingBotWorldPlay": "LingBot-World/Play",
+    "LingBotWorldCamera": "LingBot-World/Camera and Act", "LingBotWorldTextEncode": "LingBot-World/Text and VAE",
+    "LingBotWorldVAEEncode": "LingBot-World/Text and VAE", "LingBotWorldVAEDecode": "LingBot-World/Text and VAE",
+}
+
+
+def test_search_aliases_only_where_the_host_has_them(monkeypatch):
+    """"lingbot act" / "lingbot play" / "lingbot fast" find their nodes: by a V3 search alias on
+    hosts whose io.Schema has search_aliases (0.28), by the display name on older ones (0.3.75),
+    where passing the keyword would raise TypeError."""
+    from comfyui_lingbot_world.nodes import inputs
+
+    has_field = "search_aliases" in io.Schema.__dataclass_fields__
+    schemas = {name: cls.GET_SCHEMA() for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items()}
+    for query, nodes in {"lingbot act": ("LingBotWorldCamera", "LingBotWorldDiTLoader", "LingBotWorldSampler"),
+                         "lingbot play": ("LingBotWorldPlay",),
+                         "lingbot fast": ("LingBotWorldFastDiTLoader", "LingBotWorldFastSampler",
+                                          "LingBotWorldFastLongVideo")}.items():
+        word = query.split()[1]
+        for name in nodes:
+            aliases = getattr(schemas[name], "search_aliases", None) or []
+            assert (query in aliases) == has_field, (name, aliases)
+        # Within the frontend's fuzzy reach of a display name's start (Fuse.js, location 0,
+        # distance 100, threshold 0.3: an exact word within 30 characters) on every host.
+        assert any(word in schemas[name].display_name.lower()[:30] for name in nodes), query
+    monkeypatch.delattr(io.Schema, "__dataclass_fields__")
+    assert inputs.search_aliases("lingbot x") == {}
+
+
 def test_mappings_register_every_node_with_display_names():
     assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(EXPECTED_INPUTS)
     assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(EXPECTED_INPUTS)
@@ -80,7 +113,8 @@ def test_mappings_register_every_node_with_display_names():
         assert schema.node_id == name and name.startswith("LingBotWorld")
         assert schema.display_name == pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name]
         assert schema.display_name.startswith("LingBot-World ")
-        assert schema.category == "LingBot-World"
+        # Issue 27: one folder per kind of node, under LingBot-World (it was one flat category).
+        assert schema.category == NODE_CATEGORIES[name]
         assert schema.description.strip()
 
 

@@ -110,8 +110,10 @@ function attach(node) {
     entry.panel = new PlayPanel({
         onKeys: (keys) => entry.sessionId && entry.sender.send(keys),
         onControl: async (action) => {
-            if (!entry.sessionId) return;
-            const result = await client.control(entry.sessionId, action);
+            const sessionId = entry.sessionId;
+            if (!sessionId) return;
+            const result = await client.control(sessionId, action);
+            if (entry.sessionId !== sessionId) return;  // a reply about a session no longer shown
             report(result);
             if (result.ok && result.data?.state) entry.panel.showState({ state: result.data.state });
             if (result.ok && result.data?.mode) entry.panel.showMode(result.data.mode);

@@ -7,6 +7,10 @@
 // leaves the panel either, so the page's single-key shortcuts (W opens the workflows
 // sidebar, R reloads node definitions, ...) do not fire while playing. Escape, a click
 // elsewhere, or the window losing focus releases every key (the server is sent "").
+// A button that disables itself (Continue, Pause, Step) hands the focus to the panel first,
+// so the keyboard never falls to the page mid-session; when the session ends the panel lets
+// the focus go and says so ("keys: ComfyUI"). A view-only tab's focused panel swallows the
+// play keys too (they are the controlling tab's), so they open no sidebar here either.
 //
 // State for tests and styles sits on the root element: data-state, data-role, data-held,
 // data-chunks, data-frames, data-shown (frames drawn), data-last (the video frame on screen).
@@ -18,6 +22,10 @@ import { addPlayStyle } from "./style.js";
 const HINT_IDLE = "Run the workflow to start a session";
 const HINT_FOCUS = "Click here (or Play), then hold W A S D to move and I J K L to look";
 const HINT_VIEWER = "view-only: this session is controlled by another tab";
+const HINT_VIEWER_KEYS = "view-only: the keys steer the session in the tab that runs it";
+// The top line's keyboard label: where the keys go now.
+const KEYS_SESSION = "keys: session";
+const KEYS_PAGE = "keys: ComfyUI";
 const BUTTONS = [
     ["play", "Play", "Give the keyboard to the session (Esc gives it back)"],
     ["pause", "Pause", "Stop after the current chunk"],
@@ -63,7 +71,8 @@ export class PlayPanel {
         this.stateLabel = el("span", "lbp-state");
         this.roleLabel = el("span", "lbp-role");
         this.statsLabel = el("span", "lbp-stats");
-        top.append(this.stateLabel, this.roleLabel, this.statsLabel);
+        this.keyboardLabel = el("span", "lbp-keyboard");
+        top.append(this.stateLabel, this.roleLabel, this.keyboardLabel, this.statsLabel);
 
         const screen = (this.screen = el("div", "lbp-screen"));
         this.canvas = el("canvas");
@@ -152,6 +161,7 @@ export class PlayPanel {
             this.latency = null;
             this.chunkSeconds = null;
             this.steered = "";
+            this.viewerKeyed = false;
             this.player.reset();
             this.videoLink.removeAttribute("href");
             this.videoLink.textContent = "";
@@ -183,12 +193,17 @@ export class PlayPanel {
     /** A ``lingbot.play.state`` event of this panel's session. */
     showState({ state, chunks_done: chunks, frames_done: frames, reason = null, video = null },
               videoUrl = null) {
+        // "ended" is final for a session: a later state is stale (the reply to Stop, sent
+        // before the session closed, may arrive after the "ended" event).
+        if (this.state === "ended" && state !== "ended" && this.session) return;
         this.state = state;
         if (chunks !== undefined) this.chunks = chunks;
         if (frames !== undefined) this.framesDone = frames;
         this.reason = reason;
         if (state === "ended") {
             this._release(false);  // the session is gone: nothing to tell it
+            this.steered = "";  // a viewer's lit keys were the session's
+            this._letFocusGo();
             if (video && videoUrl) {
                 this.videoLink.href = videoUrl;
                 this.videoLink.textContent = `video: ${video.filename}`;
@@ -228,7 +243,18 @@ export class PlayPanel {
     }
 
     _key(event, down) {
-        if (!this.capturing) return;
+        if (!this.capturing) {
+            // A view-only tab: the play keys are the controlling tab's, never this page's shortcuts.
+            if (this.role === "viewer" && LIVE.has(this.state) && playKeyOf(event)) {
+                event.preventDefault();
+                event.stopPropagation();
+                if (down && !this.viewerKeyed) {
+                    this.viewerKeyed = true;
+                    this._render();
+                }
+            }
+            return;
+        }
         if (event.key === "Escape" && down) {
             event.preventDefault();
             event.stopPropagation();
@@ -258,10 +284,10 @@ export class PlayPanel {
     }
 
     _clicked(action) {
-        if (action === "play") {
-            this.focus();
-            return;
-        }
+        // The panel itself holds the focus from here: the button may disable itself (Continue,
+        // Pause, Step), and a disabled button drops the focus to the page.
+        if (this.role === "controller" && LIVE.has(this.state)) this.focus();
+        if (action === "play") return;
         if (action === "continue") this.showMode("continuous");
         this.onControl(action);
     }
@@ -273,6 +299,12 @@ export class PlayPanel {
         } else {
             this._release(true);
         }
+    }
+
+    /** The session is over: a focus inside the panel goes back to the page (the label says so). */
+    _letFocusGo() {
+        const active = this.element.ownerDocument.activeElement;
+        if (active && this.element.contains(active)) active.blur();
     }
 
     /** Release every key; ``tell`` the server ("") when some were held. */
@@ -318,19 +350,30 @@ export class PlayPanel {
             ? `${this.session.mode === "turn" ? "turn-based" : "continuous"} · ${this.session.fps} fps`
             : "";
 
+        this.keyboardLabel.textContent = this.capturing ? KEYS_SESSION : this.session ? KEYS_PAGE : "";
+        root.dataset.keyboard = this.capturing ? "session" : "page";
+
         const can = controller && live;
-        this.buttons.play.disabled = !can;
-        this.buttons.pause.disabled = !(can && this.state === "running");
-        this.buttons.step.disabled = !(can && this.state !== "running");
-        this.buttons.continue.disabled = !(can && this.state !== "running");
-        this.buttons.stop.disabled = !can;
+        const disabled = {
+            play: !can,
+            pause: !(can && this.state === "running"),
+            step: !(can && this.state !== "running"),
+            continue: !(can && this.state !== "running"),
+            stop: !can,
+        };
+        // A focused button about to be disabled hands the focus to the panel first (else the
+        // browser drops it to the page, whose shortcuts would then take the play keys).
+        const active = root.ownerDocument.activeElement;
+        const losing = Object.entries(this.buttons).some(([action, b]) => b === active && disabled[action]);
+        if (losing && can) root.focus({ preventScroll: true });
+        for (const [action, button] of Object.entries(this.buttons)) button.disabled = disabled[action];
         const turn = this.session?.mode === "turn";
         this.buttons.step.classList.toggle("lbp-primary", turn || this.state === "paused");
         this.buttons.continue.classList.toggle("lbp-primary", !turn && this.state !== "running");
 
         let hint = "";
         if (!this.session || this.state === "idle") hint = HINT_IDLE;
-        else if (this.role === "viewer") hint = this.player.shown ? "" : HINT_VIEWER;
+        else if (this.role === "viewer" && live) hint = this.viewerKeyed ? HINT_VIEWER_KEYS : this.player.shown ? "" : HINT_VIEWER;
         else if (live && !this.capturing) hint = HINT_FOCUS;
         this.overlay.textContent = hint;
     }

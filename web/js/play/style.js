@@ -18,7 +18,10 @@ const CSS = `
 .lingbot-play .lbp-role { padding: 0 6px; border-radius: 8px; background: #733; color: #fff; }
 .lingbot-play[data-role="controller"] .lbp-role { background: #264; }
 .lingbot-play[data-role="none"] .lbp-role { display: none; }
-.lingbot-play .lbp-stats { margin-left: auto; opacity: 0.85; }
+.lingbot-play .lbp-stats { margin-left: auto; opacity: 0.85; min-width: 0; overflow: hidden; text-overflow: ellipsis; }
+.lingbot-play .lbp-keyboard { opacity: 0.75; }
+.lingbot-play .lbp-keyboard:empty { display: none; }
+.lingbot-play.lbp-capturing .lbp-keyboard { opacity: 1; color: var(--p-primary-color, #4a9eff); font-weight: bold; }
 .lingbot-play .lbp-screen { position: relative; flex: 1 1 auto; min-height: 60px; background: #000;
     border-radius: 4px; overflow: hidden; cursor: pointer; }
 .lingbot-play .lbp-screen canvas { width: 100%; height: 100%; object-fit: contain; display: block; }
