@@ -90,6 +90,7 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                                "expert on GPUs 0 and 1, the prompt branch on GPU 0 and the negative branch on GPU 1 "
                                "at the same time (about half the time per step). Both need 2 GPUs; see "
                                "docs/multi_gpu.md."),
+                inputs.weights_input(),  # after devices: saved workflows list widget values in order
             ],
             outputs=[inputs.DiT.Output("dit", display_name="dit",
                                       tooltip="Both experts, for the LingBot-World Dual-Expert Sampler.")],
@@ -101,8 +102,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,
-                devices: str = "single") -> io.NodeOutput:
-        options = inputs.load_options(bf16_quantize, block_swap)
+                devices: str = "single", weights: str = inputs.AS_STORED) -> io.NodeOutput:
+        options = inputs.load_options(bf16_quantize, block_swap, weights)
         placement = placement_for(devices)  # before any file is read: a missing GPU fails at once
         folders = {
             "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),

@@ -19,6 +19,8 @@ DISPLAY_NAME = "LingBot-World Fast DiT Loader"
 def load_line(options) -> str:
     """How the transformer will come into memory, for the model_info output."""
     how = "bf16 folders quantized to NF4 while loading" if options.quantize == "nf4" else "loaded as stored"
+    if options.weights != inputs.AS_STORED:
+        how = f"weights {options.weights} (decided per GPU when the run loads it)"
     swap = f"{options.blocks_on_gpu} blocks on the GPU" if options.blocks_on_gpu else "every block on the GPU"
     return f"{how}; {swap}"
 
@@ -50,6 +52,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
                                       "(~9.6 GB instead of ~37 GB of VRAM). NF4 folders load as they are.",
                                       default="nf4"),
                 inputs.block_swap_input(),
+                inputs.weights_input(),
             ],
             outputs=[
                 inputs.FastDiTType.Output("fast_dit", display_name="fast_dit",
@@ -66,8 +69,9 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         return inputs.offered(cls, fast_model=fast_model)
 
     @classmethod
-    def execute(cls, fast_model: str, bf16_quantize: str = "nf4", block_swap: int = 0) -> io.NodeOutput:
-        options = inputs.load_options(bf16_quantize, block_swap)
+    def execute(cls, fast_model: str, bf16_quantize: str = "nf4", block_swap: int = 0,
+                weights: str = inputs.AS_STORED) -> io.NodeOutput:
+        options = inputs.load_options(bf16_quantize, block_swap, weights)
         folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)
         detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
         identity = require_model(folder, "fast", "fast_model")

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from comfy_api.latest import io
 
+from ..pipeline.experts import AS_STORED, WEIGHT_CHOICES
 from ..pipeline.fast import DEFAULT_POLICY, FastParams
 from ..pipeline.guards import VAE_PRECISIONS
 from ..pipeline.image import VAESource
@@ -69,6 +70,23 @@ MAX_BLOCK_SWAP = 40  # the A14B transformers have 40 blocks; a larger count mean
 # The DiT loaders (Base experts, Fast): how the transformer comes into memory.
 def quantize_input(tooltip: str, default: str = "none") -> io.Combo.Input:
     return io.Combo.Input("bf16_quantize", options=list(QUANTIZE_CHOICES), default=default, tooltip=tooltip)
+
+
+WEIGHTS_TOOLTIP = (
+    "The kind the transformer's linear weights are held in once loaded. as stored: as its folder holds them "
+    "(a bf16 folder follows bf16_quantize). auto: the fastest kind this GPU runs whose weights fit beside the "
+    "run (fp8 on RTX 40 / H100 and newer, int8 on RTX 30 / A100, else nf4; with fewer blocks on the GPU a larger "
+    "kind fits). fp8 (~18.5 GB for A14B, needs RTX 40 / H100 or newer) and int8 (~18.5 GB, RTX 30 / A100 or newer) "
+    "multiply in 8 bits with per-channel weight and per-token activation scales; made on load from any folder, or "
+    "written once by 'python . quantize --format fp8'. nf4 ~9.6 GB, bf16 ~37 GB. The 8-bit kinds' picture "
+    "quality on the real weights is not measured yet (their deviation from bf16 on synthetic weights is in "
+    "bench/RESULTS.md); LoRAs work on every kind.")
+
+
+def weights_input(default: str = AS_STORED) -> io.Combo.Input:
+    # Optional: saved workflows and API prompts from before this input load with the default.
+    return io.Combo.Input("weights", options=list(WEIGHT_CHOICES), default=default, optional=True,
+                          tooltip=WEIGHTS_TOOLTIP)
 
 
 def block_swap_input() -> io.Int.Input:
@@ -296,14 +314,16 @@ def check_image(image) -> None:
         raise ValueError(f"image: expected a ComfyUI IMAGE batch [B, H, W, 3], got {shape}")
 
 
-def load_options(bf16_quantize: str, block_swap: int) -> ExpertLoadOptions:
-    """The loaders' bf16_quantize and block_swap widgets, checked, as load options."""
+def load_options(bf16_quantize: str, block_swap: int, weights: str = AS_STORED) -> ExpertLoadOptions:
+    """The loaders' bf16_quantize, block_swap and weights widgets, checked, as load options."""
+    if weights not in WEIGHT_CHOICES:
+        raise ValueError(f"weights: {weights!r} is not one of {', '.join(WEIGHT_CHOICES)}")
     if bf16_quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"bf16_quantize: {bf16_quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
     if isinstance(block_swap, bool) or not isinstance(block_swap, int) or not 0 <= block_swap <= MAX_BLOCK_SWAP:
         raise ValueError(f"block_swap: {block_swap!r} is not a count of blocks kept on the GPU from 0 (all) to "
                          f"{MAX_BLOCK_SWAP}")
-    return ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize,
+    return ExpertLoadOptions(quantize=None if bf16_quantize == "none" else bf16_quantize, weights=weights,
                              blocks_on_gpu=block_swap or None)  # the widget's 0 = all blocks
 
 

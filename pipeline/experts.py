@@ -5,13 +5,75 @@ one expert in memory at a time (``DiskExperts``) or placed on several devices
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
+from ..loaders.expert_size import expert_memory
 from ..loaders.layout import layout_of
+from ..loaders.weight_kind import WEIGHT_KINDS
+from ..wan.runtime.dense import GEMM_KINDS, runs_on
 from .memory import build_or_release, release_module, resolve_device
 from .placement import Placement
+
+
+AS_STORED = "as stored"
+WEIGHT_CHOICES = (AS_STORED, "auto") + WEIGHT_KINDS
+# auto keeps this share of the card (at least AUTO_RESERVE_MIN) free of weights, for the
+# activations, the VAE and the Fast KV cache (Fast at 480x832 with the int8 cache did not fit
+# 16 GiB beside the 8.9 GiB NF4 transformer: ~7 GiB of working memory): a rule of thumb.
+# On a 24 GiB card the ~18.5 GB fp8 transformer then fits only with block swap.
+AUTO_RESERVE_FRACTION = 0.25
+AUTO_RESERVE_MIN = 8 * 2**30
+
+
+def choose_weight_kind(choice: str, stored_kind: str, bf16_quantize: str | None,
+                       capability: tuple[int, int] | None, device_bytes: Callable[[str], int],
+                       total_bytes: int | None) -> str | None:
+    """The weight kind an expert is loaded in (None: as stored).
+
+    ``choice``: "as stored" (today's behaviour: a bf16 folder follows ``bf16_quantize``,
+    others load as they are), a kind of ``GEMM_KINDS`` (refused, naming the card, where its
+    product does not run), or "auto": on a CUDA card of ``capability`` the fastest kind
+    (``speed_rank``) whose weights (``device_bytes(kind)``, after block swap) fit
+    ``total_bytes`` less the reserve; nothing fits: the smallest. Off CUDA auto is "as stored".
+    """
+    if choice not in WEIGHT_CHOICES:
+        raise ValueError(f"weights: {choice!r} is not one of {', '.join(WEIGHT_CHOICES)}")
+    as_stored = bf16_quantize if stored_kind == "bf16" else None
+    if choice == AS_STORED or (choice == "auto" and capability is None):
+        return None if as_stored == stored_kind else as_stored
+    if choice != "auto":
+        if not runs_on(choice, capability):
+            where = "the CPU" if capability is None else f"a card of compute capability {capability[0]}.{capability[1]}"
+            need = GEMM_KINDS[choice].min_capability
+            raise ValueError(f"weights: {choice} does not run on {where}"
+                             + (f" (it needs {need[0]}.{need[1]} or newer)" if need else "")
+                             + "; choose auto, nf4 or bf16")
+        return None if choice == stored_kind else choice
+    budget = None if total_bytes is None else total_bytes - max(AUTO_RESERVE_MIN,
+                                                                 int(total_bytes * AUTO_RESERVE_FRACTION))
+    able = sorted((k for k in GEMM_KINDS if runs_on(k, capability)), key=lambda k: -GEMM_KINDS[k].speed_rank)
+    sizes = {kind: device_bytes(kind) for kind in able}
+    fitting = [kind for kind in able if budget is None or sizes[kind] <= budget]
+    kind = fitting[0] if fitting else min(able, key=lambda k: sizes[k])
+    return None if kind == stored_kind else kind
+
+
+def weight_kind_for(folder: str | Path, device: torch.device | str, choice: str, bf16_quantize: str | None,
+                    blocks_on_gpu: int | None = None) -> str | None:
+    """``choose_weight_kind`` for an expert folder on a device (its capability and memory)."""
+    folder = Path(folder)
+    device = torch.device(device)
+    if choice == AS_STORED:  # nothing about the device matters (and nothing of it is asked)
+        return choose_weight_kind(choice, layout_of(folder).stored_kind, bf16_quantize, None, lambda _kind: 0, None)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    capability = torch.cuda.get_device_capability(device) if cuda else None
+    total = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    swap = blocks_on_gpu if cuda else None
+    return choose_weight_kind(choice, layout_of(folder).stored_kind, bf16_quantize, capability,
+                              lambda kind: expert_memory(folder, kind, swap)[0], total)
 
 
 def load_expert(folder: str | Path, device: torch.device | str, quantize: str | None = None,

@@ -32,7 +32,7 @@ import comfy.model_management as mm
 from comfy.model_patcher import ModelPatcher
 
 from ...loaders.expert_size import expert_memory
-from ...pipeline.experts import load_expert
+from ...pipeline.experts import AS_STORED, load_expert, weight_kind_for
 from ...pipeline.lora import LoraExperts, lora_device_bytes
 from ...pipeline.memory import activation_bytes, release_module
 from ...pipeline.placement import Placement
@@ -49,6 +49,10 @@ class ExpertLoadOptions:
     """How an expert is brought into memory."""
 
     quantize: str | None = None  # "nf4": quantize a bf16 (layout B) expert while loading
+    # The weight kind the linears are held in (pipeline.experts.WEIGHT_CHOICES): "as stored"
+    # follows ``quantize``; auto / bf16 / nf4 / fp8 / int8 are resolved per folder and
+    # device when the patcher is made, into ``quantize`` (the kind itself).
+    weights: str = AS_STORED
     # Blocks kept wholly on the GPU; the others' linear weights stream from pinned RAM
     # during each forward (wan/runtime/block_swap.py). None: every block on the GPU.
     blocks_on_gpu: int | None = None
@@ -114,6 +118,9 @@ class ExpertPatcher(ModelPatcher):
         folder = Path(folder)
         load_device = load_device if load_device is not None else mm.get_torch_device()
         offload_device = offload_device if offload_device is not None else torch.device("cpu")
+        # The kind the expert loads in, decided once here: the sizes below depend on it.
+        kind = weight_kind_for(folder, load_device, options.weights, options.quantize, options.blocks_on_gpu)
+        options = ExpertLoadOptions(quantize=kind, weights=kind or AS_STORED, blocks_on_gpu=options.blocks_on_gpu)
         # The loaders ignore block swap off CUDA, so it changes no size there.
         swap = options.blocks_on_gpu if torch.device(load_device).type == "cuda" else None
         on_device, host = expert_memory(folder, options.quantize, swap)  # one read of the headers

@@ -29,7 +29,7 @@ clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
 # The input order of every node: the UI format stores widget values in this order.
 EXPECTED_INPUTS = {
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices"]),
+    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices", "weights"]),
     # New inputs appended after the original eight, optional: older workflows keep their
     # widget values and older API prompts (without them) still validate.
     "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
@@ -44,7 +44,7 @@ EXPECTED_INPUTS = {
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                                "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
                               ["text", "camera_path", "vae_model", "positive", "negative"]),
-    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], []),
+    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights"]),
     "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
                                 ["text", "positive", "camera"]),
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
