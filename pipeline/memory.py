@@ -356,8 +356,8 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     dtypes = [kv_dtype] if kv_dtype is not None else list(KV_DTYPES)
 
     def need(dtype: str, on_gpu: int | None, vae_gpu: bool) -> int:
-        weights = transformer_bytes if on_gpu is None else \
-            transformer_bytes - (blocks - on_gpu - SWAP_BLOCKS_IN_FLIGHT) * per_block
+        off_gpu = 0 if on_gpu is None else max(blocks - on_gpu - SWAP_BLOCKS_IN_FLIGHT, 0)
+        weights = transformer_bytes - off_gpu * per_block
         return int(weights + run_bytes[dtype] + (vae_bytes if vae_gpu else 0) + reserve_bytes)
 
     def plan(dtype: str, on_gpu: int | None, vae_gpu: bool) -> FastMemoryPlan | None:

@@ -1,8 +1,9 @@
 """LingBot-World Fast: causal chunk-by-chunk generation with a bounded KV cache.
 
 * ``generator``: ``FastParams``, ``FastGenerator`` (the chunk engine: ``next_chunk(camera)``,
-  ``close()``), ``sample_fast`` (a whole clip), ``fast_latent_frames`` (which frame counts
-  fill whole chunks).
+  ``run(plan, on_chunk)`` — the one chunk loop, ``close()``), ``ChunkPlan``, ``sample_fast``
+  (a whole clip), ``fast_latent_frames`` (which frame counts fill whole chunks).
+* ``worker``: ``ChunkWorker`` (chunk n decoded and written beside chunk n+1's generation).
 * ``noise``: ``ChunkNoise`` (each chunk's noise from (seed, chunk): the start of a run does
   not depend on its length; the nodes use it) and ``OfficialOrderNoise`` (the official
   draw order, for comparisons with the official math).
@@ -14,10 +15,12 @@ The cache itself (``CachePolicy``, ``KVCache``) is execution machinery in
 ``wan/runtime/kv_cache.py``; streaming decode is ``WanVAE.stream_decoder``.
 """
 from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V, path_camera
-from .generator import DEFAULT_POLICY, FastGenerator, FastParams, fast_latent_frames, sample_fast
+from .generator import (DEFAULT_POLICY, ChunkPlan, FastGenerator, FastOutOfMemoryError, FastParams, fast_latent_frames,
+                        sample_fast)
 from .noise import ChunkNoise, OfficialOrderNoise
 from .stream import StreamResult, stream_fast_video, stream_frames
+from .worker import ChunkWorker
 
-__all__ = ["ChunkNoise", "DEFAULT_POLICY", "FastGenerator", "FastParams", "KeyframeCamera", "OfficialOrderNoise", "path_camera",
+__all__ = ["ChunkNoise", "ChunkPlan", "ChunkWorker", "DEFAULT_POLICY", "FastGenerator", "FastOutOfMemoryError", "FastParams", "KeyframeCamera", "OfficialOrderNoise", "path_camera",
            "SlicedCamera", "StreamResult", "StreamedI2V", "WholeI2V", "fast_latent_frames", "sample_fast",
            "stream_fast_video", "stream_frames"]

@@ -39,8 +39,8 @@ def test_comfyui_loads_and_drops_the_transformer_like_an_expert(fast_installed):
 
 def test_the_memory_plan_follows_the_cards_size(fast_installed, monkeypatch):
     """nodes/host/fast_model.memory_plan: plan_fast_memory with this transformer's size and
-    run memory on the load device's size; on a card too small for every block, blocks go
-    off the GPU before the VAE does; PreparedRun puts the VAE and the overlap where it says."""
+    run memory on the load device's size (the choices themselves: test_memory_plan.py);
+    PreparedRun puts the VAE and the overlap where the plan says."""
     import torch
 
     from comfyui_lingbot_world.nodes.host.fast_model import PreparedRun, memory_plan
@@ -58,8 +58,10 @@ def test_the_memory_plan_follows_the_cards_size(fast_installed, monkeypatch):
 
     roomy = card(2 * (weights + run["bf16"] + vae + reserve) / AUTO_FIT_SHARE)
     assert (roomy.kv_dtype, roomy.blocks_on_gpu, roomy.vae_on_gpu, roomy.overlap) == ("bf16", None, True, True)
-    tight = card((weights * 0.8 + run["int8"] + vae + reserve) / AUTO_FIT_SHARE)
-    assert tight.kv_dtype == "int8" and tight.blocks_on_gpu is not None and tight.vae_on_gpu
+    # Room for the transformer and the int8 cache, not for the VAE beside them: the tiny
+    # transformer's 2 blocks are all in flight under block swap, so the VAE goes to the CPU.
+    tight = card((weights + run["int8"] + reserve) / AUTO_FIT_SHARE + 1024)
+    assert tight.fits and tight.kv_dtype == "int8" and not tight.vae_on_gpu and tight.overlap
     assert memory_plan(fast, policy, False, 4, 6, None, vae=vae).kv_dtype == "bf16"  # the user's dtype kept
 
     cpu_vae = FastMemoryPlan("int8", 2, False, True, 0, True)

@@ -1,0 +1,68 @@
+"""On CUDA: chunk n decoded on a second CUDA stream (pipeline/fast/worker.py) while chunk
+n+1 generates writes bit for bit the frames of the sequential stream, for Fast Long Video's
+stream and for a Play session; the VAE on the CPU beside a transformer on the GPU too."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from comfyui_lingbot_world.pipeline.fast import FastParams, stream_fast_video
+from comfyui_lingbot_world.pipeline.fast.worker import worker_thread_alive
+from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
+from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+from fast_helpers import HEIGHT, WIDTH, image, prompt, tiny_fast_model, tiny_vae
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda_model():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return tiny_fast_model().cuda()
+
+
+def start_image() -> np.ndarray:
+    return np.random.default_rng(3).integers(0, 255, (HEIGHT + 8, WIDTH + 12, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("vae_device", ["cuda", "cpu"])
+def test_the_overlapped_stream_writes_the_sequential_frames_on_cuda(cuda_model, vae_device):
+    weights = tiny_vae(seed=1).state_dict()
+    made = {}
+    for overlap in (False, True):
+        pieces = []
+        stream_fast_video(cuda_model, prompt(), weights, start_image(), 45, HEIGHT, WIDTH, None,
+                          FastParams(seed=5, policy=CachePolicy(window=6, sink=3)), pieces.append,
+                          device=vae_device, overlap=overlap)
+        made[overlap] = pieces
+    assert [p.shape[1] for p in made[True]] == [9, 12, 12, 12]
+    assert all(torch.equal(a, b) for a, b in zip(made[False], made[True]))
+    assert not worker_thread_alive()
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.pieces: list[torch.Tensor] = []
+
+    def write(self, video: torch.Tensor) -> None:
+        self.pieces.append(video.clone())
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_play_session_overlapped_on_cuda_makes_the_sequential_frames(cuda_model):
+    vae = tiny_vae(seed=1).cuda()
+    made = {}
+    for overlap in (False, True):
+        writer = Writer()
+        settings = PlaySettings(width=WIDTH, height=HEIGHT, seed=11, chunk_budget=4, mode="continuous",
+                                poll_s=0.005, policy=CachePolicy(window=6, sink=3, dtype="int8"))
+        result = PlaySession(cuda_model, prompt(), vae, image(), settings, writer=writer,
+                             registry=SessionRegistry(), overlap=overlap).run()
+        made[overlap] = (result.latent, writer.pieces)
+    assert torch.equal(made[False][0], made[True][0])
+    assert len(made[True][1]) == 4 and all(torch.equal(a, b) for a, b in zip(made[False][1], made[True][1]))
