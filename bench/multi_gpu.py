@@ -20,6 +20,25 @@ CPU smoke test (two CPU "devices" take the multi-GPU code path; no timings worth
     python . make_checkpoint --preset tiny --out /tmp/tiny
     python bench/multi_gpu.py --package /tmp/tiny --device cpu --size 32x48 --frames 5 --steps 4 \\
         --devices single --devices expert_per_gpu --devices cfg_split --out /tmp/multi_gpu.json
+(``--tiny`` does the same with a tiny package of its own.)
+
+Sequence parallel (``--mode sp``; pipeline/parallel_pool.py, wan/runtime/parallel.py): synthetic
+bf16 weights of the A14B shapes built on every GPU (the same seed), no package needed. One
+process per GPU (this one is rank 0), one NCCL group per group size in ``--ranks``; the
+one-GPU figures come from the same model in the same run, before any group starts:
+
+    python bench/multi_gpu.py --mode sp --ranks 2 --out $OUT/sp_2gpu.json            # 2 GPUs
+    python bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out $OUT/sp_4gpu.json  # 4 GPUs
+    NCCL_P2P_DISABLE=1 python bench/multi_gpu.py --mode sp --ranks 2 --out $OUT/sp_2gpu_p2p_off.json
+
+Per group size: ``link`` (a timed 64 MB all-to-all: seconds, GB/s, what ``devices=auto`` would
+pick), ``fast`` (LingBot-World Fast at ``--fast-size``, window 9 sink 3, the head-sharded cache:
+``chunk_s`` median over the chunks after ``--warmup`` — four denoising forwards and the commit
+pass of each chunk, as FastGenerator runs them — with ``fps`` = 12 video frames per chunk) and
+``exact`` (one guided step of ``--size`` x ``--frames`` = one batch-of-two forward, ``s_per_step``),
+each with the one-GPU figure and the speed-up beside it, and ``max_rel_vs_1gpu`` (the sharded
+prediction against the one-GPU one: bf16 rounding). CPU check of the whole script (gloo, tiny
+geometry, float32): ``python bench/multi_gpu.py --mode sp --tiny --ranks 2 --ranks 4 --out /tmp/sp.json``.
 """
 from __future__ import annotations
 
@@ -148,7 +167,16 @@ def run_placement(args, files, mode: str, inputs, params: SamplingParams,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--package", required=True)
+    p.add_argument("--mode", choices=("placements", "sp"), default="placements")
+    p.add_argument("--package", help="placements: the package (built here with --tiny)")
+    p.add_argument("--tiny", action="store_true", help="the CPU check: tiny geometry, CPU devices (gloo)")
+    p.add_argument("--ranks", type=int, action="append", help="sp: group sizes to run (default 2)")
+    p.add_argument("--fast-size", default="480x832")
+    p.add_argument("--fast-chunks", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2, help="sp: chunks / steps not timed")
+    p.add_argument("--exact-steps", type=int, default=3)
+    p.add_argument("--skip-exact", action="store_true")
+    p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--devices", action="append", choices=PLACEMENTS,
@@ -163,6 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-batch-cfg", action="store_true", help="single GPU: the two CFG branches as separate passes")
     p.add_argument("--vram-cap-gb", type=float, default=None, help="recorded only (base_record)")
     args = p.parse_args(argv)
+    if args.mode == "sp":
+        return run_sp(args)
+    if args.tiny:
+        args.device, args.size, args.frames, args.steps = "cpu", "32x48", 5, 4
+        if not args.package:
+            from comfyui_lingbot_world.tools import make_checkpoint
+
+            args.package = str(Path(tempfile.mkdtemp()) / "tiny")
+            make_checkpoint.main(["--preset", "tiny", "--layout", "nf4", "--out", args.package])
+    if not args.package:
+        p.error("--package is needed for --mode placements (or --tiny)")
     modes = args.devices or list(PLACEMENTS)
     height, width = (int(v) for v in args.size.split("x"))
     files = find_package(args.package)
@@ -187,6 +226,162 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(records, indent=2))
     return 0
+
+
+# --------------------------------------------------------------------------- sequence parallel
+
+def _sync_all(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _latent_grid(config, height: int, width: int) -> tuple[int, int]:
+    return height // 8, width // 8
+
+
+def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
+    channels = config.camera_in_features // int(np.prod(config.patch_size))
+    return torch.randn(1, channels, frames, lat_h, lat_w, generator=g).to(device)
+
+
+def time_fast(model, config, height: int, width: int, chunks: int, warmup: int, device: torch.device) -> tuple[dict, torch.Tensor]:
+    """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each."""
+    from comfyui_lingbot_world.wan.runtime.kv_cache import CHUNK_FRAMES, CachePolicy
+    from comfyui_lingbot_world.wan.scheduler import fast_schedule
+
+    lat_h, lat_w = _latent_grid(config, height, width)
+    g = torch.Generator().manual_seed(7)
+    cache = model.new_kv_cache(CachePolicy(window=9, sink=3), lat_h, lat_w)
+    text = [torch.randn(config.text_len, config.text_dim, generator=g).to(device)]
+    times, first = [], None
+    schedule = fast_schedule()
+    try:
+        for chunk in range(chunks):
+            x = torch.randn(1, 16, CHUNK_FRAMES, lat_h, lat_w, generator=g).to(device)
+            y = torch.randn(1, config.in_dim - 16, CHUNK_FRAMES, lat_h, lat_w, generator=g).to(device)
+            plucker = _plucker(config, CHUNK_FRAMES, lat_h, lat_w, device, g)
+            _sync_all(device)
+            started = time.perf_counter()
+            tokens = model.prepare_camera(plucker)
+            for step, t in enumerate(schedule.timesteps):
+                out = model(x, torch.tensor([float(t)], device=device), text if chunk == step == 0 else None, y=y,
+                            camera_tokens=tokens, kv_cache=cache)
+                if first is None:
+                    first = out.float().cpu()
+                x = out.to(x.dtype) * 0.5 + x * 0.5
+            model(x, torch.tensor([0.0], device=device), None, y=y, camera_tokens=tokens, kv_cache=cache, commit=True)
+            _sync_all(device)
+            times.append(time.perf_counter() - started)
+    finally:
+        cache.close()
+    steady = times[warmup:] or times
+    chunk_s = statistics.median(steady)
+    return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": 4 * CHUNK_FRAMES / chunk_s,
+            "size": f"{height}x{width}", "window": 9, "sink": 3}, first
+
+
+def time_exact(model, config, height: int, width: int, frames: int, steps: int, warmup: int,
+               device: torch.device) -> tuple[dict, torch.Tensor]:
+    """Guided steps of the exact path: one forward of a batch of two (batched CFG)."""
+    lat_f = (frames - 1) // 4 + 1
+    lat_h, lat_w = _latent_grid(config, height, width)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 16, lat_f, lat_h, lat_w, generator=g).to(device).expand(2, -1, -1, -1, -1)
+    y = torch.randn(1, config.in_dim - 16, lat_f, lat_h, lat_w, generator=g).to(device).expand(2, -1, -1, -1, -1)
+    context = [torch.randn(n, config.text_dim, generator=g).to(device) for n in (config.text_len, 20)]
+    tokens = model.prepare_camera(_plucker(config, lat_f, lat_h, lat_w, device, g))
+    t = torch.tensor([900.0, 900.0], device=device)
+    times, first = [], None
+    for _ in range(warmup + steps):
+        _sync_all(device)
+        started = time.perf_counter()
+        out = model(x, t, context, y=y, camera_tokens=tokens)
+        _sync_all(device)
+        times.append(time.perf_counter() - started)
+        first = out.float().cpu() if first is None else first
+    return {"s_per_step": statistics.median(times[warmup:]), "step_seconds": times,
+            "size": f"{height}x{width}", "frames": frames}, first
+
+
+def run_sp(args) -> int:
+    import dataclasses
+    import os
+
+    from _synthetic import SyntheticDiT
+    from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, apply_env
+    from comfyui_lingbot_world.wan.config import A14B, TINY
+
+    apply_env()
+    worlds = sorted(set(args.ranks or [2]))
+    if args.tiny:
+        config, dtype = dataclasses.replace(TINY, num_heads=4), torch.float32
+        devices = [torch.device("cpu")] * max(worlds)
+        fast_size, exact_size, frames = "48x80", "48x80", 9
+        args.fast_chunks, args.exact_steps, args.warmup = 3, 1, 1
+        torch.set_num_threads(1)
+    else:
+        config, dtype = A14B, torch.bfloat16
+        count = torch.cuda.device_count()
+        if count < max(worlds):
+            raise SystemExit(f"--ranks {max(worlds)} needs {max(worlds)} CUDA GPUs, torch.cuda.device_count() is {count}")
+        devices = [torch.device("cuda", i) for i in range(max(worlds))]
+        fast_size, exact_size, frames = args.fast_size, args.size, args.frames
+    fh, fw = (int(v) for v in fast_size.split("x"))
+    eh, ew = (int(v) for v in exact_size.split("x"))
+    factory = SyntheticDiT(config, dtype)
+    common = {"gpu": torch.cuda.get_device_name(0) if devices[0].type == "cuda" else "cpu",
+              "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+              "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
+              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE")}}
+    model = factory(devices[0])
+    baseline: dict = {"ranks": 1}
+    with torch.no_grad():
+        if not args.skip_fast:
+            baseline["fast"], fast_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup, devices[0])
+        if not args.skip_exact:
+            baseline["exact"], exact_ref = time_exact(model, config, eh, ew, frames, args.exact_steps, args.warmup,
+                                                      devices[0])
+    records = [common | baseline]
+    print(json.dumps(_summary(baseline)), flush=True)
+    for world in worlds:
+        record: dict = {"ranks": world}
+        pool = RankPool(devices[:world]).start()
+        try:
+            record["link"] = pool.measure_link()
+            parallel = ParallelModel(pool, "dit", pool.load("dit", factory, local=model))
+            with torch.no_grad():
+                if not args.skip_fast:
+                    record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0])
+                    record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
+                    record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
+                if not args.skip_exact:
+                    record["exact"], got = time_exact(parallel, config, eh, ew, frames, args.exact_steps, args.warmup,
+                                                      devices[0])
+                    record["exact"]["speedup_vs_1gpu"] = baseline["exact"]["s_per_step"] / record["exact"]["s_per_step"]
+                    record["exact"]["max_rel_vs_1gpu"] = rel_err(got, exact_ref)
+            record["peak_vram_allocated_gb_rank0"] = (torch.cuda.max_memory_allocated(devices[0]) / GB
+                                                      if devices[0].type == "cuda" else None)
+            parallel.close()
+        finally:
+            pool.close()
+        records.append(common | record)
+        print(json.dumps(_summary(record)), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(records, indent=2))
+    return 0
+
+
+def _summary(record: dict) -> dict:
+    out = {"ranks": record["ranks"]}
+    if "link" in record:
+        out["link_gbps"], out["auto_picks"] = round(record["link"]["gbps"], 2), record["link"]["auto_picks"]
+    for key, figure in (("fast", "chunk_s"), ("exact", "s_per_step")):
+        if key in record:
+            out[f"{key}_{figure}"] = round(record[key][figure], 4)
+            if "speedup_vs_1gpu" in record[key]:
+                out[f"{key}_speedup"] = round(record[key]["speedup_vs_1gpu"], 3)
+                out[f"{key}_rel_vs_1gpu"] = record[key]["max_rel_vs_1gpu"]
+    return out
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ class Cancelled(Exception):
     """Raised on the workers when rank 0 cancelled (they go back to waiting for commands)."""
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def apply_env() -> None:
     for key, value in PARALLEL_ENV.items():
         os.environ.setdefault(key, value)
@@ -82,35 +87,76 @@ def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]], device: 
     return out
 
 
-def synced_cancel(device: torch.device, local: Callable[[], None] | None = None) -> Callable[[], None]:
+def synced_cancel(device: torch.device, local: Callable[[], None] | None = None) -> "_SyncedCancel":
     """A ``cancel`` hook that every rank calls before every block: rank 0's ``local`` check
-    decides, one all-reduce tells the others, and all stop at the same block."""
+    decides, one all-reduce of one number tells the others, and all stop together."""
     return _SyncedCancel(device, local)
 
 
 class _SyncedCancel:
-    """See ``synced_cancel``; ``raised`` is rank 0's own error once every rank knows of it."""
+    """See ``synced_cancel``. The flag of check i is read at check i + 1 (``finish`` after the
+    last block), so the host waits for the previous block's exchange only, not for the block
+    it just queued: the GPU keeps one block of work ahead. A cancel therefore stops every
+    rank one block after rank 0 saw it, all at the same place. ``raised``: rank 0's error,
+    once every rank acted on it."""
 
     def __init__(self, device: torch.device, local: Callable[[], None] | None) -> None:
-        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.flags = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device))
         self.local = local
+        self.count = 0
+        self.pending: torch.Tensor | None = None
+        self.error: BaseException | None = None
         self.raised: BaseException | None = None
 
     def __call__(self) -> None:
-        error = None
-        self.flag.zero_()
-        if self.local is not None:
+        if self.local is not None and self.error is None:
             try:
                 self.local()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others know
-                error = exc
-                self.flag.fill_(1)
-        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
-        if error is not None:
-            self.raised = error
-            raise error
-        if int(self.flag.item()):
+            except BaseException as exc:  # noqa: BLE001 - raised once the other ranks know
+                self.error = exc
+        flag = self.flags[self.count % 2]
+        self.count += 1
+        flag.fill_(0 if self.error is None else 1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        previous, self.pending = self.pending, flag
+        if previous is not None:
+            self._act(previous)
+
+    def finish(self) -> None:
+        """After the forward: act on the last block's flag (every rank calls it)."""
+        previous, self.pending = self.pending, None
+        if previous is not None:
+            self._act(previous)
+
+    def _act(self, flag: torch.Tensor) -> None:
+        if int(flag.item()):
+            if self.error is not None:
+                self.raised = self.error
+                raise self.error
             raise Cancelled("rank 0 cancelled the run")
+
+
+# ----------------------------------------------------------------------------- the link between the devices
+
+# Effective all-to-all bandwidth (bytes each rank sends to the others per second) above which
+# the link counts as NVLink-class. Measured on H100 pairs (issue 26): NVLink moves a Fast
+# chunk's q/k/v in ~0.1 ms; with peer-to-peer off (PCIe through the host) the same Fast
+# forward's exchanges take ~9x longer, more than the split saves. 100 GB/s sits between the
+# two (PCIe 5.0 x16 is ~64 GB/s each way at best; H100 NVLink several hundred).
+NVLINK_CLASS_GBPS = 100.0
+
+
+def _all_to_all_loop(numel: int, dtype: torch.dtype, repeats: int, device: torch.device) -> None:
+    send = torch.ones(numel, dtype=dtype, device=device)
+    recv = torch.empty_like(send)
+    for _ in range(repeats):
+        dist.all_to_all_single(recv, send)
+
+
+def pick_mode(gbps: float) -> str:
+    """What ``devices=auto`` runs on a link of ``gbps`` (``RankPool.measure_link``): sequence
+    parallel on NVLink-class links, else the CFG split (the VAE on the second GPU)."""
+    return "sequence_parallel" if gbps >= NVLINK_CLASS_GBPS else "cfg_split"
 
 
 # ----------------------------------------------------------------------------- the worker process
@@ -151,6 +197,8 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                 models.pop(key, None)
                 models[key] = factory(device)
                 reports.put(("loaded", rank, key))
+            elif op == "link":
+                _all_to_all_loop(*payload, device)
             elif op == "free":
                 models.pop(payload, None)
                 caches.clear(), cameras.clear()
@@ -179,11 +227,12 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                 cache = caches.get(plain["cache"])
                 if cache is not None:  # rank 0 may have skipped a chunk (KVCache.skip_chunk) since
                     cache.frame_start = plain["frame_start"]
+                hook = synced_cancel(device)
                 try:
                     with torch.inference_mode():
                         models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
-                                    kv_cache=cache, commit=plain["commit"],
-                                    parallel=sp, cancel=synced_cancel(device))
+                                    kv_cache=cache, commit=plain["commit"], parallel=sp, cancel=hook)
+                    hook.finish()
                 except Cancelled:
                     pass
             else:
@@ -425,13 +474,29 @@ class RankPool:
                 return
 
     # -------------------------------------------------------------- commands
-    def load(self, key: str, factory: Callable[[torch.device], nn.Module]) -> nn.Module:
-        """Build ``factory(device)`` on every rank (the workers in parallel); rank 0's copy is returned."""
+    def load(self, key: str, factory: Callable[[torch.device], nn.Module], local: nn.Module | None = None) -> nn.Module:
+        """Build ``factory(device)`` on every rank (the workers in parallel); rank 0's copy is
+        returned (``local``: rank 0's copy exists already, only the workers build theirs)."""
         self._send("load", (key, factory))
-        model = factory(self.device)
+        model = factory(self.device) if local is None else local
         self._await("loaded", START_TIMEOUT_S)
         self.models.add(key)
         return model
+
+    def measure_link(self, megabytes: float = 64.0, repeats: int = 5) -> dict:
+        """Time an all-to-all of ``megabytes`` per rank (bf16 on CUDA, float32 on the CPU) after
+        one warm-up: seconds per exchange and the effective GB/s each rank sends."""
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        numel = int(megabytes * 2**20 / torch.empty((), dtype=dtype).element_size()) // self.world * self.world
+        for count in (1, repeats):
+            self._send("link", (numel, dtype, count))
+            started = time.perf_counter()
+            self._guard(lambda: (_all_to_all_loop(numel, dtype, count, self.device), _sync(self.device)))
+            seconds = (time.perf_counter() - started) / count
+        sent = numel * torch.empty((), dtype=dtype).element_size() * (self.world - 1) / self.world
+        gbps = sent / seconds / 1e9
+        return {"all_to_all_mb": megabytes, "all_to_all_s": seconds, "gbps": gbps, "ranks": self.world,
+                "auto_picks": pick_mode(gbps)}
 
     def free(self, key: str) -> None:
         """The workers drop their copy of ``key`` (and their caches and camera tokens)."""
@@ -515,9 +580,11 @@ class ParallelModel(nn.Module):
         def run() -> torch.Tensor | None:
             _broadcast_out(tensors, pool.device)
             context_arg = [tensors[f"context{i}"] for i in range(contexts)] if contexts else None
-            return self.inner(tensors["x"], tensors["t"], context_arg, y=tensors.get("y"),
-                              camera_tokens=camera_tokens, kv_cache=kv_cache, commit=commit, parallel=pool.sp,
-                              cancel=hook)
+            out = self.inner(tensors["x"], tensors["t"], context_arg, y=tensors.get("y"),
+                             camera_tokens=camera_tokens, kv_cache=kv_cache, commit=commit, parallel=pool.sp,
+                             cancel=hook)
+            hook.finish()
+            return out
         return pool._guard(run, synced=lambda exc: exc is hook.raised)
 
     def close(self) -> None:
@@ -526,4 +593,5 @@ class ParallelModel(nn.Module):
         self._cameras.clear(), self._caches.clear()
 
 
-__all__ = ["Cancelled", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env", "synced_cancel"]
+__all__ = ["Cancelled", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
+           "pick_mode", "synced_cancel"]

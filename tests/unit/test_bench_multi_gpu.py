@@ -1,0 +1,37 @@
+"""bench/multi_gpu.py runs end to end on the CPU (gloo, tiny geometry), as the lead runs it
+on 2 and 4 GPUs: the sequence-parallel mode (a subprocess, as on the GPU machine: rank 0 is
+the script's process, the workers are spawned) and the placements with --tiny."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "multi_gpu.py"
+
+
+def _run(*args: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_sequence_parallel_mode_runs_tiny_on_cpu(tmp_path):
+    out = tmp_path / "sp.json"
+    _run("--mode", "sp", "--tiny", "--ranks", "2", "--out", str(out))
+    one, two = json.loads(out.read_text())
+    assert one["ranks"] == 1 and two["ranks"] == 2
+    assert one["fast"]["chunk_s"] > 0 and one["exact"]["s_per_step"] > 0
+    assert two["link"]["gbps"] > 0 and two["link"]["auto_picks"] in ("sequence_parallel", "cfg_split")
+    assert two["fast"]["max_rel_vs_1gpu"] < 1e-5 and two["exact"]["max_rel_vs_1gpu"] < 1e-5
+    assert len(two["fast"]["chunk_seconds"]) == 3 and two["fast"]["speedup_vs_1gpu"] > 0
+    assert two["env"]["NCCL_NVLS_ENABLE"] == "0" and two["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+
+
+def test_placements_mode_runs_tiny_on_cpu(tmp_path):
+    out = tmp_path / "placements.json"
+    _run("--tiny", "--out", str(out))
+    records = json.loads(out.read_text())
+    assert [r["devices"] for r in records] == ["single", "expert_per_gpu", "cfg_split"]
+    assert all(r["video_finite"] for r in records)
+    assert records[1]["latent_equal_to_single"] and records[1]["warm_run_reloaded"] is False
