@@ -21,7 +21,7 @@ from comfy_api.latest import InputImpl, io, ui
 import comfy.model_management as mm
 
 from ..pipeline.camera import CameraPath
-from ..pipeline.fast import FastParams, path_camera, stream_fast_video, stream_frames
+from ..pipeline.fast import FastParams, frames_note, path_camera, stream_fast_video, stream_frames
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
@@ -65,8 +65,9 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 inputs.width_input(MATCH_CAMERA_PATH),
                 inputs.height_input(MATCH_CAMERA_PATH),
                 io.Int.Input("frames", default=DEFAULT_FRAMES, min=9, max=MAX_FRAMES, step=4,
-                             tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the count "
-                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81. "
+                             tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the video "
+                             "is cut to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81; the camera "
+                             "path is spread over the frames asked, as in the official generate_fast. "
                              + MATCH_CAMERA_PATH),
                 *inputs.fast_cache_inputs(),
                 *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
@@ -105,9 +106,8 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         inputs.check_precision(precision)
         check_size(height, width)
         made = stream_frames(frames)  # bad counts fail before any load
-        note = None
-        if made != frames:
-            note = f"frames={frames} asked; {made} made (whole 12-frame chunks)"
+        note = frames_note(frames)  # 961 asked: 957 made, the camera over the 961 (official generate_fast)
+        if note is not None:
             log.warning("LingBot Fast Long Video: %s", note)
         policy = inputs.cache_policy(kv_cache, kv_window, kv_sink, kv_dtype)
         params = FastParams(seed=seed, shift=check_shift(shift), policy=policy)
@@ -116,7 +116,7 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
             check_input(camera_path, CameraPath, "camera_path",
                         "LingBot-World Camera Plücker Conditioning (its camera_path output)")
             try:
-                camera = path_camera(camera_path, made, height, width)
+                camera = path_camera(camera_path, frames, height, width)  # the count asked, as the official
             except ValueError as exc:  # CameraError, or an action string longer than the video
                 raise CameraError(f"camera_path: {exc}") from None
         source_vae, vae_size = vae_source(vae, vae_model)

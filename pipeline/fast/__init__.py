@@ -9,15 +9,15 @@
 * ``conditions``: the image condition per chunk (``WholeI2V``, ``StreamedI2V``) and the
   camera per chunk (``SlicedCamera``, ``KeyframeCamera``).
 * ``stream``: ``stream_fast_video`` (a long video in one causal pass, each chunk decoded and
-  written as it finishes), ``stream_frames`` (961 asked -> 957 made).
+  written as it finishes), ``stream_frames`` (961 asked -> 957 made; the camera spans the 961 asked).
 The cache itself (``CachePolicy``, ``KVCache``) is execution machinery in
 ``wan/runtime/kv_cache.py``; streaming decode is ``WanVAE.stream_decoder``.
 """
 from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V, path_camera
 from .generator import DEFAULT_POLICY, FastGenerator, FastParams, fast_latent_frames, sample_fast
 from .noise import ChunkNoise, OfficialOrderNoise
-from .stream import StreamResult, stream_fast_video, stream_frames
+from .stream import StreamResult, frames_note, stream_fast_video, stream_frames
 
 __all__ = ["ChunkNoise", "DEFAULT_POLICY", "FastGenerator", "FastParams", "KeyframeCamera", "OfficialOrderNoise", "path_camera",
            "SlicedCamera", "StreamResult", "StreamedI2V", "WholeI2V", "fast_latent_frames", "sample_fast",
-           "stream_fast_video", "stream_frames"]
+           "frames_note", "stream_fast_video", "stream_frames"]
