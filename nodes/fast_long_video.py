@@ -18,7 +18,7 @@ import logging
 from comfy_api.latest import InputImpl, io, ui
 
 from ..pipeline.camera import CameraPath
-from ..pipeline.fast import path_camera, stream_fast_video, stream_frames
+from ..pipeline.fast import frames_note, path_camera, stream_fast_video, stream_frames
 from ..pipeline.memory import vae_budgets
 from ..pipeline.video_file import VideoWriter
 from ..wan.camera import CameraError
@@ -64,8 +64,9 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 inputs.width_input(MATCH_CAMERA_PATH),
                 inputs.height_input(MATCH_CAMERA_PATH),
                 io.Int.Input("frames", default=DEFAULT_FRAMES, min=9, max=MAX_FRAMES, step=4,
-                             tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the count "
-                             "is rounded down to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81. "
+                             tooltip="Frames of the video: 4n+1, made 12 at a time (the first chunk 9), so the video "
+                             "is cut to whole chunks: 961 (one minute at 16 fps) gives 957, 81 stays 81; the camera "
+                             "path is spread over the frames asked, as in the official generate_fast. "
                              + MATCH_CAMERA_PATH),
                 *inputs.fast_cache_inputs(),
                 *inputs.fast_sampling_inputs(inputs.FAST_SEED_TOOLTIP),
@@ -104,7 +105,7 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
         check_size(height, width)
         made, note = frames_made(frames)  # bad counts fail before any load
         params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed)
-        camera = stream_camera(camera_path, made, height, width)
+        camera = stream_camera(camera_path, frames, height, width)  # the count asked, as the official
         source_vae, vae_bytes, latent_frames = *inputs.vae_source_bytes(vae, vae_model), count_latent_frames(made)
         progress = ChunkProgress(latent_frames // params.policy.chunk, images=False,  # an output node: the page
                                  steps=fast_schedule(params.shift, params.timestep_indices).steps)  # ends on the video
@@ -128,10 +129,9 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
 def frames_made(frames: int) -> tuple[int, str | None]:
     """The frames the stream makes (whole chunks) and, when not the count asked, the note
     the node logs and shows."""
-    made = stream_frames(frames)
-    if made == frames:
+    made, note = stream_frames(frames), frames_note(frames)
+    if note is None:
         return made, None
-    note = f"frames={frames} asked; {made} made (whole 12-frame chunks)"
     log.warning("LingBot Fast Long Video: %s", note)
     return made, note
 

@@ -86,14 +86,17 @@ class CameraPath:
             raise CameraError(f"{self.source}: the per-chunk (Play) timing is for one pass of the Fast sampler, "
                               "not for the windows of a long video; use the act2cam timing there")
 
-    def chunk_keyframes(self, frames: int) -> torch.Tensor:
-        """Relative keyframes [F_lat, 4, 4] of the one-pass camera, cut into Fast chunks by
-        ``pipeline.fast.KeyframeCamera``."""
+    def chunk_keyframes(self, frames: int, count: int | None = None) -> torch.Tensor:
+        """Relative keyframes [count, 4, 4] of the one-pass camera over ``frames`` frames, cut
+        into Fast chunks by ``pipeline.fast.KeyframeCamera``. ``count``: the latent frames made
+        when it is not ``latent_frames(frames)`` (LingBot-World Fast, as the official
+        ``generate_fast``, spreads the keyframes over the frames asked and cuts the latent to
+        whole chunks)."""
         c2ws, _, used = cut_trajectory(self.poses, self.intrinsics, frames, self.source)
         if used < frames:
             raise CameraError(f"{self.source}: {len(self.poses)} poses cover only {used} frames but {frames} were "
                               f"asked; use frames <= {used} or a longer path")
-        return relative_poses(interpolate_poses(c2ws, latent_frames(frames)))
+        return relative_poses(interpolate_poses(c2ws, latent_frames(frames) if count is None else count))
 
 
 class PosePath(CameraPath):
@@ -125,8 +128,8 @@ class ActionPath(CameraPath):
             self._poses[frames] = integrate_keys(self.padded_keys(frames))
         return self._poses[frames]
 
-    def keyframes(self, frames: int, normalize: bool = True) -> torch.Tensor:
-        return act2cam_keyframes_of(self.act2cam_poses(frames), frames, normalize)
+    def keyframes(self, frames: int, normalize: bool = True, count: int | None = None) -> torch.Tensor:
+        return act2cam_keyframes_of(self.act2cam_poses(frames), frames, normalize, count)
 
     def check_covers(self, frames: int, height: int, width: int) -> None:
         check_size(height, width)
@@ -144,8 +147,8 @@ class ActionPath(CameraPath):
     def path_steps(self, frames: int) -> torch.Tensor:
         return self.keyframes(frames, normalize=False)
 
-    def chunk_keyframes(self, frames: int) -> torch.Tensor:
-        return self.keyframes(frames)
+    def chunk_keyframes(self, frames: int, count: int | None = None) -> torch.Tensor:
+        return self.keyframes(frames, count=count)
 
 
 class PlayLogPath(CameraPath):
@@ -170,7 +173,8 @@ class PlayLogPath(CameraPath):
         """Bitwise what a Play session fed its chunks."""
         return keyframe_camera(self._keyframes(frames), self.intrinsics, height, width, dtype=torch.float32)
 
-    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+    def chunk_keyframes(self, frames: int, count: int | None = None) -> torch.Tensor:
+        # The Play law is per chunk: the keyframes of the chunks made are a prefix either way.
         return self._keyframes(frames)
 
 
@@ -195,7 +199,7 @@ class ActFilesPath(CameraPath):
         return act_control_from_trajectory(self.poses, self.intrinsics, self.wasd, frames, height, width,
                                            wasd_source=self.source)[0]
 
-    def chunk_keyframes(self, frames: int) -> torch.Tensor:
+    def chunk_keyframes(self, frames: int, count: int | None = None) -> torch.Tensor:
         raise CameraError(f"{self.source}: gives Act controls (W/A/S/D keys from action.npy), but LingBot-World "
                           "Fast reads Base-Cam Plücker rays; use the same poses.npy and intrinsics.npy without the "
                           "keys (the Camera node's source files)")

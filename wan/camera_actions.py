@@ -315,19 +315,23 @@ def act2cam_poses(text: str, frames: int) -> np.ndarray:
     return integrate_keys(act2cam_keys(text, frames))
 
 
-def act2cam_keyframes(text: str, frames: int, normalize: bool = True) -> torch.Tensor:
+def act2cam_keyframes(text: str, frames: int, normalize: bool = True, count: int | None = None) -> torch.Tensor:
     """Relative keyframes [F_lat, 4, 4] float32 of the official act2cam camera.
 
     The F + 1 poses are sampled at ``linspace(0, F, F_lat)``, then chained frame to frame;
     with ``normalize`` translations are divided by the largest (one pass). Without it they
     are the whole path's steps for ``long_video.translation_scale`` / ``window_camera``.
+    ``count``: F_lat when it is not ``latent_frames(frames)`` (LingBot-World Fast cuts the
+    latent to whole chunks but spreads the keyframes over the F frames asked).
     """
-    return act2cam_keyframes_of(act2cam_poses(text, frames), frames, normalize)
+    return act2cam_keyframes_of(act2cam_poses(text, frames), frames, normalize, count)
 
 
-def act2cam_keyframes_of(poses: np.ndarray, frames: int, normalize: bool = True) -> torch.Tensor:
+def act2cam_keyframes_of(poses: np.ndarray, frames: int, normalize: bool = True,
+                         count: int | None = None) -> torch.Tensor:
     """``act2cam_keyframes`` from the act2cam poses [F + 1, 4, 4] already integrated."""
-    return relative_poses(interpolate_poses(poses, latent_frames(frames)), normalize=normalize)
+    return relative_poses(interpolate_poses(poses, latent_frames(frames) if count is None else count),
+                          normalize=normalize)
 
 
 def act2cam_camera(

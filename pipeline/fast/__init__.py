@@ -10,7 +10,7 @@
 * ``conditions``: the image condition per chunk (``WholeI2V``, ``StreamedI2V``) and the
   camera per chunk (``SlicedCamera``, ``KeyframeCamera``).
 * ``stream``: ``stream_fast_video`` (a long video in one causal pass, each chunk decoded and
-  written as it finishes), ``stream_frames`` (961 asked -> 957 made).
+  written as it finishes), ``stream_frames`` (961 asked -> 957 made; the camera spans the 961 asked).
 The cache itself (``CachePolicy``, ``KVCache``) is execution machinery in
 ``wan/runtime/kv_cache.py``; streaming decode is ``WanVAE.stream_decoder``.
 """
@@ -18,9 +18,9 @@ from .conditions import KeyframeCamera, SlicedCamera, StreamedI2V, WholeI2V, pat
 from .generator import (DEFAULT_POLICY, ChunkPlan, FastGenerator, FastOutOfMemoryError, FastParams, fast_latent_frames,
                         sample_fast)
 from .noise import ChunkNoise, OfficialOrderNoise
-from .stream import StreamResult, stream_fast_video, stream_frames
+from .stream import StreamResult, frames_note, stream_fast_video, stream_frames
 from .worker import ChunkWorker
 
 __all__ = ["ChunkNoise", "ChunkPlan", "ChunkWorker", "DEFAULT_POLICY", "FastGenerator", "FastOutOfMemoryError", "FastParams", "KeyframeCamera", "OfficialOrderNoise", "path_camera",
            "SlicedCamera", "StreamResult", "StreamedI2V", "WholeI2V", "fast_latent_frames", "sample_fast",
-           "stream_fast_video", "stream_frames"]
+           "frames_note", "stream_fast_video", "stream_frames"]

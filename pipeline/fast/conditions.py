@@ -27,8 +27,8 @@ import torch
 
 from ...wan.camera import (CameraError, fold_rays, interpolate_poses, cut_trajectory, plucker_rays, relative_poses,
                            scale_intrinsics)
-from ...wan.conditioning import check_size
-from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_frames, latent_size
+from ...wan.conditioning import check_frame_count, check_size
+from ...wan.geometry import CHUNK_FRAMES, LATENT_CHANNELS, VAE_STRIDE_T, latent_frames, latent_size, video_frames
 from ...wan.vae import WanVAE
 from ..camera import CameraCondition, CameraPath
 from ..image import I2VCondition
@@ -206,20 +206,38 @@ class SlicedCamera:
         return plucker[:, :, start:start + count]
 
 
+def whole_chunk_latents(frames: int, chunk: int = CHUNK_FRAMES) -> int:
+    """The latent frames a Fast video of ``frames`` asked (4n + 1) is made of: the latent count
+    cut down to whole chunks, as the official ``WanI2VFast.generate`` does (961 -> 240, the
+    video 957 frames). ValueError naming ``frames`` when not even one chunk fits."""
+    check_frame_count(frames)
+    latent = latent_frames(frames)
+    latent -= latent % chunk
+    if latent < chunk:
+        raise ValueError(f"frames={frames} is shorter than one chunk of {VAE_STRIDE_T * chunk} frames; use at "
+                         f"least {video_frames(chunk)}")
+    return latent
+
+
 class KeyframeCamera:
     """A camera path's Plücker rays made chunk by chunk: the path's relative poses at the
     latent rate are computed once (as ``wan.camera.build_camera`` does for the whole video,
-    the translations scaled by the whole path's largest step), the rays per chunk."""
+    the translations scaled by the whole path's largest step), the rays per chunk.
+
+    ``chunk``: LingBot-World Fast's rule for a count that is not whole chunks (official
+    ``WanI2VFast.generate``): the first ``frames`` poses (the count asked) are spread over the
+    whole-chunk latent count (``whole_chunk_latents``), not cut to the frames made first."""
 
     def __init__(self, poses: np.ndarray | torch.Tensor, intrinsics: np.ndarray | torch.Tensor, frames: int,
-                 height: int, width: int, source: str = "camera path") -> None:
+                 height: int, width: int, source: str = "camera path", chunk: int | None = None) -> None:
         check_size(height, width)
         c2ws, k, used = cut_trajectory(poses, intrinsics, frames, source)
         if used < frames:
             raise CameraError(f"{source}: {len(poses)} poses cover only {used} frames but {frames} were asked; "
                               f"use frames <= {used} or a longer path")
         self.frames, self.height, self.width = frames, height, width
-        self.keyframes = relative_poses(interpolate_poses(c2ws, latent_frames(frames))).to(torch.float32)
+        count = latent_frames(frames) if chunk is None else whole_chunk_latents(frames, chunk)
+        self.keyframes = relative_poses(interpolate_poses(c2ws, count)).to(torch.float32)
         self.intrinsics = scale_intrinsics(k, height, width).to(torch.float32)
 
     @classmethod
@@ -247,12 +265,18 @@ class KeyframeCamera:
         return out
 
 
-def path_camera(path: CameraPath, frames: int, height: int, width: int) -> KeyframeCamera:
+def path_camera(path: CameraPath, frames: int, height: int, width: int, chunk: int = CHUNK_FRAMES) -> KeyframeCamera:
     """The chunk source of a whole camera path with the camera a one-pass Camera node gives
     for it (the path's ``chunk_keyframes``: an action string's act2cam keyframes, a Play
-    log's per-chunk ones, else the pose chain). Act files are refused: Fast reads Base-Cam rays."""
+    log's per-chunk ones, else the pose chain). Act files are refused: Fast reads Base-Cam rays.
+
+    ``frames``: the count ASKED (4n + 1), not the whole-chunk count made (``stream_frames``):
+    as the official ``generate_fast``, the keyframes are spread over the frames asked and the
+    latent is cut to whole chunks of ``chunk`` (961 asked: 240 keyframes over poses 0..960,
+    957 frames made). The Play law is per chunk, so its keyframes are a prefix either way."""
     check_size(height, width)
-    return KeyframeCamera.of_keyframes(path.chunk_keyframes(frames), path.intrinsics, frames, height, width)
+    keyframes = path.chunk_keyframes(frames, whole_chunk_latents(frames, chunk))
+    return KeyframeCamera.of_keyframes(keyframes, path.intrinsics, frames, height, width)
 
 
 def as_camera_source(camera: CameraSource | CameraCondition | None) -> CameraSource | None:
@@ -273,4 +297,4 @@ def as_i2v_source(condition: I2VSource | I2VCondition) -> I2VSource:
 
 
 __all__: Sequence[str] = ["CameraSource", "I2VSource", "KeyframeCamera", "SlicedCamera", "path_camera", "StreamedI2V", "WholeI2V",
-                          "as_camera_source", "as_i2v_source", "chunk_mask"]
+                          "as_camera_source", "as_i2v_source", "chunk_mask", "whole_chunk_latents"]

@@ -1,6 +1,6 @@
 """A long LingBot-World Fast video in one causal pass, each chunk decoded and written as it finishes.
 
-Up to 957 frames (961 asked: the last whole chunk ends at 957) come out of one
+Up to 957 frames (961 asked: the last whole chunk ends at 957; the camera spans the 961) come out of one
 ``FastGenerator`` session: the KV cache carries the scene from chunk to chunk, so there
 are no windows and no seams. Nothing of the whole video is ever held: the image
 condition is encoded lazily by the VAE's causal stream (``StreamedI2V``), the camera is
@@ -18,12 +18,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ...wan.conditioning import check_frame_count, check_size, image_to_tensor
-from ...wan.geometry import CHUNK_FRAMES, VAE_STRIDE_T, latent_frames, video_frames
+from ...wan.conditioning import check_size, image_to_tensor
+from ...wan.geometry import CHUNK_FRAMES, VAE_STRIDE_T, video_frames
 from ..guards import vae_precision
 from ..image import ImageLike, VAESource, as_pil, open_vae
 from ..memory import build_or_release, empty_device_cache, release_module, resolve_device
-from .conditions import CameraSource, StreamedI2V
+from .conditions import CameraSource, StreamedI2V, whole_chunk_latents
 from .generator import (ChunkPlan, FastGenerator, FastOutOfMemoryError, FastParams, fast_latent_frames,
                         out_of_memory_message)
 from .worker import ChunkWorker
@@ -39,15 +39,19 @@ class StreamResult:
 
 def stream_frames(frames: int, chunk: int = CHUNK_FRAMES) -> int:
     """The frames a stream makes for ``frames`` asked (4n + 1): the longest whole-chunk count
-    not above it (961 -> 957, 81 -> 81, 85 -> 81). ValueError naming ``frames`` when not even
-    one chunk fits."""
-    check_frame_count(frames)
-    latent = latent_frames(frames)
-    latent -= latent % chunk
-    if latent < chunk:
-        raise ValueError(f"frames={frames} is shorter than one chunk of {VAE_STRIDE_T * chunk} frames; use at least "
-                         f"{video_frames(chunk)}")
-    return video_frames(latent)
+    not above it (961 -> 957, 81 -> 81, 85 -> 81), as the official ``generate_fast`` cuts its
+    latent. The camera still spans the frames asked (``path_camera(path, frames, ...)``).
+    ValueError naming ``frames`` when not even one chunk fits."""
+    return video_frames(whole_chunk_latents(frames, chunk))
+
+
+def frames_note(frames: int, chunk: int = CHUNK_FRAMES) -> str | None:
+    """What a user who asked ``frames`` should be told (None when the count is whole chunks)."""
+    made = stream_frames(frames, chunk)
+    if made == frames:
+        return None
+    # The camera path still spans the frames asked (``path_camera``), as in the official code.
+    return f"frames={frames} asked; {made} made (whole {VAE_STRIDE_T * chunk}-frame chunks)"
 
 
 def stream_fast_video(
@@ -155,4 +159,4 @@ def stream_fast_video(
                                                      detail))
 
 
-__all__ = ["StreamResult", "stream_fast_video", "stream_frames"]
+__all__ = ["StreamResult", "frames_note", "stream_fast_video", "stream_frames"]

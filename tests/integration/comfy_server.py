@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -606,9 +607,15 @@ def video_info(path: Path) -> VideoInfo:
 
 def pack_import_report(log: str, pack_name: str = PACK_NAME) -> dict[str, list[str]]:
     """Lines of a ComfyUI log about importing the pack: ``loaded`` (the import-time line
-    without a failure mark) and ``failed`` ("IMPORT FAILED" / "Cannot import" lines)."""
-    ours = [line for line in log.splitlines()
-            if f"custom_nodes/{pack_name}" in line or f"custom_nodes\\{pack_name}" in line]
+    without a failure mark) and ``failed`` ("IMPORT FAILED" / "Cannot import" lines).
+
+    A line is the pack's when it names the pack's folder itself (``custom_nodes/<pack>``
+    followed by the end of the path), not a file below it: where the clone lives at
+    ``ComfyUI/custom_nodes/<pack>`` (the README's place), the test host's own modules sit
+    under ``custom_nodes/<pack>/.cache/comfyui-host/...`` and a host failure ("Cannot import
+    .../comfy_extras/nodes_upscale_model.py") is the host's, not the pack's."""
+    folder = re.compile(r"custom_nodes[/\\]" + re.escape(pack_name) + r"(?![/\\\w.-])")
+    ours = [line for line in log.splitlines() if folder.search(line)]
     failed = [line for line in ours if "IMPORT FAILED" in line or "Cannot import" in line]
     loaded = [line for line in ours if "seconds" in line and line not in failed]
     return {"loaded": loaded, "failed": failed}

@@ -112,3 +112,29 @@ def test_quick_test_for_ci_imports_the_pack(tmp_path: Path) -> None:
     report = pack_import_report(output)
     assert not report["failed"], "\n".join(report["failed"]) + "\n" + output[-4000:]
     assert report["loaded"], output[-4000:]
+
+
+def test_import_report_tells_the_host_s_failures_from_the_pack_s() -> None:
+    """The clone at ComfyUI/custom_nodes/comfyui-lingbot-world (the README's place): the test
+    host lives below it, so its own failures name a path holding custom_nodes/<pack>; they
+    are the host's. The pack's own lines (its folder, as ComfyUI prints it) still count."""
+    clone = f"/home/u/ComfyUI/custom_nodes/{PACK_NAME}"
+    server = f"/tmp/pytest-1/quick/custom_nodes/{PACK_NAME}"
+    host_failure = (f"Cannot import {clone}/.cache/comfyui-host/comfy_extras/nodes_upscale_model.py module for "
+                    "custom nodes: No module named 'spandrel'")
+    log = "\n".join([
+        host_failure,
+        f"   0.0 seconds (IMPORT FAILED): {clone}/.cache/comfyui-host/comfy_extras/nodes_audio.py",
+        "Import times for custom nodes:",
+        f"   0.4 seconds: {server}",
+    ])
+    report = pack_import_report(log)
+    assert report == {"loaded": [f"   0.4 seconds: {server}"], "failed": []}
+    failing = "\n".join([host_failure, f"Cannot import {server} module for custom nodes: boom",
+                         f"   0.1 seconds (IMPORT FAILED): {server}"])
+    report = pack_import_report(failing)
+    assert report["failed"] == [f"Cannot import {server} module for custom nodes: boom",
+                                f"   0.1 seconds (IMPORT FAILED): {server}"]
+    assert report["loaded"] == []
+    windows = pack_import_report(f"   0.4 seconds: C:\\ComfyUI\\custom_nodes\\{PACK_NAME}")
+    assert windows["loaded"] and not windows["failed"]

@@ -188,3 +188,22 @@ def test_a_failure_before_the_first_frame_leaves_no_file(fast_installed, monkeyp
         _stream(fast, text, frames=21)
     assert not list(fast_installed["output"].rglob("*.mp4"))
     assert fast_not_resident(fast)
+
+
+def test_961_frames_with_the_long_walk_string_run_with_the_camera_over_the_961_asked(fast_installed, monkeypatch):
+    """The README's long walk (960 action frames) at 961 frames: no "set frames to 961" with
+    961 set; the video is 957 frames, the camera spread over the 961 asked (official generate_fast)."""
+    from comfyui_lingbot_world.nodes import fast_long_video as node
+    from comfyui_lingbot_world.pipeline.camera import path_from_actions
+    from comfyui_lingbot_world.pipeline.fast import path_camera
+
+    seen = []
+    monkeypatch.setattr(node, "stream_fast_video",
+                        lambda model, prompt, vae, image, frames, h, w, camera, *a, **k: seen.append((frames, camera)))
+    actions = "w-480,d-240,w-240"
+    path = path_from_actions(actions, 961, H, W)
+    text, (fast, _) = encode_prompt(), load_fast()
+    _stream(fast, text, frames=961, camera_path=path)
+    (frames, camera), = seen
+    assert frames == 957 and camera.keyframes.shape[0] == 240
+    assert torch.equal(camera.keyframes, path_camera(path, 961, H, W).keyframes)
