@@ -273,3 +273,72 @@ def test_play_session_from_the_template_with_real_keys(display: ComfyFrontend, f
     assert DOCS_SHOT.stat().st_size < MAX_DOCS_BYTES
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
     assert pixels.std() > 5, "the panel's screenshot is blank"
+
+
+_JS_NODE_BOX = """(nodeId) => {
+    const node = window.app.graph.getNodeById(Number(nodeId));
+    return {size: [...node.size], widgets: node.widgets.map(w => w.name)};
+}"""
+_JS_LINK_CLIPPED = f"""() => {{
+    const a = document.querySelector('{PANEL} .lbp-video');
+    const panel = document.querySelector('{PANEL}').getBoundingClientRect();
+    const box = a.getBoundingClientRect();
+    return {{text: a.textContent, clipped: a.scrollWidth > a.clientWidth + 1 || box.right > panel.right + 1}};
+}}"""
+
+
+def chunks_now(frontend: ComfyFrontend) -> int:
+    return int(panel_data(frontend)["chunks"])
+
+
+def test_play_in_continuous_mode_keeps_the_keys_through_continue_and_pause(display: ComfyFrontend,
+                                                                           frontend: ComfyFrontend,
+                                                                           comfy_server: ComfyServer) -> None:
+    """Issue 27: after a click on Continue or Pause the buttons disabled themselves, the focus
+    fell to the page and held keys went to ComfyUI (W opened the Workflows sidebar), the chunk
+    ran as none. Here: Continue, then keys held; Pause, Continue, keys again; none reach the
+    page, the chunks carry them; after the session the node keeps its size and the panel shows
+    the file's whole name."""
+    page = frontend.page
+    open_template(frontend, comfy_server)
+    wait_panel(frontend, "d.state === 'idle'", "its idle state before the run")
+    page.evaluate(_JS_SET_WIDGETS, [PLAY, {"width": WIDTH, "height": HEIGHT, "chunk_budget": 40, "mode": "turn"}])
+    size_before = page.evaluate(_JS_NODE_BOX, PLAY)["size"]
+    prompt_id = frontend.queue_current()
+    wait_panel(frontend, "d.state === 'waiting' && d.role === 'controller'", "the session waiting for its controller")
+    page.evaluate(_JS_WATCH_KEYDOWNS)
+
+    page.click(f"{PANEL} button.lbp-continue")  # the button disables itself once the session runs
+    wait_panel(frontend, "d.state === 'running'", "the session running after Continue")
+    assert page.evaluate(f"() => document.querySelector('{PANEL}').contains(document.activeElement)")
+    start = chunks_now(frontend)
+    page.keyboard.down("d")
+    wait_panel(frontend, f"Number(d.chunks) >= {start + 2}", "two chunks with D held")
+    page.keyboard.up("d")
+
+    page.click(f"{PANEL} button.lbp-pause")
+    wait_panel(frontend, "d.state === 'paused'", "the session paused")
+    page.click(f"{PANEL} button.lbp-continue")
+    wait_panel(frontend, "d.state === 'running'", "the session running again")
+    start = chunks_now(frontend)
+    page.keyboard.down("j")
+    wait_panel(frontend, f"Number(d.chunks) >= {start + 2}", "two chunks with J held")
+    page.keyboard.up("j")
+
+    assert page.evaluate("() => window.__lingbotKeydowns") == []
+    assert page.evaluate(_JS_SIDEBAR_OPEN) is False
+    page.click(f"{PANEL} button.lbp-stop")
+    result = comfy_server.wait(prompt_id, timeout=180)
+    assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
+    wait_panel(frontend, "d.state === 'ended'", "the session's end", timeout=30)
+    log = json.loads(result.outputs[PLAY]["text"][0])
+    assert "d" in log["chunk_keys"] and "j" in log["chunk_keys"], log["chunk_keys"]
+    assert log["mode"] == "turn" and log["ended"] == "stop"
+
+    # The node stays the size it was: no player added under the panel; the file's name shows whole.
+    page.wait_for_timeout(500)  # the frontend handles the executed message on its next frames
+    after = page.evaluate(_JS_NODE_BOX, PLAY)
+    assert after["size"][1] <= size_before[1] + 1 and after["size"][0] <= size_before[0] + 1, (size_before, after)
+    link = page.evaluate(_JS_LINK_CLIPPED)
+    assert link["text"].startswith("video: ") and not link["clipped"], link
+    frontend.screenshot(artifacts_dir("browser") / "play_after_session.png")

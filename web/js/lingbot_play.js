@@ -124,6 +124,10 @@ function attach(node) {
         getMinHeight: () => MIN_HEIGHT,
     });
     widget.serialize = false;  // neither in the saved workflow nor in the prompt
+    // The session's video is the panel's (its link). The frontend's own player for a node's
+    // video output (added from the class's onDrawBackground) would sit under the panel and
+    // grow the node past it: this node draws no output preview of its own.
+    node.onDrawBackground = function () {};
     node.lingbotPlay = entry.panel;  // for people poking at it from the console, and tests
     attached.add(entry);
 
