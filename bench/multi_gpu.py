@@ -71,6 +71,7 @@ from comfyui_lingbot_world.pipeline.placement import (  # noqa: E402
 )
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
+from comfyui_lingbot_world.wan.geometry import latent_frames, latent_size  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
 
 GB = 1024**3
@@ -236,7 +237,7 @@ def _sync_all(device: torch.device) -> None:
 
 
 def _latent_grid(config, height: int, width: int) -> tuple[int, int]:
-    return height // 8, width // 8
+    return latent_size(height, width)
 
 
 def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
@@ -283,7 +284,7 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int, 
 def time_exact(model, config, height: int, width: int, frames: int, steps: int, warmup: int,
                device: torch.device) -> tuple[dict, torch.Tensor]:
     """Guided steps of the exact path: one forward of a batch of two (batched CFG)."""
-    lat_f = (frames - 1) // 4 + 1
+    lat_f = latent_frames(frames)
     lat_h, lat_w = _latent_grid(config, height, width)
     g = torch.Generator().manual_seed(8)
     x = torch.randn(1, 16, lat_f, lat_h, lat_w, generator=g).to(device).expand(2, -1, -1, -1, -1)
