@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfyui_lingbot_world.pipeline.camera import CameraPath
+from comfyui_lingbot_world.pipeline.camera import ActionPath, CameraPath
 from comfyui_lingbot_world.pipeline.fast import frames_note, path_camera, stream_frames
 from comfyui_lingbot_world.wan.camera_actions import act2cam_keyframes, act2cam_poses
 from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
@@ -55,8 +55,7 @@ def test_action_string_keyframes_spread_over_the_frames_asked():
     961" with 961 set), keyframes over the 962 act2cam poses, cut to whole chunks."""
     actions = "w-480,d-240,w-240"
     frames = 961
-    path = CameraPath(act2cam_poses(actions, frames), np.array([500.0, 500.0, 416.0, 240.0]), "actions",
-                      actions=actions)
+    path = ActionPath(actions, frames, np.array([500.0, 500.0, 416.0, 240.0]))
     camera = path_camera(path, frames, HEIGHT, WIDTH)
     whole = act2cam_keyframes(actions, frames)  # 241 keyframes over the same poses
     assert camera.keyframes.shape[0] == 240
