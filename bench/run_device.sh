@@ -88,6 +88,11 @@ for what in "$@"; do
                      --blocks-on-gpu "${SWAP_BLOCKS:-20}" --out "$OUT/fast_81_w9s3_int8_fp8w_cap24_swap.json" ;;
         fast957_fp8) fast --frames 957 --kv-dtype int8 --stream-decode --prefetch-y --no-clip --weights fp8 \
                      --out "$OUT/fast_957_w9s3_int8_fp8w_stream_prefetch.json" ;;
+        # The 8-bit kinds' drift from bf16 (the NF4 weights dequantized) on one seed over a 957-frame walk:
+        # relative latent error per chunk (bench/weights_deviation.py); one kind per call (~5 min each).
+        dev957_fp8|dev957_int8) ensure_package; python3 bench/weights_deviation.py --package "$PKG" --image "$CAM/image.jpg" \
+                     --frames 957 --kv-dtype int8 --kinds bf16 "${what#dev957_}" \
+                     --out "$OUT/weights_deviation_957_${what#dev957_}.json" 2>&1 | grep -v "^Failed to load" | tail -3 ;;
         fast957) fast --frames 957 --kv-dtype int8 --stream-decode --prefetch-y --no-clip --vram-cap-gb 24 \
                      --out "$OUT/fast_957_w9s3_int8_cap24_stream_prefetch.json" ;;
         # LingBot-World Play as the node runs it on a 24 GB card: int8 cache, bf16 VAE streams.
