@@ -17,7 +17,13 @@ low-noise folder): the synthetic A14B expert of ``python . make_checkpoint --pre
    encode of a new prompt → VAE encode → ``sample_fast`` → VAE decode);
 4. on CUDA, the kernel floor of one chunk: the block's bf16 GEMMs and SDPA timed alone at
    the chunk's query tokens and the cache's key tokens, x blocks x 5 forwards (the text
-   keys/values are cached, so their projections are not counted).
+   keys/values are cached, so their projections are not counted); on a card with fp8 tensor
+   cores (sm89+) also the fp8 floor (the same with the linears as fp8 GEMMs, activation
+   quantization included), and with ``--weights int8`` the int8 floor, in the same run.
+
+``--weights fp8|int8|nf4|bf16`` loads the DiT in that kind (converted layer by layer on load
+from whatever the folder stores; an fp8 package folder loads as it is); the JSON's
+``weights`` says which, and ``ratio_to_floor`` is against the floor of that kind.
 
 The JSON holds ``chunk_s`` (median and per chunk), ``time_to_first_chunk_s``, ``fps``
 (generated video frames per second of the chunk loop, the lazy image encode and, with
@@ -43,7 +49,7 @@ import numpy as np
 import torch
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
-from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders.layout import layout_of, read_config  # noqa: E402
 from comfyui_lingbot_world.wan import geometry  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.loaders.trajectory import read_trajectory  # noqa: E402
@@ -239,15 +245,15 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
                                           for k in watch.phases if k.startswith("clip81"))}
 
 
-def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int) -> dict:
+def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int, weights: str = "bf16") -> dict:
     from kernel_floor import block_floor_ms
 
     frame_tokens = geometry.video_tokens(1, *geometry.latent_size(height, width), config.patch_size)
     window, _ = policy.resolve(fast_latent_frames(frames))
     chunk_tokens = policy.chunk * frame_tokens
     block = block_floor_ms(chunk_tokens, config.dim, config.ffn_dim, config.num_heads, camera=True,
-                           key_tokens=window * frame_tokens, cross_kv=False)
-    return {"query_tokens": chunk_tokens, "key_tokens": window * frame_tokens, "block": block,
+                           key_tokens=window * frame_tokens, cross_kv=False, weights=weights)
+    return {"weights": weights, "query_tokens": chunk_tokens, "key_tokens": window * frame_tokens, "block": block,
             "forward_s": block["block_ms"] * config.num_layers / 1000.0,
             "chunk_s": 5 * block["block_ms"] * config.num_layers / 1000.0}
 
@@ -271,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0, help="blocks kept on the GPU (0: all)")
-    p.add_argument("--quantize", default=None, help="nf4: quantize a bf16 DiT folder on load")
+    p.add_argument("--quantize", default=None, help="nf4: quantize a bf16 DiT folder on load (as --weights nf4)")
+    p.add_argument("--weights", default=None, choices=("bf16", "nf4", "fp8", "int8"),
+                   help="the kind the DiT's linears are held and multiplied in (default: as the folder stores them)")
     p.add_argument("--image")
     p.add_argument("--camera-dir", help="poses.npy + intrinsics.npy (default: an action path)")
     p.add_argument("--stream-decode", action="store_true", help="decode each chunk as it comes")
@@ -315,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "blocks_on_gpu": args.blocks_on_gpu or None,
         "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
         "pipeline": args.pipeline, "memory_plan": plan,
+        "weights": args.weights or layout_of(dit).stored_kind,
     }
     image = load_image(args.image, height, width)
     try:
@@ -324,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                                    cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
-                model = load_expert(dit, device, quantize=args.quantize, blocks_on_gpu=args.blocks_on_gpu or None)
+                model = load_expert(dit, device, quantize=args.weights or args.quantize,
+                                    blocks_on_gpu=args.blocks_on_gpu or None)
                 sync(device)
             record["dit_load_s"] = ph["seconds"]
             run = run_stream if args.pipeline == "loop" else run_pipelined
@@ -338,9 +348,18 @@ def main(argv: list[str] | None = None) -> int:
         record["peak_rss_anon_gb"] = watch.peak_anon / GB
         record["peak_rss_file_gb"] = watch.peak_file / GB
         if device.type == "cuda":
-            floor = kernel_floor(config, height, width, policy, args.frames)
-            record["kernel_floor"] = floor
-            record["ratio_to_floor"] = record["chunk_s"]["steady_median"] / floor["chunk_s"]
+            floors = {"bf16": kernel_floor(config, height, width, policy, args.frames)}
+            if torch.cuda.get_device_capability(device) >= (8, 9):
+                floors["fp8"] = kernel_floor(config, height, width, policy, args.frames, "fp8")
+            if record["weights"] == "int8":
+                floors["int8"] = kernel_floor(config, height, width, policy, args.frames, "int8")
+            record["kernel_floor"] = floors["bf16"]
+            record["kernel_floors"] = floors
+            own = floors.get(record["weights"], floors["bf16"])  # NF4 runs bf16 GEMMs after its dequantize
+            if "chunk_s" in record:
+                record["ratio_to_floor"] = record["chunk_s"]["steady_median"] / own["chunk_s"]
+                if "fp8" in floors:
+                    record["ratio_to_fp8_floor"] = record["chunk_s"]["steady_median"] / floors["fp8"]["chunk_s"]
     except torch.cuda.OutOfMemoryError as exc:
         record["oom"] = str(exc)[:600]
     Path(args.out).write_text(json.dumps(record, indent=2, default=str))

@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0)
     p.add_argument("--quantize", default=None)
+    p.add_argument("--weights", default=None, choices=("bf16", "nf4", "fp8", "int8"),
+                   help="the kind the DiT's linears are held and multiplied in (default: as stored)")
     p.add_argument("--image")
     p.add_argument("--pipeline", default="overlap", choices=("overlap", "sequential"),
                    help="overlap: chunk n decoded and sent while chunk n+1 generates; sequential: one after the other")
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunks": session_chunks(args.seconds, args.fps), "kv_window": policy.window, "kv_sink": policy.sink,
         "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
-        "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan,
+        "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                    cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-play-bench-"))).positive
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
-                model = load_expert(dit, device, quantize=args.quantize, blocks_on_gpu=args.blocks_on_gpu or None)
+                model = load_expert(dit, device, quantize=args.weights or args.quantize,
+                                    blocks_on_gpu=args.blocks_on_gpu or None)
                 sync(device)
             record["dit_load_s"] = ph["seconds"]
             for mode in modes:

@@ -5,6 +5,8 @@
 #   bash bench/run_device.sh long; bash bench/run_device.sh long961   (two calls: each < 10 min)
 #   bash bench/run_device.sh fast81 fast81_int8 fast81_full; bash bench/run_device.sh fast957
 #   (LingBot-World Fast, bench/fast_chunks.py: the a14b expert has the Fast transformer's shapes)
+#   bash bench/run_device.sh gemm8 fast81_fp8 fast81_int8w   (8-bit weights: per-layer GEMMs, the Fast chunk
+#   with fp8 / int8 weights made on load from the NF4 package, each with its floor measured in the same run)
 #   PLAY_MODES=turn bash bench/run_device.sh play30_cap24   (LingBot-World Play, bench/play_session.py; carry .whl2:
 #   the session writes its .mp4 with PyAV. A 60-second session per mode takes ~4 minutes: one mode per call)
 #   bash bench/run_device.sh fast957_pipe; PLAY_MODES=turn bash bench/run_device.sh play60_pipe   (decode overlapped)
@@ -77,11 +79,29 @@ for what in "$@"; do
         fast81) fast --frames 81 --prefetch-y --no-clip --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_bf16_cap24_prefetch.json" ;;
         fast81_int8) fast --frames 81 --kv-dtype int8 --vram-cap-gb 24 --out "$OUT/fast_81_w9s3_int8_cap24.json" ;;
         fast81_full) fast --frames 81 --kv-window 0 --no-clip --out "$OUT/fast_81_full_bf16.json" ;;
+        # 8-bit weights (issue 25): the per-layer microbench at a chunk's 4,680 tokens, then the Fast clip's chunk
+        # loop with the transformer in fp8 / int8 (converted on load from the NF4 package; ~18.5 GB) beside the
+        # bf16 and fp8 floors of the same run, under a 24 GiB cap with 20 blocks on the GPU (fp8 needs block swap
+        # there) and uncapped.
+        gemm8) python3 bench/gemm8.py --out "$OUT/gemm8_4680.json" 2>&1 | grep -v "^Failed to load" ;;
+        fast81_fp8) fast --frames 81 --prefetch-y --no-clip --weights fp8 --out "$OUT/fast_81_w9s3_bf16_fp8w.json" ;;
+        fast81_int8w) fast --frames 81 --prefetch-y --no-clip --weights int8 --out "$OUT/fast_81_w9s3_bf16_int8w.json" ;;
+        fast81_fp8_cap24) fast --frames 81 --prefetch-y --no-clip --weights fp8 --kv-dtype int8 --vram-cap-gb 24 \
+                     --blocks-on-gpu "${SWAP_BLOCKS:-20}" --out "$OUT/fast_81_w9s3_int8_fp8w_cap24_swap.json" ;;
+        fast957_fp8) fast --frames 957 --kv-dtype int8 --stream-decode --prefetch-y --no-clip --weights fp8 \
+                     --out "$OUT/fast_957_w9s3_int8_fp8w_stream_prefetch.json" ;;
+        # The 8-bit kinds' drift from bf16 (the NF4 weights dequantized) on one seed over a 957-frame walk:
+        # relative latent error per chunk (bench/weights_deviation.py); one kind per call (~5 min each).
+        dev957_fp8|dev957_int8) ensure_package; python3 bench/weights_deviation.py --package "$PKG" --image "$CAM/image.jpg" \
+                     --frames 957 --kv-dtype int8 --kinds bf16 "${what#dev957_}" \
+                     --out "$OUT/weights_deviation_957_${what#dev957_}.json" 2>&1 | grep -v "^Failed to load" | tail -3 ;;
         fast957) fast --frames 957 --kv-dtype int8 --stream-decode --prefetch-y --no-clip --vram-cap-gb 24 \
                      --out "$OUT/fast_957_w9s3_int8_cap24_stream_prefetch.json" ;;
         # LingBot-World Play as the node runs it on a 24 GB card: int8 cache, bf16 VAE streams.
         play30_cap24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
                           --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+        play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \
+                          --out "$OUT/play60_${PLAY_MODES:-both}_int8_bf16vae_fp8w.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
                           --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
         # Chunk n decoded beside chunk n+1 (issue 25 item 3): Fast Long Video's own path, 957 frames, int8 cache,

@@ -72,11 +72,10 @@ def bf16_linear_weight_bytes(source: SafetensorsSource, key: str) -> int:
     return shape[0] * shape[1] * torch.bfloat16.itemsize
 
 
-def bf16_host_weight_bytes(folder: Path, keys: list[str], quantize: str | None) -> int:
-    """Pinned bytes of these linear weights under block swap, held as ``quantize`` (None: bf16)."""
-    source, _ = open_bf16_weights(Path(folder), "cpu")
-    with source:
-        return sum(host_bytes(quantize or "bf16", *source.shape(k)) for k in keys)
+def bf16_host_weight_bytes(folder: Path, shapes: Mapping[str, tuple[int, int]], quantize: str | None) -> int:
+    """Pinned bytes of these linear weights ([out, in] each) under block swap, held as
+    ``quantize`` (None: bf16)."""
+    return sum(host_bytes(quantize or "bf16", *shape) for shape in shapes.values())
 
 
 def _control_config(config: DiTConfig, source: SafetensorsSource, described_by: Path) -> DiTConfig:

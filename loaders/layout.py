@@ -65,8 +65,9 @@ class Layout:
     load: Callable[..., Any]
     open: Callable[[Path, Any], Any]  # open(folder, device) -> TensorSource (a context manager)
     read_config: Callable[[Path], DiTConfig]  # config.json with control_type told by the weights
-    # host_weight_bytes(folder, keys, kind) -> bytes of those linear weights kept in pinned RAM
-    host_weight_bytes: Callable[[Path, list[str], str | None], int]
+    # host_weight_bytes(folder, {key: (out, in)}, kind) -> bytes of those linear weights kept in
+    # pinned RAM under block swap, held as ``kind`` (None: as stored)
+    host_weight_bytes: Callable[[Path, Mapping[str, tuple[int, int]], str | None], int]
     # linear_weight_bytes(source, key) -> bytes the stored linear weight occupies in its file
     linear_weight_bytes: Callable[[Any, str], int]
 

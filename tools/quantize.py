@@ -11,6 +11,11 @@ tokenizer hard-linked (copied when --out is on another filesystem; the release i
 changed). Each expert is read one tensor at a time from its shards and written as it is
 quantized, so RAM holds a layer, not the model: 37 GB bf16 -> 9.6 GB NF4 per expert.
 
+--format fp8 writes high_noise_model_fp8/, low_noise_model_fp8/ and lingbot_world_fast_fp8/ instead
+(config.json and model_fp8.safetensors: e4m3 weights with one float32 scale per output channel,
+loaders/fp8.py): 37 GB bf16 -> ~18.5 GB, for the 8-bit GEMMs of Ada / Hopper cards without a
+conversion at every load.
+
 Nothing in --out is replaced unless --overwrite. Every part is written under a hidden
 temporary name in --out and renamed when complete: an interrupted run leaves nothing that
 looks finished. Every argument is checked before any work; a mistake answers in one line.
@@ -32,12 +37,15 @@ from typing import Callable, Sequence
 import torch
 
 from ..loaders.errors import CheckpointError
+from ..loaders.fp8 import convert_to_fp8
+from ..loaders.layout import LAYOUTS
 from ..loaders.new_file import install, partial_name, remove
 from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan_conversion
 from ..loaders.release import FAST, Release, ReleaseExpert, find_release
 from . import cli
 
 PROGRESS_SECONDS = 5.0  # at most one progress line this often per expert
+FORMATS = ("nf4", "fp8")  # rows of loaders.layout.LAYOUTS this tool writes
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -48,6 +56,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where bitsandbytes quantizes: cuda is much faster; on 2 CPU cores an A14B expert takes "
                    "about 20 minutes")
+    p.add_argument("--format", choices=FORMATS, default="nf4",
+                   help="nf4: bitsandbytes 4-bit (~9.6 GB an expert, the default); fp8: e4m3 with per-channel scales "
+                   "(~18.5 GB, for the fp8 GEMMs of RTX 40 / H100 and newer)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds of the output")
     return p.parse_args(argv)
 
@@ -59,7 +70,12 @@ class Job:
     out: Path
     device: str
     overwrite: bool
+    format: str = "nf4"
     notes: list[str] = field(default_factory=list)
+
+    def out_name(self, expert: ReleaseExpert) -> str:
+        """The expert's folder in --out: its official name with the layout's suffix."""
+        return expert.role + LAYOUTS[self.format].folder_suffix
 
 
 def _human(n: float) -> str:
@@ -128,8 +144,8 @@ def check(args: argparse.Namespace) -> Job:
         raise cli.UsageError("--device", "cuda: no CUDA device is available; use --device cpu")
     out = args.out
     room_at = _check_out(out)
-    job = Job(release, plans, out, args.device, args.overwrite)
-    taken = [expert.nf4_name + "/" for expert, _ in plans if (out / expert.nf4_name).exists()]
+    job = Job(release, plans, out, args.device, args.overwrite, args.format)
+    taken = [job.out_name(expert) + "/" for expert, _ in plans if (out / job.out_name(expert)).exists()]
     taken += [path.name for path in release.shared
               if (out / path.name).exists() and not _already_there(path, out / path.name)]
     if taken and not args.overwrite:
@@ -137,7 +153,8 @@ def check(args: argparse.Namespace) -> Job:
                                       f"{'it' if len(taken) == 1 else 'them'}, or choose another --out")
     if out.is_dir():
         job.notes += [f"{p} is left from an interrupted run; delete it" for p in sorted(out.glob(".*.partial-*"))]
-    needed = sum(plan.output_bytes for _, plan in plans)
+    # fp8: one byte a linear weight, about half the bf16 source.
+    needed = sum(plan.output_bytes if args.format == "nf4" else plan.source_bytes // 2 + 2**20 for _, plan in plans)
     out_device = room_at.stat().st_dev
     needed += sum(_size(p) for p in release.shared if p.stat().st_dev != out_device)  # copied, not linked
     free = shutil.disk_usage(room_at).free
@@ -255,18 +272,25 @@ def _shared(job: Job) -> list[str]:
 
 def _expert(job: Job, expert: ReleaseExpert, plan: ConversionPlan) -> str:
     label = f"{expert.role} ({'LingBot-World Fast' if expert.role == FAST else plan.model_name})"
-    print(f"{label}: {_human(plan.source_bytes)} bf16 from {expert.folder} -> {job.out / expert.nf4_name}/ "
+    name = job.out_name(expert)
+    print(f"{label}: {_human(plan.source_bytes)} bf16 from {expert.folder} -> {job.out / name}/ "
           f"on {job.device}", flush=True)
     start = time.perf_counter()
-    temporary = _temporary(job.out, expert.nf4_name)
+    temporary = _temporary(job.out, name)
     try:
-        convert_to_nf4(plan, temporary, job.device, _printer(expert.role, plan.output_bytes))
-        install(temporary, job.out / expert.nf4_name)
+        if job.format == "fp8":
+            show = _printer(expert.role, plan.source_bytes // 2)
+            convert_to_fp8(expert.folder, temporary, job.device,
+                           lambda done, total: show(Progress(done, total, plan.source_bytes * done // total,
+                                                             plan.source_bytes, plan.source_bytes * done // total // 2)))
+        else:
+            convert_to_nf4(plan, temporary, job.device, _printer(expert.role, plan.output_bytes))
+        install(temporary, job.out / name)
     except BaseException:
         remove(temporary)
         raise
-    size = _size(job.out / expert.nf4_name)
-    return (f"{label}: {_human(plan.source_bytes)} bf16 -> {_human(size)} NF4 in {expert.nf4_name}/, "
+    size = _size(job.out / name)
+    return (f"{label}: {_human(plan.source_bytes)} bf16 -> {_human(size)} {job.format.upper()} in {name}/, "
             f"{_duration(time.perf_counter() - start)}")
 
 

@@ -1,7 +1,7 @@
 """Every row of the tables where the next engineer adds things reaches a working implementation
 (docs/architecture.md, "Where to add things"): checkpoint layouts, GEMM kinds, attention
 backends and samplers, each run on tiny inputs on the CPU where it can run there (rows that
-need CUDA: tests/gpu/test_registries_cuda.py)."""
+need CUDA: tests/gpu/test_weights8_cuda.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -131,7 +131,7 @@ def test_each_attention_backend_row(name: str) -> None:
     assert attn.require_sequence_parallel(name) is backend
     if not backend.runs_on("cpu"):
         assert backend.devices == ("cuda",)
-        pytest.skip(f"{name} needs CUDA (tests/gpu/test_registries_cuda.py)")
+        pytest.skip(f"{name} needs CUDA (tests/gpu/test_weights8_cuda.py)")
     kernel = backend.load()
     assert kernel is not None
     q, k, v = (torch.randn(1, 6, 2, 8) for _ in range(3))
