@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
     plan = None
+    args.overlap = args.pipeline == "overlap"
     if args.memory == "auto":
         streamed = args.pipeline != "loop" or args.stream_decode
         plan = apply_memory_plan(args, dit, vae_file if streamed else None, device, args.vae_precision)

@@ -30,8 +30,9 @@ def card_bytes(args: argparse.Namespace, device: torch.device) -> int:
 
 def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None, device: torch.device,
                       precision: str = "bf16") -> dict:
-    """Set ``args.kv_dtype``, ``args.blocks_on_gpu`` and ``args.overlap`` from the plan for
-    this card (``vae_file`` None: no VAE beside the transformer); returns the plan's record."""
+    """Set ``args.kv_dtype``, ``args.blocks_on_gpu`` and ``args.overlap`` (off where the
+    plan has no room for it) from the plan for this card (``vae_file`` None: no VAE beside
+    the transformer); returns the plan's record."""
     height, width = (int(v) for v in args.size.lower().split("x"))
     config = read_config(dit)
     on_gpu, _ = expert_memory(dit, getattr(args, "quantize", None), None)
@@ -43,7 +44,7 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
                             decode_chunk_bytes(height, width, precision), RESERVE_BYTES)
     args.kv_dtype = plan.kv_dtype
     args.blocks_on_gpu = plan.blocks_on_gpu or 0
-    args.overlap = plan.overlap
+    args.overlap = getattr(args, "overlap", True) and plan.overlap  # an asked-for sequential run stays one
     print(f"memory auto for {card_bytes(args, device) / GIB:.0f} GiB: {plan.describe()}"
           + ("" if plan.fits else " (does not fit: the smallest plan)"))
     return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,

@@ -109,8 +109,10 @@ def stream_fast_video(
         source.prefetch()
         decoder = vae.stream_decoder(decode_tile)
 
+        vae_device, vae_dtype = vae.device, vae.dtype  # the VAE may be on the CPU, the chunk on the GPU
+
         def decode_and_write(_c: int, x0: torch.Tensor) -> None:
-            video = decoder.decode_next(x0[None].to(device=vae.device, dtype=vae.dtype), cancel=check_interrupt)[0]
+            video = decoder.decode_next(x0[None].to(device=vae_device, dtype=vae_dtype), cancel=check_interrupt)[0]
             video = video.float().cpu()
             write(video)
             result.frames_written += video.shape[1]
