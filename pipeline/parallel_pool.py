@@ -317,7 +317,7 @@ class RankPool:
         self._replies: "queue.Queue[tuple[str, int, Any]]" = queue.Queue()
         self._init_dir: str | None = None
         self.sp: SequenceParallel | None = None
-        self.models: set[str] = set()
+        self.loaded: dict[str, set[int]] = {}  # model key -> workers holding it
 
     # -------------------------------------------------------------- lifecycle
     @property
@@ -379,7 +379,7 @@ class RankPool:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
                 pass
-        self._procs, self._commands, self.sp, self.models = [], [], None, set()
+        self._procs, self._commands, self.sp, self.loaded = [], [], None, {}
         self._replies = queue.Queue()
 
     def pids(self) -> list[int]:
@@ -442,10 +442,11 @@ class RankPool:
             if got == kind:
                 need -= 1
 
-    def _send(self, op: str, payload: Any) -> None:
+    def _send(self, op: str, payload: Any, ranks: Sequence[int] | None = None) -> None:
         self._check()
-        for commands in self._commands:
-            commands.put((op, payload))
+        for rank, commands in enumerate(self._commands, start=1):
+            if ranks is None or rank in ranks:
+                commands.put((op, payload))
 
     def _guard(self, run: Callable[[], Any], synced: Callable[[BaseException], bool] = lambda exc: False) -> Any:
         """Run a collective step; a lost worker (or a failure on rank 0 that leaves the
@@ -477,11 +478,15 @@ class RankPool:
     def load(self, key: str, factory: Callable[[torch.device], nn.Module], local: nn.Module | None = None) -> nn.Module:
         """Build ``factory(device)`` on every rank (the workers in parallel); rank 0's copy is
         returned (``local``: rank 0's copy exists already, only the workers build theirs)."""
-        self._send("load", (key, factory))
-        model = factory(self.device) if local is None else local
-        self._await("loaded", START_TIMEOUT_S)
-        self.models.add(key)
-        return model
+        self.load_on(key, factory, range(1, self.world))
+        return factory(self.device) if local is None else local
+
+    def load_on(self, key: str, factory: Callable[[torch.device], nn.Module], ranks: Sequence[int]) -> None:
+        """Build ``factory(device)`` on the workers ``ranks`` (in parallel), waiting for them."""
+        ranks = [r for r in ranks if r not in self.loaded.get(key, set())]
+        self._send("load", (key, factory), ranks)
+        self._await("loaded", START_TIMEOUT_S, len(ranks))
+        self.loaded.setdefault(key, set()).update(ranks)
 
     def measure_link(self, megabytes: float = 64.0, repeats: int = 5) -> dict:
         """Time an all-to-all of ``megabytes`` per rank (bf16 on CUDA, float32 on the CPU) after
@@ -498,16 +503,40 @@ class RankPool:
         return {"all_to_all_mb": megabytes, "all_to_all_s": seconds, "gbps": gbps, "ranks": self.world,
                 "auto_picks": pick_mode(gbps)}
 
-    def free(self, key: str) -> None:
-        """The workers drop their copy of ``key`` (and their caches and camera tokens)."""
+    def free(self, key: str, ranks: Sequence[int] | None = None) -> None:
+        """The workers ``ranks`` (default all) drop their copy of ``key`` (and their caches
+        and camera tokens)."""
         if not self.running:
             return
-        self._send("free", key)
-        self._await("freed", 60.0)
-        self.models.discard(key)
+        held = self.loaded.get(key, set())
+        ranks = [r for r in (range(1, self.world) if ranks is None else ranks) if r in held]
+        self._send("free", key, ranks)
+        self._await("freed", 60.0, len(ranks))
+        held.difference_update(ranks)
+
+    def require(self, key: str) -> None:
+        """Refuse a forward unless every worker holds ``key`` (lock-step needs all ranks)."""
+        missing = [str(self.devices[r]) for r in range(1, self.world) if r not in self.loaded.get(key, set())]
+        if missing:
+            raise RuntimeError(f"the sequence-parallel copy of {key} is not loaded on {', '.join(missing)} "
+                               "(unloaded by the memory manager during the run?); run the prompt again")
 
 
 _ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class LoadExpert:
+    """Model factory for the workers: an expert folder loaded as ``pipeline.experts.load_expert`` does."""
+
+    folder: str
+    quantize: str | None = None
+    blocks_on_gpu: int | None = None
+
+    def __call__(self, device: torch.device) -> nn.Module:
+        from .experts import load_expert
+
+        return load_expert(self.folder, device, self.quantize, blocks_on_gpu=self.blocks_on_gpu).eval()
 
 
 class ParallelModel(nn.Module):
@@ -554,6 +583,7 @@ class ParallelModel(nn.Module):
                 cancel: Callable[[], None] | None = None, kv_cache: KVCache | None = None,
                 commit: bool = False) -> torch.Tensor | None:
         pool = self.pool
+        pool.require(self.key)
         if camera is not None:
             camera_tokens = self.prepare_camera(camera)
         tensors: dict[str, torch.Tensor] = {"x": x, "t": torch.as_tensor(t, device=pool.device)}
@@ -593,5 +623,5 @@ class ParallelModel(nn.Module):
         self._cameras.clear(), self._caches.clear()
 
 
-__all__ = ["Cancelled", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
+__all__ = ["Cancelled", "LoadExpert", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
            "pick_mode", "synced_cancel"]
