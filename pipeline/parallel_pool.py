@@ -37,7 +37,10 @@ from torch import nn
 from ..wan.runtime.kv_cache import CachePolicy, KVCache
 from ..wan.runtime.parallel import SequenceParallel
 
-PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                # The watch aborts the group when a worker is lost (torch's note on _abort_process_group:
+                # with the watchdog's error handling on, it may end the process itself: ComfyUI's).
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 START_TIMEOUT_S = 600.0  # a worker's first model load (an A14B expert from disk) fits in it
 WATCH_PERIOD_S = 0.2
 # Rendezvous and collective timeout. A collective never waits on a dead rank that long (the
