@@ -129,14 +129,17 @@ class WorkerPatcher(ModelPatcher):
 
 class SequenceParallelExperts:
     """Both experts on every GPU of ``devices`` (``devices[0]``: ComfyUI's): rank 0's
-    ``ExpertPatcher`` and a ``WorkerPatcher`` per worker GPU, per expert."""
+    ``ExpertPatcher`` (``rank0``, default new ones) and a ``WorkerPatcher`` per worker GPU,
+    per expert."""
 
-    def __init__(self, folders: dict[str, Path], options: ExpertLoadOptions, devices: Sequence[torch.device]) -> None:
+    def __init__(self, folders: dict[str, Path], options: ExpertLoadOptions, devices: Sequence[torch.device],
+                 rank0: dict[str, ExpertPatcher] | None = None) -> None:
         self.devices = [torch.device(d) for d in devices]
         if len(self.devices) < 2:
             raise ValueError(f"sequence parallel needs at least 2 GPUs, got {len(self.devices)}")
-        self.rank0 = {name: ExpertPatcher.for_folder(name, folders[name], options, load_device=self.devices[0])
-                      for name in ("high", "low")}
+        self.rank0 = rank0 or {name: ExpertPatcher.for_folder(name, folders[name], options,
+                                                              load_device=self.devices[0])
+                               for name in ("high", "low")}
         self.workers = {name: [WorkerPatcher.for_expert(name, folders[name], options, rank, self.devices)
                                for rank in range(1, len(self.devices))] for name in ("high", "low")}
 
@@ -181,5 +184,29 @@ class SequenceParallelSource:
         self.abort()
 
 
-__all__ = ["SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "shared_pool",
+_LINKS: dict[tuple[str, ...], dict] = {}
+
+
+def measured_link(devices: Sequence[torch.device | str]) -> dict:
+    """The link between ``devices``, measured once per process (``RankPool.measure_link``:
+    GB/s of a timed all-to-all and what ``devices=auto`` picks on it)."""
+    key = tuple(str(torch.device(d)) for d in devices)
+    if key not in _LINKS:
+        _LINKS[key] = shared_pool(devices).measure_link()
+        link = _LINKS[key]
+        log.info("LingBot: link between %s: %.1f GB/s all-to-all; auto picks %s", ", ".join(key), link["gbps"],
+                 link["auto_picks"])
+    return _LINKS[key]
+
+
+def group_size(heads: int, count: int) -> int:
+    """The most GPUs (of ``count``) a sequence-parallel group can use: a divisor of the heads."""
+    size = max((p for p in range(2, count + 1) if heads % p == 0), default=0)
+    if not size:
+        raise ValueError(f"sequence parallel needs at least 2 GPUs whose count divides the model's {heads} heads; "
+                         f"torch.cuda.device_count() is {count}")
+    return size
+
+
+__all__ = ["group_size", "measured_link", "SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "shared_pool",
            "shutdown"]

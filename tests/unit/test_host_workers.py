@@ -5,6 +5,7 @@ one-device latent; each worker's copy is a ComfyUI model whose unload (Unload Mo
 copy and leaves the workers running for the next prompt."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 from pathlib import Path
 
@@ -94,3 +95,38 @@ def test_interrupt_unloads_every_copy_and_the_next_run_works(folders):
     source = workers.SequenceParallelSource(experts)
     torch.testing.assert_close(sample(source, text, condition, None, PARAMS), want, rtol=1e-5, atol=1e-6)
     source.close()
+
+
+def test_the_loaders_dit_runs_sequence_parallel_through_run_experts(folders, package):
+    from comfyui_lingbot_world.loaders.expert_config import read_expert_pair
+    from comfyui_lingbot_world.nodes.host.expert_patcher import DiTExperts, ExpertPatcher, run_experts
+    from comfyui_lingbot_world.pipeline.lora import LoraSpec
+
+    options = ExpertLoadOptions()
+    high, low = (ExpertPatcher.for_folder(n, folders[n], options, load_device=DEVICES[0]) for n in ("high", "low"))
+    dit = DiTExperts(high=high, low=low, config=read_expert_pair(folders["high"], folders["low"]),
+                     parallel=workers.SequenceParallelExperts(folders, options, DEVICES, rank0={"high": high, "low": low}))
+    comfy, source = run_experts(dit, tokens=18)
+    assert isinstance(source, workers.SequenceParallelSource) and source is comfy
+    assert source.experts.rank0["high"] is high  # ComfyUI accounts rank 0's copy with the loader's patcher
+    text, condition = _inputs()
+    want = sample(DiskExperts(folders["high"], folders["low"], "cpu"), text, condition, None, PARAMS)
+    try:
+        torch.testing.assert_close(sample(source, text, condition, None, PARAMS), want, rtol=1e-5, atol=1e-6)
+    finally:
+        comfy.close()
+    assert _held() == {}
+    lora = dataclasses.replace(dit, loras=(LoraSpec(path=package / "missing.safetensors"),))
+    with pytest.raises(ValueError, match="devices=sequence_parallel does not apply LoRAs yet"):
+        run_experts(lora, tokens=18)
+
+
+def test_group_size_and_the_gpu_count_error():
+    from comfyui_lingbot_world.nodes.dit_loader import parallel_gpus
+
+    assert [workers.group_size(40, n) for n in (2, 3, 4, 6, 8)] == [2, 2, 4, 5, 8]
+    with pytest.raises(ValueError, match="count divides the model's 40 heads; torch.cuda.device_count\\(\\) is 1"):
+        workers.group_size(40, 1)
+    with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes "
+                                         "on cpu"):
+        parallel_gpus(40)
