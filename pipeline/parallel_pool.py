@@ -553,6 +553,13 @@ class ParallelModel(nn.Module):
         self._cameras: dict[int, int] = {}  # id(rank 0's camera tokens) -> worker-side id
         self._caches: dict[int, tuple[KVCache, int]] = {}
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (``config``, ``patch_embedding``, ...) is rank 0's model's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
     def prepare_camera(self, plucker: torch.Tensor) -> torch.Tensor:
         pool = self.pool
         ident = next(_ids)
