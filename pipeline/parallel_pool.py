@@ -162,6 +162,46 @@ def pick_mode(gbps: float) -> str:
     return "sequence_parallel" if gbps >= NVLINK_CLASS_GBPS else "cfg_split"
 
 
+# ----------------------------------------------------------------------------- Ulysses x CFG split
+
+@dataclass(frozen=True)
+class CfgGroups:
+    """Four or more ranks as two Ulysses groups (the first half runs the prompt branch, the
+    second the negative one, each over its half of the GPUs) and the pairs that exchange the
+    two predictions (rank i with rank i + half)."""
+
+    branch: int  # 0: the prompt branch (rank 0's), 1: the negative one
+    sp: SequenceParallel  # this rank's Ulysses group
+    pair: object  # this rank and its counterpart in the other group
+
+
+def make_cfg_groups(world: int, heads_hint: int | None = None) -> CfgGroups | None:
+    """Every rank calls it right after ``init_process_group`` (``new_group`` is collective, in
+    the same order everywhere); None below 4 ranks or for an odd count."""
+    if world < 4 or world % 2:
+        return None
+    half = world // 2
+    rank = dist.get_rank()
+    groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
+    pairs = [dist.new_group([i, i + half]) for i in range(half)]
+    branch = rank // half
+    return CfgGroups(branch, SequenceParallel(rank % half, half, groups[branch]), pairs[rank % half])
+
+
+def _split_forward(model: nn.Module, cfg: CfgGroups, x: torch.Tensor, t: torch.Tensor, context: list | None,
+                   y: torch.Tensor | None, camera: torch.Tensor | None, cancel: Callable[[], None]) -> torch.Tensor:
+    """A batch of two (prompt, negative) as one sample per Ulysses group; every rank ends with both."""
+    i = cfg.branch
+    part = slice(i, i + 1)
+    if camera is not None and camera.shape[0] == 2:
+        camera = camera[part]
+    out = model(x[part], t.reshape(-1).expand(2)[part], None if context is None else [context[i]],
+                y=None if y is None else y[part], camera_tokens=camera, parallel=cfg.sp, cancel=cancel).contiguous()
+    both = [torch.empty_like(out) for _ in range(2)]
+    dist.all_gather(both, out, group=cfg.pair)
+    return torch.cat(both, 0)
+
+
 # ----------------------------------------------------------------------------- the worker process
 
 def _watch_parent() -> None:
@@ -183,6 +223,7 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
         dist.init_process_group(backend_for(device), init_method=init, rank=rank, world_size=world,
                                 timeout=GROUP_TIMEOUT, device_id=device if device.type == "cuda" else None)
         sp = SequenceParallel.from_group()
+        cfg = make_cfg_groups(world)
     except BaseException:  # noqa: BLE001
         reports.put(("error", rank, traceback.format_exc()))
         return
@@ -233,8 +274,12 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                 hook = synced_cancel(device)
                 try:
                     with torch.inference_mode():
-                        models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
-                                    kv_cache=cache, commit=plain["commit"], parallel=sp, cancel=hook)
+                        if plain["split"]:
+                            _split_forward(models[key], cfg, tensors["x"], tensors["t"], context, tensors.get("y"),
+                                           camera, hook)
+                        else:
+                            models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
+                                        kv_cache=cache, commit=plain["commit"], parallel=sp, cancel=hook)
                     hook.finish()
                 except Cancelled:
                     pass
@@ -320,6 +365,7 @@ class RankPool:
         self._replies: "queue.Queue[tuple[str, int, Any]]" = queue.Queue()
         self._init_dir: str | None = None
         self.sp: SequenceParallel | None = None
+        self.cfg: CfgGroups | None = None  # Ulysses x CFG split (4+ ranks, an even count)
         self.loaded: dict[str, set[int]] = {}  # model key -> workers holding it
 
     # -------------------------------------------------------------- lifecycle
@@ -357,6 +403,7 @@ class RankPool:
             dist.init_process_group(backend_for(self.device), init_method=init, rank=0, world_size=self.world,
                                     timeout=GROUP_TIMEOUT, device_id=self.device if self.device.type == "cuda" else None)
             self.sp = SequenceParallel.from_group()
+            self.cfg = make_cfg_groups(self.world)
             self._await("ready", START_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -382,7 +429,7 @@ class RankPool:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
                 pass
-        self._procs, self._commands, self.sp, self.loaded = [], [], None, {}
+        self._procs, self._commands, self.sp, self.cfg, self.loaded = [], [], None, None, {}
         self._replies = queue.Queue()
 
     def pids(self) -> list[int]:
@@ -546,9 +593,12 @@ class ParallelModel(nn.Module):
     """Rank 0's copy of the model, driving the workers' copies: called like ``LingBotDiT``
     (``forward``, ``prepare_camera``, ``new_kv_cache``), every call runs on all ranks."""
 
-    def __init__(self, pool: RankPool, key: str, model: nn.Module) -> None:
+    def __init__(self, pool: RankPool, key: str, model: nn.Module, cfg_split: bool = True) -> None:
         super().__init__()
         self.pool, self.key, self.inner = pool, key, model
+        # A batch of two (batched CFG) on 4+ ranks: one sample per half of the GPUs (Ulysses x
+        # CFG split); otherwise every forward over all ranks.
+        self.cfg_split = cfg_split
         self.config = model.config
         self._cameras: dict[int, int] = {}  # id(rank 0's camera tokens) -> worker-side id
         self._caches: dict[int, tuple[KVCache, int]] = {}
@@ -612,7 +662,8 @@ class ParallelModel(nn.Module):
         if kv_cache is not None:
             cache_id = self._caches[id(kv_cache)][1]
         tensors = {k: v.to(pool.device) for k, v in tensors.items()}
-        plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit,
+        split = bool(self.cfg_split and pool.cfg is not None and x.shape[0] == 2 and kv_cache is None)
+        plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit, "split": split,
                  "frame_start": None if kv_cache is None else kv_cache.frame_start}
         pool._send("forward", (self.key, plain, _describe(tensors)))
         hook = _SyncedCancel(pool.device, cancel)
@@ -620,6 +671,11 @@ class ParallelModel(nn.Module):
         def run() -> torch.Tensor | None:
             _broadcast_out(tensors, pool.device)
             context_arg = [tensors[f"context{i}"] for i in range(contexts)] if contexts else None
+            if split:
+                out = _split_forward(self.inner, pool.cfg, tensors["x"], tensors["t"], context_arg, tensors.get("y"),
+                                     camera_tokens, hook)
+                hook.finish()
+                return out
             out = self.inner(tensors["x"], tensors["t"], context_arg, y=tensors.get("y"),
                              camera_tokens=camera_tokens, kv_cache=kv_cache, commit=commit, parallel=pool.sp,
                              cancel=hook)
