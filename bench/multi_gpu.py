@@ -36,6 +36,8 @@ pick), ``fast`` (LingBot-World Fast at ``--fast-size``, window 9 sink 3, the hea
 ``chunk_s`` median over the chunks after ``--warmup`` — four denoising forwards and the commit
 pass of each chunk, as FastGenerator runs them — with ``fps`` = 12 video frames per chunk) and
 ``exact`` (one guided step of ``--size`` x ``--frames`` = one batch-of-two forward, ``s_per_step``),
+on 4+ ranks also ``exact_cfg_split`` (Ulysses x CFG split: the prompt branch on the first half of
+the GPUs, the negative one on the second, one all-gather between the pairs),
 each with the one-GPU figure and the speed-up beside it, and ``max_rel_vs_1gpu`` (the sharded
 prediction against the one-GPU one: bf16 rounding). CPU check of the whole script (gloo, tiny
 geometry, float32): ``python bench/multi_gpu.py --mode sp --tiny --ranks 2 --ranks 4 --out /tmp/sp.json``.
@@ -356,10 +358,15 @@ def run_sp(args) -> int:
                     record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
                     record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
                 if not args.skip_exact:
-                    record["exact"], got = time_exact(parallel, config, eh, ew, frames, args.exact_steps, args.warmup,
+                    # Ulysses over all ranks; with 4+ (even) ranks also Ulysses x CFG split (half the GPUs per branch)
+                    for key, split in (("exact", False), ("exact_cfg_split", True)):
+                        if split and pool.cfg is None:
+                            continue
+                        parallel.cfg_split = split
+                        record[key], got = time_exact(parallel, config, eh, ew, frames, args.exact_steps, args.warmup,
                                                       devices[0])
-                    record["exact"]["speedup_vs_1gpu"] = baseline["exact"]["s_per_step"] / record["exact"]["s_per_step"]
-                    record["exact"]["max_rel_vs_1gpu"] = rel_err(got, exact_ref)
+                        record[key]["speedup_vs_1gpu"] = baseline["exact"]["s_per_step"] / record[key]["s_per_step"]
+                        record[key]["max_rel_vs_1gpu"] = rel_err(got, exact_ref)
             record["peak_vram_allocated_gb_rank0"] = (torch.cuda.max_memory_allocated(devices[0]) / GB
                                                       if devices[0].type == "cuda" else None)
             parallel.close()
@@ -376,7 +383,7 @@ def _summary(record: dict) -> dict:
     out = {"ranks": record["ranks"]}
     if "link" in record:
         out["link_gbps"], out["auto_picks"] = round(record["link"]["gbps"], 2), record["link"]["auto_picks"]
-    for key, figure in (("fast", "chunk_s"), ("exact", "s_per_step")):
+    for key, figure in (("fast", "chunk_s"), ("exact", "s_per_step"), ("exact_cfg_split", "s_per_step")):
         if key in record:
             out[f"{key}_{figure}"] = round(record[key][figure], 4)
             if "speedup_vs_1gpu" in record[key]:

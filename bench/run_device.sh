@@ -50,6 +50,16 @@ for what in "$@"; do
         p480eager) LINGBOT_FUSED=0 bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 24 --kernel-floor \
                   --image "$CAM/image.jpg" --camera-dir "$CAM" --out "$OUT/p480_cap24_eager.json" ;;
         soak) bench soak --size 240x416 --frames 17 --steps 4 --runs 5 --camera-dir "$CAM" --out "$OUT/soak_gpu.json" ;;
+        # Several GPUs (bench/multi_gpu.py): sequence parallel with the 1-GPU figure of the same run, on
+        # nvidia-h100-x2 (sp2, sp2_p2p_off, placements2) and nvidia-h100-x4 (sp4); synthetic bf16 A14B weights.
+        sp2) python3 bench/multi_gpu.py --mode sp --ranks 2 --out "$OUT/sp_2gpu.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp2_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --out "$OUT/sp_2gpu_p2p_off.json" \
+                  2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp4) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out "$OUT/sp_4gpu.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
+        placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
+                  --out "$OUT/multi_gpu_480x832x81_4steps.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        gpumulti) python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_placements.py \
+                  tests/gpu/test_sequence_parallel_gpu.py tests/unit/test_placement.py -m gpu 2>&1 | tail -30 ;;
         gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -40 ;;
         preview) python3 bench/preview_cost.py --comfy .bench_host --out "$OUT/preview_cost_480p.json" 2>&1 | grep -v "^WARNING" | tail -4 ;;
         nonfinite) python3 bench/nonfinite_cost.py --out "$OUT/nonfinite_cost.json" 2>&1 | tail -4 ;;

@@ -14,7 +14,8 @@ from ..loaders.model_kind import assumed_message, require_model
 from ..wan.config import CONTROL_NAMES
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
-from .host.expert_patcher import DiTExperts, ExpertPatcher, experts_for_placement
+from .host.expert_patcher import DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
+from .host.workers import SequenceParallelExperts, group_size, measured_link
 from .host.model_files import EXPERT_KINDS, default_expert_pair, expert_control, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,42 @@ def picked_note(high: str | None) -> str:
     kind = CONTROL_NAMES.get(control, "a checkpoint it could not read")
     why = " (Base-Cam first: the Camera node's defaults drive it)" if control == "cam" else ""
     return f" A fresh node picks {high}: {kind}{why}."
+
+
+# Sequence parallel over every usable GPU, and the link-measured choice. Handled by ``execute``;
+# not yet offered by the ``devices`` combo (docs/multi_gpu.md: adding them is the last step).
+PARALLEL_DEVICES = ("sequence_parallel", "auto")
+
+
+def parallel_gpus(heads: int) -> list[torch.device]:
+    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
+    many as divide the model's ``heads``."""
+    comfy_device = mm.get_torch_device()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if comfy_device.type != "cuda" or count < 2:
+        raise ValueError(f"devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes on "
+                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
+    first = comfy_device.index or 0
+    return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
+
+
+def parallel_experts(devices: str, folders: dict, options: ExpertLoadOptions, config) -> DiTExperts:
+    """``devices=sequence_parallel``, or ``auto``: the link measured once (a timed all-to-all)
+    picks sequence parallel on NVLink-class links, else cfg_split."""
+    gpus = parallel_gpus(config.num_heads)
+    mode = devices
+    if devices == "auto":
+        link = measured_link(gpus)
+        mode = link["auto_picks"]
+        log.info("LingBot: devices=auto picked %s (all-to-all %.1f GB/s between %s)", mode, link["gbps"],
+                 ", ".join(str(g) for g in gpus))
+    if mode == "cfg_split":
+        return experts_for_placement(folders, options, config, placement_for("cfg_split"))
+    log.info("LingBot: devices=sequence_parallel on %s", ", ".join(str(g) for g in gpus))
+    high = ExpertPatcher.for_folder("high", folders["high"], options, load_device=gpus[0])
+    low = ExpertPatcher.for_folder("low", folders["low"], options, load_device=gpus[0])
+    return DiTExperts(high=high, low=low, config=config,
+                      parallel=SequenceParallelExperts(folders, options, gpus, rank0={"high": high, "low": low}))
 
 
 class LingBotWorldDiTLoader(io.ComfyNode):
@@ -104,7 +141,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,
                 devices: str = "single", weights: str = inputs.AS_STORED) -> io.NodeOutput:
         options = inputs.load_options(bf16_quantize, block_swap, weights)
-        placement = placement_for(devices)  # before any file is read: a missing GPU fails at once
+        # before any file is read: a missing GPU fails at once
+        placement = None if devices in PARALLEL_DEVICES else placement_for(devices)
         folders = {
             "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),
             "low": resolve_model_path(low_noise, EXPERT_KINDS, "low_noise", want_dir=True),
@@ -120,6 +158,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])
+        if devices in PARALLEL_DEVICES:
+            return io.NodeOutput(parallel_experts(devices, folders, options, high_config))
         if placement is not None:
             log.info("LingBot: devices=%s on %s", devices, ", ".join(str(d) for d in placement.devices))
             return io.NodeOutput(experts_for_placement(folders, options, high_config, placement))

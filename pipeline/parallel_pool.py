@@ -37,7 +37,10 @@ from torch import nn
 from ..wan.runtime.kv_cache import CachePolicy, KVCache
 from ..wan.runtime.parallel import SequenceParallel
 
-PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                # The watch aborts the group when a worker is lost (torch's note on _abort_process_group:
+                # with the watchdog's error handling on, it may end the process itself: ComfyUI's).
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
 START_TIMEOUT_S = 600.0  # a worker's first model load (an A14B expert from disk) fits in it
 WATCH_PERIOD_S = 0.2
 # Rendezvous and collective timeout. A collective never waits on a dead rank that long (the
@@ -159,6 +162,46 @@ def pick_mode(gbps: float) -> str:
     return "sequence_parallel" if gbps >= NVLINK_CLASS_GBPS else "cfg_split"
 
 
+# ----------------------------------------------------------------------------- Ulysses x CFG split
+
+@dataclass(frozen=True)
+class CfgGroups:
+    """Four or more ranks as two Ulysses groups (the first half runs the prompt branch, the
+    second the negative one, each over its half of the GPUs) and the pairs that exchange the
+    two predictions (rank i with rank i + half)."""
+
+    branch: int  # 0: the prompt branch (rank 0's), 1: the negative one
+    sp: SequenceParallel  # this rank's Ulysses group
+    pair: object  # this rank and its counterpart in the other group
+
+
+def make_cfg_groups(world: int, heads_hint: int | None = None) -> CfgGroups | None:
+    """Every rank calls it right after ``init_process_group`` (``new_group`` is collective, in
+    the same order everywhere); None below 4 ranks or for an odd count."""
+    if world < 4 or world % 2:
+        return None
+    half = world // 2
+    rank = dist.get_rank()
+    groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
+    pairs = [dist.new_group([i, i + half]) for i in range(half)]
+    branch = rank // half
+    return CfgGroups(branch, SequenceParallel(rank % half, half, groups[branch]), pairs[rank % half])
+
+
+def _split_forward(model: nn.Module, cfg: CfgGroups, x: torch.Tensor, t: torch.Tensor, context: list | None,
+                   y: torch.Tensor | None, camera: torch.Tensor | None, cancel: Callable[[], None]) -> torch.Tensor:
+    """A batch of two (prompt, negative) as one sample per Ulysses group; every rank ends with both."""
+    i = cfg.branch
+    part = slice(i, i + 1)
+    if camera is not None and camera.shape[0] == 2:
+        camera = camera[part]
+    out = model(x[part], t.reshape(-1).expand(2)[part], None if context is None else [context[i]],
+                y=None if y is None else y[part], camera_tokens=camera, parallel=cfg.sp, cancel=cancel).contiguous()
+    both = [torch.empty_like(out) for _ in range(2)]
+    dist.all_gather(both, out, group=cfg.pair)
+    return torch.cat(both, 0)
+
+
 # ----------------------------------------------------------------------------- the worker process
 
 def _watch_parent() -> None:
@@ -180,6 +223,7 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
         dist.init_process_group(backend_for(device), init_method=init, rank=rank, world_size=world,
                                 timeout=GROUP_TIMEOUT, device_id=device if device.type == "cuda" else None)
         sp = SequenceParallel.from_group()
+        cfg = make_cfg_groups(world)
     except BaseException:  # noqa: BLE001
         reports.put(("error", rank, traceback.format_exc()))
         return
@@ -230,8 +274,12 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                 hook = synced_cancel(device)
                 try:
                     with torch.inference_mode():
-                        models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
-                                    kv_cache=cache, commit=plain["commit"], parallel=sp, cancel=hook)
+                        if plain["split"]:
+                            _split_forward(models[key], cfg, tensors["x"], tensors["t"], context, tensors.get("y"),
+                                           camera, hook)
+                        else:
+                            models[key](tensors["x"], tensors["t"], context, y=tensors.get("y"), camera_tokens=camera,
+                                        kv_cache=cache, commit=plain["commit"], parallel=sp, cancel=hook)
                     hook.finish()
                 except Cancelled:
                     pass
@@ -317,7 +365,8 @@ class RankPool:
         self._replies: "queue.Queue[tuple[str, int, Any]]" = queue.Queue()
         self._init_dir: str | None = None
         self.sp: SequenceParallel | None = None
-        self.models: set[str] = set()
+        self.cfg: CfgGroups | None = None  # Ulysses x CFG split (4+ ranks, an even count)
+        self.loaded: dict[str, set[int]] = {}  # model key -> workers holding it
 
     # -------------------------------------------------------------- lifecycle
     @property
@@ -354,6 +403,7 @@ class RankPool:
             dist.init_process_group(backend_for(self.device), init_method=init, rank=0, world_size=self.world,
                                     timeout=GROUP_TIMEOUT, device_id=self.device if self.device.type == "cuda" else None)
             self.sp = SequenceParallel.from_group()
+            self.cfg = make_cfg_groups(self.world)
             self._await("ready", START_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -379,7 +429,7 @@ class RankPool:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
                 pass
-        self._procs, self._commands, self.sp, self.models = [], [], None, set()
+        self._procs, self._commands, self.sp, self.cfg, self.loaded = [], [], None, None, {}
         self._replies = queue.Queue()
 
     def pids(self) -> list[int]:
@@ -442,10 +492,11 @@ class RankPool:
             if got == kind:
                 need -= 1
 
-    def _send(self, op: str, payload: Any) -> None:
+    def _send(self, op: str, payload: Any, ranks: Sequence[int] | None = None) -> None:
         self._check()
-        for commands in self._commands:
-            commands.put((op, payload))
+        for rank, commands in enumerate(self._commands, start=1):
+            if ranks is None or rank in ranks:
+                commands.put((op, payload))
 
     def _guard(self, run: Callable[[], Any], synced: Callable[[BaseException], bool] = lambda exc: False) -> Any:
         """Run a collective step; a lost worker (or a failure on rank 0 that leaves the
@@ -477,11 +528,15 @@ class RankPool:
     def load(self, key: str, factory: Callable[[torch.device], nn.Module], local: nn.Module | None = None) -> nn.Module:
         """Build ``factory(device)`` on every rank (the workers in parallel); rank 0's copy is
         returned (``local``: rank 0's copy exists already, only the workers build theirs)."""
-        self._send("load", (key, factory))
-        model = factory(self.device) if local is None else local
-        self._await("loaded", START_TIMEOUT_S)
-        self.models.add(key)
-        return model
+        self.load_on(key, factory, range(1, self.world))
+        return factory(self.device) if local is None else local
+
+    def load_on(self, key: str, factory: Callable[[torch.device], nn.Module], ranks: Sequence[int]) -> None:
+        """Build ``factory(device)`` on the workers ``ranks`` (in parallel), waiting for them."""
+        ranks = [r for r in ranks if r not in self.loaded.get(key, set())]
+        self._send("load", (key, factory), ranks)
+        self._await("loaded", START_TIMEOUT_S, len(ranks))
+        self.loaded.setdefault(key, set()).update(ranks)
 
     def measure_link(self, megabytes: float = 64.0, repeats: int = 5) -> dict:
         """Time an all-to-all of ``megabytes`` per rank (bf16 on CUDA, float32 on the CPU) after
@@ -498,28 +553,62 @@ class RankPool:
         return {"all_to_all_mb": megabytes, "all_to_all_s": seconds, "gbps": gbps, "ranks": self.world,
                 "auto_picks": pick_mode(gbps)}
 
-    def free(self, key: str) -> None:
-        """The workers drop their copy of ``key`` (and their caches and camera tokens)."""
+    def free(self, key: str, ranks: Sequence[int] | None = None) -> None:
+        """The workers ``ranks`` (default all) drop their copy of ``key`` (and their caches
+        and camera tokens)."""
         if not self.running:
             return
-        self._send("free", key)
-        self._await("freed", 60.0)
-        self.models.discard(key)
+        held = self.loaded.get(key, set())
+        ranks = [r for r in (range(1, self.world) if ranks is None else ranks) if r in held]
+        self._send("free", key, ranks)
+        self._await("freed", 60.0, len(ranks))
+        held.difference_update(ranks)
+
+    def require(self, key: str) -> None:
+        """Refuse a forward unless every worker holds ``key`` (lock-step needs all ranks)."""
+        missing = [str(self.devices[r]) for r in range(1, self.world) if r not in self.loaded.get(key, set())]
+        if missing:
+            raise RuntimeError(f"the sequence-parallel copy of {key} is not loaded on {', '.join(missing)} "
+                               "(unloaded by the memory manager during the run?); run the prompt again")
 
 
 _ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class LoadExpert:
+    """Model factory for the workers: an expert folder loaded as ``pipeline.experts.load_expert`` does."""
+
+    folder: str
+    quantize: str | None = None
+    blocks_on_gpu: int | None = None
+
+    def __call__(self, device: torch.device) -> nn.Module:
+        from .experts import load_expert
+
+        return load_expert(self.folder, device, self.quantize, blocks_on_gpu=self.blocks_on_gpu).eval()
 
 
 class ParallelModel(nn.Module):
     """Rank 0's copy of the model, driving the workers' copies: called like ``LingBotDiT``
     (``forward``, ``prepare_camera``, ``new_kv_cache``), every call runs on all ranks."""
 
-    def __init__(self, pool: RankPool, key: str, model: nn.Module) -> None:
+    def __init__(self, pool: RankPool, key: str, model: nn.Module, cfg_split: bool = True) -> None:
         super().__init__()
         self.pool, self.key, self.inner = pool, key, model
+        # A batch of two (batched CFG) on 4+ ranks: one sample per half of the GPUs (Ulysses x
+        # CFG split); otherwise every forward over all ranks.
+        self.cfg_split = cfg_split
         self.config = model.config
         self._cameras: dict[int, int] = {}  # id(rank 0's camera tokens) -> worker-side id
         self._caches: dict[int, tuple[KVCache, int]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (``config``, ``patch_embedding``, ...) is rank 0's model's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
 
     def prepare_camera(self, plucker: torch.Tensor) -> torch.Tensor:
         pool = self.pool
@@ -554,6 +643,7 @@ class ParallelModel(nn.Module):
                 cancel: Callable[[], None] | None = None, kv_cache: KVCache | None = None,
                 commit: bool = False) -> torch.Tensor | None:
         pool = self.pool
+        pool.require(self.key)
         if camera is not None:
             camera_tokens = self.prepare_camera(camera)
         tensors: dict[str, torch.Tensor] = {"x": x, "t": torch.as_tensor(t, device=pool.device)}
@@ -572,7 +662,8 @@ class ParallelModel(nn.Module):
         if kv_cache is not None:
             cache_id = self._caches[id(kv_cache)][1]
         tensors = {k: v.to(pool.device) for k, v in tensors.items()}
-        plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit,
+        split = bool(self.cfg_split and pool.cfg is not None and x.shape[0] == 2 and kv_cache is None)
+        plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit, "split": split,
                  "frame_start": None if kv_cache is None else kv_cache.frame_start}
         pool._send("forward", (self.key, plain, _describe(tensors)))
         hook = _SyncedCancel(pool.device, cancel)
@@ -580,6 +671,11 @@ class ParallelModel(nn.Module):
         def run() -> torch.Tensor | None:
             _broadcast_out(tensors, pool.device)
             context_arg = [tensors[f"context{i}"] for i in range(contexts)] if contexts else None
+            if split:
+                out = _split_forward(self.inner, pool.cfg, tensors["x"], tensors["t"], context_arg, tensors.get("y"),
+                                     camera_tokens, hook)
+                hook.finish()
+                return out
             out = self.inner(tensors["x"], tensors["t"], context_arg, y=tensors.get("y"),
                              camera_tokens=camera_tokens, kv_cache=kv_cache, commit=commit, parallel=pool.sp,
                              cancel=hook)
@@ -593,5 +689,5 @@ class ParallelModel(nn.Module):
         self._cameras.clear(), self._caches.clear()
 
 
-__all__ = ["Cancelled", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
+__all__ = ["Cancelled", "LoadExpert", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
            "pick_mode", "synced_cancel"]

@@ -216,6 +216,8 @@ class DiTExperts:
     placement: Placement | None = None  # None: one device, the experts take turns (today's behaviour)
     copies: dict[tuple[str, int], ExpertPatcher] = field(default_factory=dict)
     loras: tuple = ()  # pipeline.lora.LoraSpec from LoRA Loader nodes, applied while the sampler runs
+    # nodes/host/workers.py SequenceParallelExperts: every forward on all its GPUs (None: off)
+    parallel: object | None = None
 
     @property
     def label(self) -> str:
@@ -355,6 +357,14 @@ def run_experts(dit: DiTExperts, tokens: int, keep_resident: bool = False) -> tu
     way. A LoRA file deleted since the LoRA Loader ran is refused before any expert loads.
     """
     loras = list(dit.loras)
+    if dit.parallel is not None:
+        from .workers import SequenceParallelSource  # workers.py imports this module
+
+        if loras:
+            raise ValueError("devices=sequence_parallel does not apply LoRAs yet (the workers' copies would run "
+                             "without them); choose devices=single or cfg_split with a LoRA Loader")
+        comfy = SequenceParallelSource(dit.parallel, inference_memory=dit.high.inference_memory(tokens, dit.config.dim))
+        return comfy, comfy
     for spec in loras:
         if not spec.path.is_file():
             raise FileNotFoundError(f"LoRA file {spec.path} no longer exists; pick another in the LoRA Loader")

@@ -9,6 +9,8 @@ batched CFG (one batch of two) the reduction order may differ, so bf16 tolerance
 """
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -99,8 +101,10 @@ def test_cancel_after_the_boundary_frees_both_gpus(files, mode):
         sample(source, text, condition, camera, _params(False), on_step=lambda d, n: done.append(d),
                check_interrupt=interrupt)
     assert source.resident() == {}
+    gc.collect()  # the exception's frames held the step's tensors
     for index in range(2):
         torch.cuda.synchronize(index)
-    assert [torch.cuda.memory_allocated(i) for i in range(2)] == before
+    after = [torch.cuda.memory_allocated(i) for i in range(2)]
+    assert all(a - b <= 2**20 for a, b in zip(after, before)), (before, after)  # the experts are gone
     # and the next run works
     assert torch.isfinite(_run(files, mode, batch_cfg=False)).all()

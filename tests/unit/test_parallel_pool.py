@@ -87,3 +87,21 @@ def test_cancel_stops_every_rank_and_the_group_stays_usable(parallel, pool):
         parallel(x, t, context, y=y, camera=plucker, cancel=cancel)
     assert pool.running and all(p.is_alive() for p in pool._procs)
     assert _rel(parallel(x, t, context, y=y, camera=plucker), reference(x, t, context, y, camera=plucker)) < FLOAT32
+
+
+def test_the_fast_generator_runs_a_clip_on_the_ranks(parallel):
+    """pipeline/fast's sample_fast drives ParallelModel as it drives the model (its cache
+    made through it, the workers' shards following): the same clip as one process."""
+    from comfyui_lingbot_world.pipeline.fast import FastParams, sample_fast
+    from comfyui_lingbot_world.pipeline.image import I2VCondition
+
+    g = torch.Generator().manual_seed(4)
+    frames = 33  # 9 latent frames: 3 chunks, the last without its commit pass
+    condition = I2VCondition(y=torch.randn(20, 9, LAT_H, LAT_W, generator=g), frames=frames,
+                             height=8 * LAT_H, width=8 * LAT_W)
+    text = torch.randn(9, CONFIG.text_dim, generator=g)
+    params = FastParams(seed=5)
+    want = sample_fast(parallel_ranks.model(), text, condition, None, params, frames)
+    got = sample_fast(parallel, text, condition, None, params, frames)
+    assert got.shape == want.shape == (16, 9, LAT_H, LAT_W)
+    assert _rel(got, want) < FLOAT32

@@ -86,3 +86,22 @@ def test_no_worker_outlives_its_parent(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_ulysses_times_cfg_split_on_four_ranks_equals_one_process():
+    """4 ranks = 2 x 2: a batch of two (prompt, negative) runs one sample per Ulysses group of
+    two, the pairs exchange the predictions; a batch of one runs over all four."""
+    pool = RankPool(["cpu"] * 4).start()
+    try:
+        assert pool.cfg is not None and pool.cfg.branch == 0 and pool.cfg.sp.size == 2
+        reference = parallel_ranks.model()
+        parallel = ParallelModel(pool, "tiny", pool.load("tiny", parallel_ranks.build, local=reference))
+        x, t, context, y, plucker = _inputs()
+        want = reference(x, t, context, y, camera=plucker)
+        assert _rel(parallel(x, t, context, y=y, camera=plucker), want) < FLOAT32  # 2 x 2
+        parallel.cfg_split = False
+        assert _rel(parallel(x, t, context, y=y, camera=plucker), want) < FLOAT32  # Ulysses over 4
+        one = reference(x[:1], t[:1], context[:1], y[:1], camera=plucker)
+        assert _rel(parallel(x[:1], t[:1], context[:1], y=y[:1], camera=plucker), one) < FLOAT32
+    finally:
+        pool.close()
