@@ -28,7 +28,7 @@ CAM=.bench_data/example00
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 ensure_package() {  # only the modes that read a checkpoint need it (~2.5 min to write)
     [[ -f "$PKG/low_noise_model_bnb_nf4/model.safetensors" ]] && return
-    /usr/bin/time -v python3 . make_checkpoint --preset a14b --layout nf4 --out "$PKG" --device cuda 2>"$OUT/make_checkpoint.time" \
+    /usr/bin/time -v python3 . make_checkpoint --preset a14b --layout nf4 --out "$PKG" --device cuda --overwrite 2>"$OUT/make_checkpoint.time" \
         | tee "$OUT/make_checkpoint.log"
     grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
 }

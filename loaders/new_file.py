@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,8 +27,9 @@ class TargetExists(FileExistsError):
 
 
 def partial_name(target: Path) -> Path:
-    """The hidden temporary name beside ``target`` that a write goes to first."""
-    return target.with_name(f".{target.name}.partial-{os.getpid()}")
+    """A hidden temporary name beside ``target``, unique to this call (two threads or
+    processes writing the same target never share one), that a write goes to first."""
+    return target.with_name(f".{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def refuse_existing(target: str | Path, overwrite: bool) -> None:
@@ -49,8 +51,6 @@ def new_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
         raise IsADirectoryError(f"{target} is a folder; it cannot be replaced by a file")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_name(target)
-    if partial.exists() or partial.is_symlink():  # left by a crashed run of this same pid
-        partial.unlink()
     try:
         yield partial
         if not partial.is_file():

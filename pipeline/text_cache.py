@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..loaders.errors import CheckpointError
+from ..loaders.new_file import new_file
 from ..loaders.t5_loader import t5_width
 from ..wan.geometry import MAX_TOKENS
 
@@ -116,22 +115,14 @@ class EmbeddingCache:
             return False
         key = self._key(text)
         path = self._path(key)
-        tmp: str | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}.", suffix=".tmp", dir=self.folder)
-            os.close(fd)
-            save_file({_TENSOR: embedding.detach().to("cpu").contiguous()}, tmp, metadata={_KEY: key})
-            os.replace(tmp, path)  # readers never see a half-written entry
-            tmp = None
+            # A new file renamed into place (loaders/new_file.py): readers never see a
+            # half-written entry, and an entry that is a hard link is never written into.
+            with new_file(path) as partial:
+                save_file({_TENSOR: embedding.detach().to("cpu").contiguous()}, str(partial), metadata={_KEY: key})
             return True
         except Exception as exc:  # noqa: BLE001 - disk full, read-only, the folder is a file...
             log.warning("LingBot prompt cache: could not write an entry to %s (%s); running uncached",
                         self.folder, exc)
             return False
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass

@@ -37,7 +37,8 @@ fi
 mkdir -p "$WORK" "$(dirname "$OUT")"
 if [[ ! -d "$WORK/tiny_nf4/tokenizer" ]]; then
     say "writing a tiny synthetic package (random weights) to $WORK/tiny_nf4"
-    "$PY" . make_checkpoint --preset tiny --layout nf4 --out "$WORK/tiny_nf4"
+    # --overwrite: the demo's own folder; an interrupted first run may have left some parts
+    "$PY" . make_checkpoint --preset tiny --layout nf4 --out "$WORK/tiny_nf4" --overwrite
 fi
 
 IMAGE=../shared/lingbot_examples/00/image.jpg

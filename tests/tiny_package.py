@@ -12,7 +12,7 @@ def build(root: Path, layout: str, seed: int = 0, model: str = "base") -> Path:
     out = root / (f"tiny_{layout}" if model == "base" else f"tiny_{model}_{layout}")
     if not (out / "tokenizer").is_dir():
         code = make_checkpoint.main(["--preset", "tiny", "--layout", layout, "--out", str(out), "--seed", str(seed),
-                                     "--model", model])
+                                     "--model", model, "--overwrite"])  # what an interrupted build left
         assert code == 0, f"make_checkpoint failed for layout {layout}, model {model}"
     return out
 
@@ -24,7 +24,7 @@ def build_fast(root: Path, seed: int = 0) -> Path:
     for layout, folder in (("bf16", "lingbot_world_fast"), ("nf4", "lingbot_world_fast_bnb_nf4")):
         if not (out / folder / "config.json").is_file():
             code = make_checkpoint.main(["--model", "fast", "--preset", "tiny", "--layout", layout, "--out", str(out),
-                                         "--seed", str(seed), "--parts", "transformer"])
+                                         "--seed", str(seed), "--parts", "transformer", "--overwrite"])
             assert code == 0, f"make_checkpoint --model fast failed for layout {layout}"
     return out
 

@@ -171,15 +171,13 @@ def test_parts_default_is_printed_once(capsys):
 
 @pytest.mark.parametrize("backend", ["flash", "sage"])
 def test_attention_backend_that_cannot_run_here_is_one_line_before_work(package, image, tmp_path, capsys,
-                                                                         nothing_loads, backend):
+                                                                         nothing_loads, backend, monkeypatch):
     """On the CPU (or a GPU the kernel was not built for) the choice answers now, not as a
     traceback at the first sampling step."""
     line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
                                            "--attention", backend), capsys), "--attention")
     assert backend in line and "sdpa" in line
-
-
-def test_attention_backend_that_runs_is_accepted(package, image, tmp_path, capsys, monkeypatch):
+    # The kernel that runs here passes the same check.
     seen = {}
 
     def record(*args, **kwargs):
@@ -193,7 +191,8 @@ def test_attention_backend_that_runs_is_accepted(package, image, tmp_path, capsy
 
 
 @pytest.mark.parametrize("content", [b"not a safetensors file at all", "unrelated"], ids=["junk-bytes", "other-model"])
-def test_junk_lora_file_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads, content):
+def test_junk_lora_file_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads, content,
+                                                monkeypatch):
     lora = tmp_path / "style.safetensors"
     if content == "unrelated":
         from safetensors.torch import save_file
@@ -204,6 +203,23 @@ def test_junk_lora_file_is_one_line_before_work(package, image, tmp_path, capsys
     line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
                                            "--lora", str(lora), "1.0", "1.0"), capsys), "--lora")
     assert "style.safetensors" in line
+    # A LoRA that fits the experts passes the same check and reaches the run.
+    from synthetic_lora import write_kohya_lora
+
+    from comfyui_lingbot_world.loaders.package import find_package
+
+    fits = write_kohya_lora(tmp_path / "fits.safetensors", find_package(package).high)
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen["loras"] = kwargs["loras"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate", record)
+    code, err = _answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
+                              "--lora", str(fits), "1.0", "0.5"), capsys)
+    assert code == 130, err
+    assert [(spec.path, spec.strength_high, spec.strength_low) for spec in seen["loras"]] == [(fits, 1.0, 0.5)]
 
 
 def test_camera_dir_shorter_than_the_video_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads):
@@ -228,21 +244,3 @@ def test_cache_dir_that_is_a_file_is_one_line_before_work(package, image, tmp_pa
                                            str(cache)), capsys), "--cache-dir")
     assert "cache.txt" in line and "is a file" in line
 
-
-def test_a_lora_that_fits_the_experts_passes_the_early_check(package, image, tmp_path, capsys, monkeypatch):
-    from synthetic_lora import write_kohya_lora
-
-    from comfyui_lingbot_world.loaders.package import find_package
-
-    lora = write_kohya_lora(tmp_path / "fits.safetensors", find_package(package).high)
-    seen = {}
-
-    def record(*args, **kwargs):
-        seen["loras"] = kwargs["loras"]
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(generate, "generate", record)
-    code, err = _answer(_argv(package, image, tmp_path / "v.mp4", "--frames", "5", "--device", "cpu",
-                              "--lora", str(lora), "1.0", "0.5"), capsys)
-    assert code == 130, err
-    assert [(spec.path, spec.strength_high, spec.strength_low) for spec in seen["loras"]] == [(lora, 1.0, 0.5)]

@@ -43,13 +43,6 @@ def test_fast_camera_at_a_count_that_is_not_whole_chunks_equals_the_official(fra
         camera.chunk(latent, 3)
 
 
-@pytest.mark.parametrize("frames", [961, 81])
-def test_whole_chunk_counts_are_unchanged(frames):
-    path = _walk(frames + 4 * 3)  # a longer path: only the first frames are used
-    assert _rel(path_camera(path, stream_frames(frames), HEIGHT, WIDTH).keyframes,
-                official_fast_keyframes(path.poses, stream_frames(frames))) < 1e-5
-
-
 def test_action_string_keyframes_spread_over_the_frames_asked():
     """The README's long walk (960 action frames) at 961 frames: accepted (not "set frames to
     961" with 961 set), keyframes over the 962 act2cam poses, cut to whole chunks."""

@@ -126,3 +126,4 @@ def test_generate_overwrite_writes_a_new_video_and_preview_not_into_linked_files
     assert code == 0, err
     assert _md5s(kept) == before
     assert out.read_bytes() == b"new frames" and Image.open(preview).format == "PNG"
+

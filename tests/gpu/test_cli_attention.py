@@ -1,0 +1,34 @@
+"""`generate --attention` on a CUDA machine: each kernel is run once on the device before any
+model loads; one that cannot run (not installed, or built for another GPU or torch) is a
+one-line answer naming --attention, one that runs is kept (tools/cli.py ``attention``)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from comfyui_lingbot_world.tools import cli
+
+pytestmark = pytest.mark.gpu
+
+PACKAGES = {"flash": ("flash_attn_interface", "flash_attn"), "sage": ("sageattention",)}
+
+
+@pytest.mark.parametrize("backend", ["flash", "sage"])
+def test_attention_choice_is_checked_on_the_gpu_before_work(backend):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    installed = any(importlib.util.find_spec(name) is not None for name in PACKAGES[backend])
+    try:
+        chosen = cli.attention(backend, "cuda", "--attention")
+    except cli.UsageError as exc:
+        assert str(exc).startswith(f"--attention: {backend} cannot run on cuda"), str(exc)
+        assert "sdpa" in str(exc)
+        if not installed:
+            assert "cannot be imported" in str(exc)
+        print(f"{backend}: refused in one line: {exc}")
+    else:
+        assert installed and chosen == backend
+        print(f"{backend}: runs here")
+    assert cli.attention("sdpa", "cuda", "--attention") == "sdpa"
