@@ -29,7 +29,7 @@ from ..wan.geometry import latent_size
 from . import inputs
 from .host.fast_model import prepared_fast_run
 from .host.outputs import output_file
-from .host.play_run import prompt_recipe, run_play_session, save_start_image, start_image_file
+from .host.play_run import prompt_recipe, run_play_session, start_image_record, start_image_source
 from .inputs import FAST_LOADER, check_precision
 
 DEFAULT_PREFIX = "LingBotWorld/play"
@@ -102,7 +102,7 @@ class LingBotWorldPlay(io.ComfyNode):
                 io.Latent.Output("latent", display_name="latent",
                                  tooltip="The whole session's latent (Wan 2.1 format), to decode again."),
             ],
-            hidden=[io.Hidden.unique_id],
+            hidden=[io.Hidden.unique_id, io.Hidden.prompt],
             is_output_node=True,
         )
 
@@ -131,7 +131,8 @@ class LingBotWorldPlay(io.ComfyNode):
         path, name, subfolder = output_file(filename_prefix, width, height)
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
         # The whole recipe in the log: prompt texts and start image beside the keys and settings.
-        recipe = {**prompt_recipe(text), "start_image": save_start_image(image, path), "vae": vae}
+        recipe = {**prompt_recipe(text), "start_image": start_image_record(image, start_image_source(cls.hidden)),
+                  "vae": vae}
         with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
                                *vae_budgets(vae_bytes, height, width, precision)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
@@ -139,7 +140,6 @@ class LingBotWorldPlay(io.ComfyNode):
                                       None if unique_id is None else str(unique_id), on_end=log_saver(path), recipe=recipe)
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
-            start_image_file(path).unlink(missing_ok=True)
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)

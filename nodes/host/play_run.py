@@ -4,13 +4,12 @@ VAE freed however the session ends (``nodes/play.py`` gives it the loaded transf
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
-from PIL import Image
+
+import folder_paths
 
 import comfy.model_management as mm
 
@@ -29,23 +28,34 @@ def interrupt_types() -> tuple[type[BaseException], ...]:
     return (kind,) if isinstance(kind, type) else ()
 
 
-def start_image_file(video: Path) -> Path:
-    """Where the start image of a session's .mp4 is saved: beside it, ``<name>_start.png``."""
-    return video.with_name(video.stem + "_start.png")
+def start_image_source(hidden) -> str | None:
+    """The input file of the Load Image node that feeds this node's ``image`` in the running
+    prompt (ComfyUI's hidden prompt and node id), or None (another node feeds it, or no prompt)."""
+    prompt = getattr(hidden, "prompt", None) if hidden is not None else None
+    node_id = getattr(hidden, "unique_id", None) if hidden is not None else None
+    if not isinstance(prompt, dict) or node_id is None:
+        return None
+    link = prompt.get(str(node_id), {}).get("inputs", {}).get("image")
+    if not (isinstance(link, list) and len(link) == 2):
+        return None
+    source = prompt.get(str(link[0]), {})
+    name = source.get("inputs", {}).get("image") if source.get("class_type") == "LoadImage" else None
+    return name if isinstance(name, str) else None
 
 
-def save_start_image(image: torch.Tensor, video: Path) -> dict:
-    """The session's start image (``image[0]``, as the node got it) as a PNG beside the video,
-    and what the action log says of it: the file, its sha256, and whether the PNG holds the
-    image exactly (8-bit pixels, as Load Image gives them: then Load Image of this file
-    replays the session bit for bit)."""
-    pixels = (image[0].float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-    path = start_image_file(video)
-    partial = path.with_name(path.name + ".partial")
-    Image.fromarray(pixels).save(partial, format="PNG")
-    os.replace(partial, path)  # a new file renamed into place
-    exact = torch.equal(torch.from_numpy(pixels.astype(np.float32) / 255.0), image[0].float().cpu())
-    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "exact": exact}
+def start_image_record(image: torch.Tensor, name: str | None) -> dict:
+    """What the action log says of the start image: the Load Image file's name and sha256
+    (the replay loads the same file), and the sha256 of the pixels the node got (``image[0]``
+    as float32), which tell a changed file or another source apart."""
+    pixels = image[0].detach().float().cpu().contiguous().numpy()
+    record = {"file": name, "sha256": None, "pixels_sha256": hashlib.sha256(pixels.tobytes()).hexdigest()}
+    if name is not None:
+        try:
+            path = Path(folder_paths.get_annotated_filepath(name))
+            record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except (OSError, ValueError):
+            pass  # the name stays; the file's hash is unknown
+    return record
 
 
 def prompt_recipe(text) -> dict:
@@ -82,4 +92,4 @@ def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: 
             on_end(session)
 
 
-__all__ = ["interrupt_types", "prompt_recipe", "run_play_session", "save_start_image", "start_image_file"]
+__all__ = ["interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]

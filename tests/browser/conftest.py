@@ -97,3 +97,15 @@ def frontend(frontend_page: ComfyFrontend, request: pytest.FixtureRequest) -> It
                 frontend_page.page.screenshot(path=str(shot))
             except Exception:  # the page may be gone; the failure itself is what matters
                 pass
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """LINGBOT_REPEAT=N runs each selected test N times on the module's one server (a race
+    hunted in a row: `LINGBOT_REPEAT=20 bash scripts/test.sh tests/browser/test_play_ui.py -k
+    real_keys`); unset, nothing changes (no parameter, the same test ids)."""
+    import os
+
+    repeat = int(os.environ.get("LINGBOT_REPEAT", "1") or 1)
+    if repeat > 1:
+        metafunc.fixturenames.append("lingbot_repeat")
+        metafunc.parametrize("lingbot_repeat", range(repeat), ids=lambda i: f"run{i + 1}")

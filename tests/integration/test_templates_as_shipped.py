@@ -13,7 +13,6 @@ API graph runs in test_play_server.py and its template in tests/browser/test_pla
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

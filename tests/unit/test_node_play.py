@@ -160,13 +160,14 @@ def test_every_queue_runs_a_new_session():
     assert LingBotWorldPlay.fingerprint_inputs() != LingBotWorldPlay.fingerprint_inputs()
 
 
-def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installed):
+def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installed, monkeypatch):
     """Issue 27: the log held no prompt and no start image, so a replay as the README said
     it did not reproduce the session. Now the log beside the .mp4 is the whole recipe: the
-    prompt texts, the start image (a PNG beside it, with its sha256), the seed, the settings
-    and the keys; from that file alone (the image copied into input/ and read by the core
-    Load Image node's way) the Fast clip nodes give the session's latent, bit for bit."""
+    prompt texts, the start image (the Load Image file's name, its sha256 and the pixels'),
+    the VAE, the seed, the settings and the keys; from that file alone (and the input file it
+    names) the Fast clip nodes give the session's latent, bit for bit."""
     import hashlib
+    from types import SimpleNamespace
 
     import numpy as np
     from PIL import Image
@@ -175,11 +176,19 @@ def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installe
     from comfyui_lingbot_world.nodes.fast_sampler import LingBotWorldFastSampler
     from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode
 
+    def load_image(name: str) -> torch.Tensor:  # what the core Load Image node does (nodes.py)
+        with Image.open(fast_installed["input"] / name) as file:
+            return torch.from_numpy(np.array(file.convert("RGB")).astype(np.float32) / 255.0)[None]
+
     pixels = np.random.default_rng(3).integers(0, 256, (40, 60, 3), dtype=np.uint8)
-    image = torch.from_numpy(pixels.astype(np.float32) / 255.0)[None]  # as Load Image gives a photo
+    Image.fromarray(pixels).save(fast_installed["input"] / "lighthouse.png")
+    # The running prompt as ComfyUI hands it to the node: Load Image "lighthouse.png" -> Play.
+    monkeypatch.setattr(LingBotWorldPlay, "hidden", SimpleNamespace(unique_id="6", prompt={
+        "1": {"class_type": "LoadImage", "inputs": {"image": "lighthouse.png"}},
+        "6": {"class_type": "LingBotWorldPlay", "inputs": {"image": ["1", 0]}}}))
     text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, "a lighthouse on a cliff", "fog", "auto")[0]
     fast_dit, _ = load_fast(FAST)
-    thread, out = start(play_inputs(fast_dit, text, image=image, seed=11))
+    thread, out = start(play_inputs(fast_dit, text, image=load_image("lighthouse.png"), seed=11))
     session = out["session"]
     for keys in ("d", "ik"):
         press(session, keys)
@@ -187,20 +196,16 @@ def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installe
     thread.join(120)
     video, _, latent = out["output"].args
     log_path = Path(video.get_stream_source()).with_suffix(".json")
-    del text, image, session, out  # from here on: the files only
+    del text, session, out  # from here on: the log file (and the input file it names) only
 
     log = json.loads(log_path.read_text())
     assert (log["prompt"], log["negative_prompt"], log["prompt_source"]) == ("a lighthouse on a cliff", "fog", "text")
-    start_png = log_path.parent / log["start_image"]["file"]
-    assert hashlib.sha256(start_png.read_bytes()).hexdigest() == log["start_image"]["sha256"]
-    assert log["start_image"]["exact"] is True
-    input_dir = fast_installed["input"]
-    (input_dir / start_png.name).write_bytes(start_png.read_bytes())  # as the docs say: copy it into input/
+    image_file = fast_installed["input"] / log["start_image"]["file"]
+    assert hashlib.sha256(image_file.read_bytes()).hexdigest() == log["start_image"]["sha256"]
 
     replay_text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, log["prompt"], log["negative_prompt"], "auto")[0]
-    # What the core Load Image node does with that file (nodes.py LoadImage.load_image).
-    with Image.open(input_dir / start_png.name) as png:
-        replay_image = torch.from_numpy(np.array(png.convert("RGB")).astype(np.float32) / 255.0)[None]
+    replay_image = load_image(log["start_image"]["file"])
+    assert hashlib.sha256(replay_image[0].numpy().tobytes()).hexdigest() == log["start_image"]["pixels_sha256"]
     camera = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, log["width"], log["height"],
                                         log["frames"], actions=log["actions"], keyframes=log["keyframes"])[0]
     i2v = LingBotWorldVAEEncode.execute(replay_image, log["vae"], log["width"], log["height"], log["frames"], "auto",
@@ -212,9 +217,9 @@ def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installe
     assert torch.equal(replay["samples"], latent["samples"])
 
 
-def test_a_start_image_that_8_bits_cannot_hold_is_marked_inexact(tmp_path):
-    from comfyui_lingbot_world.nodes.play import save_start_image, start_image_file
+def test_a_start_image_from_another_node_is_recorded_by_its_pixels():
+    from comfyui_lingbot_world.nodes.play import start_image_record, start_image_source
 
-    video = tmp_path / "play_00001.mp4"
-    record = save_start_image(start_image(), video)  # noise in float32: not 8-bit values
-    assert record["file"] == start_image_file(video).name == "play_00001_start.png" and record["exact"] is False
+    assert start_image_source(None) is None
+    record = start_image_record(start_image(), start_image_source(None))
+    assert record["file"] is None and record["sha256"] is None and len(record["pixels_sha256"]) == 64
