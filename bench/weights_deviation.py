@@ -36,6 +36,7 @@ from comfyui_lingbot_world.pipeline.image import as_pil, open_vae, vae_dtype  # 
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from fast_chunks import PROMPT, load_image, policy_of, stream_camera, sync  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=["bf16", "fp8", "int8"], help="the first is the reference")
     p.add_argument("--kv-window", type=int, default=9)
     p.add_argument("--kv-sink", type=int, default=3)
-    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
+    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--shift", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image")
