@@ -246,3 +246,14 @@ def test_choices_other_than_auto() -> None:
         choose_weight_kind("fp8", "nf4", None, (8, 6), _sizes(), 24 * 2**30)
     with pytest.raises(ValueError, match="weights: 'fp16'"):
         choose_weight_kind("fp16", "nf4", None, (9, 0), _sizes(), None)
+
+
+def test_fp8_bias_added_after_the_product_where_the_kernel_takes_none(monkeypatch) -> None:
+    from comfyui_lingbot_world.wan.runtime import weights8
+
+    torch.manual_seed(6)
+    x, w, bias = torch.randn(20, 32), torch.randn(16, 32), torch.randn(16).to(torch.bfloat16)
+    values, scales = quantize_rows(w, "fp8")
+    in_kernel = fp8_linear(x, values, scales, bias)
+    monkeypatch.setitem(weights8._BIAS_IN_KERNEL, "cpu", False)
+    torch.testing.assert_close(fp8_linear(x, values, scales, bias), in_kernel, rtol=1e-2, atol=1e-2)

@@ -98,6 +98,9 @@ def _int8_kernel_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.shape[0] > 16 and x.shape[1] % 8 == 0 and weight.shape[0] % 8 == 0
 
 
+_BIAS_IN_KERNEL: dict[str, bool] = {}  # device type -> whether _scaled_mm took a bias there
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """x [M, K] (any float) times the fp8 weight [N, K]ᵀ with per-token × per-channel scales,
@@ -105,8 +108,16 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if not _fp8_kernel_fits(x, weight):
         return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
     xq, x_scale = quantize_activation(x, "fp8")
-    return torch._scaled_mm(xq, weight.t(), scale_a=x_scale[:, None], scale_b=weight_scale.float()[None, :],
-                            bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype)
+    scales = {"scale_a": x_scale[:, None], "scale_b": weight_scale.float()[None, :], "out_dtype": out_dtype}
+    if bias is None:
+        return torch._scaled_mm(xq, weight.t(), **scales)
+    bias = bias.to(out_dtype)
+    if _BIAS_IN_KERNEL.get(x.device.type, True):
+        try:
+            return torch._scaled_mm(xq, weight.t(), bias=bias, **scales)
+        except RuntimeError:  # a build whose row-wise kernel takes no bias: add it after, from now on
+            _BIAS_IN_KERNEL[x.device.type] = False
+    return torch._scaled_mm(xq, weight.t(), **scales).add_(bias)
 
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
