@@ -25,6 +25,7 @@ from comfyui_lingbot_world.wan.runtime.weights8 import (
     dequantize_rows,
     fp8_linear,
     int8_linear,
+    quantize_activation,
     quantize_rows,
 )
 from safetensors import safe_open
@@ -73,6 +74,20 @@ def test_8bit_product_against_the_bf16_product(kind: str) -> None:
     bf16 = F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16), bias)
     deviation = _rel(got, bf16)
     assert deviation < (0.06 if kind == "fp8" else 0.02), f"{kind}: {deviation:.4f} from the bf16 product"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_half_precision_activation_quantization_matches_the_float32_one(kind: str) -> None:
+    torch.manual_seed(5)
+    x = (torch.randn(50, 256) * torch.linspace(0.1, 30, 50)[:, None]).to(torch.bfloat16)
+    values, scales = quantize_activation(x, kind)
+    exact_values, exact_scales = quantize_rows(x.float(), kind)
+    torch.testing.assert_close(scales, exact_scales)
+    back, exact = dequantize_rows(values, scales, torch.float32), dequantize_rows(exact_values, exact_scales,
+                                                                                  torch.float32)
+    step = 2 ** -3 if kind == "fp8" else 1 / 127
+    assert ((back - exact).abs() <= x.float().abs().amax(1, keepdim=True) * step * 1.05).all()  # one step apart at most
+    assert _rel(back, x) < (0.03 if kind == "fp8" else 0.01)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -231,3 +246,14 @@ def test_choices_other_than_auto() -> None:
         choose_weight_kind("fp8", "nf4", None, (8, 6), _sizes(), 24 * 2**30)
     with pytest.raises(ValueError, match="weights: 'fp16'"):
         choose_weight_kind("fp16", "nf4", None, (9, 0), _sizes(), None)
+
+
+def test_fp8_bias_added_after_the_product_where_the_kernel_takes_none(monkeypatch) -> None:
+    from comfyui_lingbot_world.wan.runtime import weights8
+
+    torch.manual_seed(6)
+    x, w, bias = torch.randn(20, 32), torch.randn(16, 32), torch.randn(16).to(torch.bfloat16)
+    values, scales = quantize_rows(w, "fp8")
+    in_kernel = fp8_linear(x, values, scales, bias)
+    monkeypatch.setitem(weights8._BIAS_IN_KERNEL, "cpu", False)
+    torch.testing.assert_close(fp8_linear(x, values, scales, bias), in_kernel, rtol=1e-2, atol=1e-2)
