@@ -25,14 +25,6 @@ class LoraSpec:
         return self.strength_high if expert == "high" else self.strength_low
 
 
-def lora_device_bytes(loras: list[LoraSpec]) -> int:
-    """Device memory the adapters take while an expert carries them (their tensors move
-    as stored), plus room for one dense weight + delta of the largest A14B linear
-    (13824 x 5120 bf16), which ``dense()`` builds per sub-layer. For memory estimates."""
-    largest_linear = 13824 * 5120 * 2
-    return sum(spec.path.stat().st_size for spec in loras) + (largest_linear if loras else 0)
-
-
 class LoraExperts:
     """An ExpertSource whose experts carry the given LoRAs while they are acquired.
 

@@ -18,7 +18,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -51,6 +51,14 @@ _PIXELS_480P = 480 * 832
 def activation_bytes(tokens: int, dim: int) -> int:
     """Working memory to keep free while a transformer of width ``dim`` runs on ``tokens`` tokens."""
     return int(tokens) * int(dim) * ACTIVATION_BYTES_PER_TOKEN_FEATURE
+
+
+def lora_device_bytes(files: Sequence[Path]) -> int:
+    """Device memory LoRA adapters (their ``files``) take while an expert carries them
+    (their tensors move as stored), plus room for one dense weight + delta of the largest
+    A14B linear (13824 x 5120 bf16), which ``dense()`` builds per sub-layer."""
+    largest_linear = 13824 * 5120 * 2
+    return sum(Path(f).stat().st_size for f in files) + (largest_linear if files else 0)
 
 
 def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:

@@ -33,8 +33,8 @@ from comfy.model_patcher import ModelPatcher
 
 from ...loaders.expert_size import expert_memory
 from ...pipeline.experts import AS_STORED, load_expert, weight_kind_for
-from ...pipeline.lora import LoraExperts, lora_device_bytes
-from ...pipeline.memory import activation_bytes, release_module
+from ...pipeline.lora import LoraExperts
+from ...pipeline.memory import activation_bytes, lora_device_bytes, release_module
 from ...pipeline.placement import Placement
 from ...pipeline.sampling import ExpertSource
 from ...wan.config import DiTConfig
@@ -368,6 +368,6 @@ def run_experts(dit: DiTExperts, tokens: int, keep_resident: bool = False) -> tu
     for spec in loras:
         if not spec.path.is_file():
             raise FileNotFoundError(f"LoRA file {spec.path} no longer exists; pick another in the LoRA Loader")
-    memory = dit.high.inference_memory(tokens, dit.config.dim) + (lora_device_bytes(loras) if loras else 0)
+    memory = dit.high.inference_memory(tokens, dit.config.dim) + lora_device_bytes([spec.path for spec in loras or []])
     comfy = ComfyExpertSource(dit, inference_memory=memory, keep_resident=keep_resident)
     return comfy, (LoraExperts(comfy, loras) if loras else comfy)
