@@ -247,7 +247,8 @@ def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, 
     return torch.randn(1, channels, frames, lat_h, lat_w, generator=g).to(device)
 
 
-def time_fast(model, config, height: int, width: int, chunks: int, warmup: int, device: torch.device) -> tuple[dict, torch.Tensor]:
+def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
+              device: torch.device) -> tuple[dict, torch.Tensor]:
     """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each."""
     from comfyui_lingbot_world.wan.runtime.kv_cache import CHUNK_FRAMES, CachePolicy
     from comfyui_lingbot_world.wan.scheduler import fast_schedule
@@ -326,7 +327,8 @@ def run_sp(args) -> int:
         config, dtype = A14B, torch.bfloat16
         count = torch.cuda.device_count()
         if count < max(worlds):
-            raise SystemExit(f"--ranks {max(worlds)} needs {max(worlds)} CUDA GPUs, torch.cuda.device_count() is {count}")
+            raise SystemExit(f"--ranks {max(worlds)} needs {max(worlds)} CUDA GPUs, "
+                             f"torch.cuda.device_count() is {count}")
         devices = [torch.device("cuda", i) for i in range(max(worlds))]
         fast_size, exact_size, frames = args.fast_size, args.size, args.frames
     fh, fw = (int(v) for v in fast_size.split("x"))

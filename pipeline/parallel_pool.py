@@ -81,7 +81,8 @@ def _broadcast_out(tensors: dict[str, torch.Tensor], device: torch.device) -> No
         dist.broadcast(t.to(device).contiguous(), src=0)
 
 
-def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]], device: torch.device) -> dict[str, torch.Tensor]:
+def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]],
+                  device: torch.device) -> dict[str, torch.Tensor]:
     out = {}
     for name, shape, dtype in meta:
         t = torch.empty(shape, dtype=dtype, device=device)
@@ -104,7 +105,7 @@ class _SyncedCancel:
     once every rank acted on it."""
 
     def __init__(self, device: torch.device, local: Callable[[], None] | None) -> None:
-        self.flags = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+        self.flags = tuple(torch.zeros(1, dtype=torch.int32, device=device) for _ in range(2))
         self.local = local
         self.count = 0
         self.pending: torch.Tensor | None = None
@@ -175,7 +176,7 @@ class CfgGroups:
     pair: object  # this rank and its counterpart in the other group
 
 
-def make_cfg_groups(world: int, heads_hint: int | None = None) -> CfgGroups | None:
+def make_cfg_groups(world: int) -> CfgGroups | None:
     """Every rank calls it right after ``init_process_group`` (``new_group`` is collective, in
     the same order everywhere); None below 4 ranks or for an odd count."""
     if world < 4 or world % 2:
@@ -401,7 +402,8 @@ class RankPool:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             dist.init_process_group(backend_for(self.device), init_method=init, rank=0, world_size=self.world,
-                                    timeout=GROUP_TIMEOUT, device_id=self.device if self.device.type == "cuda" else None)
+                                    timeout=GROUP_TIMEOUT,
+                                    device_id=self.device if self.device.type == "cuda" else None)
             self.sp = SequenceParallel.from_group()
             self.cfg = make_cfg_groups(self.world)
             self._await("ready", START_TIMEOUT_S)
@@ -689,5 +691,6 @@ class ParallelModel(nn.Module):
         self._cameras.clear(), self._caches.clear()
 
 
-__all__ = ["Cancelled", "LoadExpert", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool", "WorkerLost", "apply_env",
+__all__ = ["CfgGroups", "Cancelled", "LoadExpert", "NVLINK_CLASS_GBPS", "PARALLEL_ENV", "ParallelModel", "RankPool",
+           "WorkerLost", "apply_env", "make_cfg_groups",
            "pick_mode", "synced_cancel"]

@@ -11,12 +11,16 @@ import dataclasses
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _standalone import import_pack  # noqa: E402
-
-import_pack()
+# The checkout as the package comfyui_lingbot_world, without running its __init__: a spawned
+# rank inherits sys.path, and once a test has put the ComfyUI host on it, the __init__ would
+# import ComfyUI's nodes (and its device setup) in the child.
+if "comfyui_lingbot_world" not in sys.modules:
+    _package = types.ModuleType("comfyui_lingbot_world")
+    _package.__path__ = [str(Path(__file__).resolve().parents[1])]
+    sys.modules["comfyui_lingbot_world"] = _package
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -208,5 +208,6 @@ def group_size(heads: int, count: int) -> int:
     return size
 
 
-__all__ = ["group_size", "measured_link", "SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "shared_pool",
+__all__ = ["SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "group_size",
+           "measured_link", "shared_pool",
            "shutdown"]

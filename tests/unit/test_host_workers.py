@@ -104,8 +104,8 @@ def test_the_loaders_dit_runs_sequence_parallel_through_run_experts(folders, pac
 
     options = ExpertLoadOptions()
     high, low = (ExpertPatcher.for_folder(n, folders[n], options, load_device=DEVICES[0]) for n in ("high", "low"))
-    dit = DiTExperts(high=high, low=low, config=read_expert_pair(folders["high"], folders["low"]),
-                     parallel=workers.SequenceParallelExperts(folders, options, DEVICES, rank0={"high": high, "low": low}))
+    parallel = workers.SequenceParallelExperts(folders, options, DEVICES, rank0={"high": high, "low": low})
+    dit = DiTExperts(high=high, low=low, config=read_expert_pair(folders["high"], folders["low"]), parallel=parallel)
     comfy, source = run_experts(dit, tokens=18)
     assert isinstance(source, workers.SequenceParallelSource) and source is comfy
     assert source.experts.rank0["high"] is high  # ComfyUI accounts rank 0's copy with the loader's patcher

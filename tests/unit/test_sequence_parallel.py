@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 import parallel_ranks
