@@ -334,6 +334,11 @@ def test_play_in_continuous_mode_keeps_the_keys_through_continue_and_pause(displ
     log = json.loads(result.outputs[PLAY]["text"][0])
     assert "d" in log["chunk_keys"] and "j" in log["chunk_keys"], log["chunk_keys"]
     assert log["mode"] == "turn" and log["ended"] == "stop"
+    # The log is the whole recipe: the template's prompt texts and its start image by name and hash.
+    api = json.loads((ROOT / "workflows" / "api" / "lingbot_play.json").read_text())
+    t5 = next(n["inputs"] for n in api.values() if n["class_type"] == "LingBotWorldTextEncode")
+    assert (log["prompt"], log["negative_prompt"]) == (t5["prompt"], t5["negative_prompt"])
+    assert log["start_image"]["file"] == tiny_package.START_IMAGE and len(log["start_image"]["sha256"]) == 64
 
     # The node stays the size it was: no player added under the panel; the file's name shows whole.
     page.wait_for_timeout(500)  # the frontend handles the executed message on its next frames
