@@ -60,6 +60,8 @@ for what in "$@"; do
                   --out "$OUT/multi_gpu_480x832x81_4steps.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         gpumulti) python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_placements.py \
                   tests/gpu/test_sequence_parallel_gpu.py tests/unit/test_placement.py -m gpu 2>&1 | tail -30 ;;
+        gpulog) python3 -m pytest -q -rfE --tb=long -p no:cacheprovider -m gpu tests/unit tests/gpu >"$OUT/gputests.log" 2>&1
+                tail -25 "$OUT/gputests.log" ;;  # the whole log comes back as a file
         gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -40 ;;
         preview) python3 bench/preview_cost.py --comfy .bench_host --out "$OUT/preview_cost_480p.json" 2>&1 | grep -v "^WARNING" | tail -4 ;;
         nonfinite) python3 bench/nonfinite_cost.py --out "$OUT/nonfinite_cost.json" 2>&1 | tail -4 ;;
