@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 def _warps(block: int) -> int:
@@ -161,3 +162,63 @@ def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: to
         0 if scale.shape[0] == 1 else scale.stride(0), DIM=dim, BLOCK=block, num_warps=_warps(block),
     )
     return x
+
+
+# ------------------------------------------- per-token 8-bit activation quantization (fp8 / int8)
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, tiny,
+                          DIM: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INT8: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    q_row = q_ptr + row * q_stride
+    col = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, DIM, BLOCK):  # pass 1: the row's absmax
+        x = tl.load(x_row + start + col, mask=start + col < DIM, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    amax = tl.maximum(tl.max(amax, axis=0), tiny)
+    tl.store(s_ptr + row, tl.math.div_rn(amax, limit))
+    if HALF:  # bf16: the reciprocal scale rounded to bf16, as quantize_activation does
+        inv = tl.math.div_rn(limit, amax).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        scale = tl.math.div_rn(amax, limit)
+    for start in range(0, DIM, BLOCK):  # pass 2 (the row again, from L2): scale, round, store
+        mask = start + col < DIM
+        x = tl.load(x_row + start + col, mask=mask, other=0.0)
+        if HALF:  # the product of two half values is exact in float32, then rounded to their dtype
+            v = (x.to(tl.float32) * inv).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
+        else:
+            v = tl.math.div_rn(x, scale)
+        if INT8:
+            v = libdevice.rint(v)  # half to even, as torch.round
+            v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+            tl.store(q_row + start + col, v.to(tl.int8), mask=mask)
+        else:
+            v = tl.minimum(tl.maximum(v, -limit), limit)
+            tl.store(q_row + start + col, v.to(tl.float8e4nv), mask=mask)
+
+
+def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of x [rows, dim] (bf16, fp16 or float32) quantized per row to fp8 e4m3
+    (``kind`` "fp8") or int8, in one kernel: each row's absmax, then the row scaled, rounded
+    and cast. The same arithmetic as ``weights8.quantize_activation`` (the definition): a bf16
+    row is multiplied by its reciprocal scale rounded to bf16, others divided by the float32
+    scale; divisions correctly rounded (``div_rn``), casts round half to even, fp8 saturates.
+    (Triton's CPU interpreter rounds fp8 casts differently: only the GPU matches bit for bit.)"""
+    _check_rows("quantize_rows_8bit", x)
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"quantize_rows_8bit: x must be bf16, fp16 or float32, got {x.dtype}")
+    if kind not in ("fp8", "int8"):
+        raise ValueError(f"quantize_rows_8bit: kind {kind!r} is not fp8 or int8")
+    rows, dim = x.shape
+    values = torch.empty(rows, dim, dtype=torch.float8_e4m3fn if kind == "fp8" else torch.int8, device=x.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return values, scales
+    block = min(triton.next_power_of_2(dim), 4096)
+    _quantize_rows_kernel[(rows,)](
+        x, values, scales, x.stride(0), values.stride(0), limit, tiny, DIM=dim, BLOCK=block,
+        HALF=x.dtype == torch.bfloat16, INT8=kind == "int8", num_warps=_warps(block),
+    )
+    return values, scales
