@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 
 def _warps(block: int) -> int:
@@ -189,10 +188,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, tiny,
         if HALF:  # the product of two half values is exact in float32, then rounded to their dtype
             v = (x.to(tl.float32) * inv).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
         else:
-            v = tl.math.div_rn(x, scale)
+            v = tl.math.div_rn(x.to(tl.float32), scale)
         if INT8:
-            v = libdevice.rint(v)  # half to even, as torch.round
-            v = tl.minimum(tl.maximum(v, -127.0), 127.0)
+            # Half to even, as torch.round (v + 0.5 is exact for |v| < 2**22; a tie that
+            # floor rounded up to an odd integer goes back down).
+            r = tl.floor(v + 0.5)
+            r = tl.where(((r - v) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0), r - 1.0, r)
+            v = tl.minimum(tl.maximum(r, -127.0), 127.0)
             tl.store(q_row + start + col, v.to(tl.int8), mask=mask)
         else:
             v = tl.minimum(tl.maximum(v, -limit), limit)
