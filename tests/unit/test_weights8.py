@@ -324,17 +324,20 @@ def test_fp8_product_where_row_wise_scales_are_refused(monkeypatch: pytest.Monke
 _INTERPRETED = """
 import sys, torch
 from comfyui_lingbot_world.wan.runtime import triton_kernels as k
-from comfyui_lingbot_world.wan.runtime.weights8 import _quantize_activation_eager
 torch.manual_seed(9)
 x = (torch.randn(5, 300) * torch.tensor([1e-3, 1.0, 30.0, 0.01, 0.0])[:, None])
 bad = []
 for dtype in (torch.bfloat16, torch.float32, torch.float16):
     for kind, limit in (("fp8", 448.0), ("int8", 127.0)):
         values, scales = k.quantize_rows_8bit(x.to(dtype), kind, limit, 1e-12)
-        expected_values, expected_scales = _quantize_activation_eager(x.to(dtype), kind)
+        # quantize_activation's arithmetic as PyTorch runs it on CUDA (amax / limit there is
+        # amax times the float32 reciprocal of limit; the CPU divides).
+        amax = x.to(dtype).abs().amax(dim=1).float().clamp(min=1e-12)
+        expected_scales = amax * torch.tensor(1 / limit, dtype=torch.float32)
         if not torch.equal(scales, expected_scales):
             bad.append(f"{dtype} {kind} scales")
-        if kind == "int8" and dtype != torch.bfloat16 and not torch.equal(values, expected_values):
+        expected = (x.to(dtype).float() / expected_scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        if kind == "int8" and dtype != torch.bfloat16 and not torch.equal(values, expected):
             bad.append(f"{dtype} int8 values")
 print("BAD", bad)
 sys.exit(1 if bad else 0)

@@ -166,7 +166,7 @@ def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: to
 # ------------------------------------------- per-token 8-bit activation quantization (fp8 / int8)
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, tiny,
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, inv_limit, tiny,
                           DIM: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INT8: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
@@ -177,11 +177,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, tiny,
         x = tl.load(x_row + start + col, mask=start + col < DIM, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
     amax = tl.maximum(tl.max(amax, axis=0), tiny)
-    tl.store(s_ptr + row, tl.math.div_rn(amax, limit))
+    # As PyTorch on CUDA computes them: ``amax / limit`` is amax times the float32 reciprocal
+    # of the scalar; ``limit / amax`` is ``amax.reciprocal() * limit`` (Tensor.__rtruediv__).
+    scale = amax * inv_limit
+    tl.store(s_ptr + row, scale)
     if HALF:  # bf16: the reciprocal scale rounded to bf16, as quantize_activation does
-        inv = tl.math.div_rn(limit, amax).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
-    else:
-        scale = tl.math.div_rn(amax, limit)
+        inv = (tl.math.div_rn(1.0, amax) * limit).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+        inv = inv.to(tl.float32)
     for start in range(0, DIM, BLOCK):  # pass 2 (the row again, from L2): scale, round, store
         mask = start + col < DIM
         x = tl.load(x_row + start + col, mask=mask, other=0.0)
@@ -206,7 +208,9 @@ def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) ->
     (``kind`` "fp8") or int8, in one kernel: each row's absmax, then the row scaled, rounded
     and cast. The same arithmetic as ``weights8.quantize_activation`` (the definition): a bf16
     row is multiplied by its reciprocal scale rounded to bf16, others divided by the float32
-    scale; divisions correctly rounded (``div_rn``), casts round half to even, fp8 saturates.
+    scale, each step rounded as PyTorch's CUDA kernels round it (``div_rn`` where they divide,
+the scalar divisions as multiplications by the reciprocal), casts half to even, fp8 clamped.
+The CPU's PyTorch divides by the scalar instead: its scales may differ by one float32 ulp.
     (Triton's CPU interpreter rounds fp8 casts differently: only the GPU matches bit for bit.)"""
     _check_rows("quantize_rows_8bit", x)
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -219,8 +223,9 @@ def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) ->
     if rows == 0:
         return values, scales
     block = min(triton.next_power_of_2(dim), 4096)
+    inv_limit = torch.tensor(1.0 / limit, dtype=torch.float32).item()  # float32, as CUDA's scalar division takes it
     _quantize_rows_kernel[(rows,)](
-        x, values, scales, x.stride(0), values.stride(0), limit, tiny, DIM=dim, BLOCK=block,
+        x, values, scales, x.stride(0), values.stride(0), limit, inv_limit, tiny, DIM=dim, BLOCK=block,
         HALF=x.dtype == torch.bfloat16, INT8=kind == "int8", num_warps=_warps(block),
     )
     return values, scales
