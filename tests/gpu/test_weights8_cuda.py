@@ -170,7 +170,7 @@ def test_triton_activation_quantizer_equals_pytorch_bit_for_bit(dtype, kind, row
     wide = _activation(rows, dim + column_offset, dtype)
     x = wide[:, column_offset:]
     values, scales = triton_kernels.quantize_rows_8bit(x, kind, weights8._RANGE[kind], weights8._TINY)
-    expected_values, expected_scales = weights8._quantize_activation_eager(x, kind)
+    expected_values, expected_scales = weights8.quantize_activation_pytorch(x, kind)
     assert values.dtype == expected_values.dtype and values.shape == (rows, dim)
     assert torch.equal(scales, expected_scales), (
         f"scales differ in {int((scales != expected_scales).sum())} rows, most by "
@@ -190,7 +190,7 @@ def test_quantize_activation_takes_the_kernel_on_cuda(monkeypatch: pytest.Monkey
     monkeypatch.setattr(triton_kernels, "quantize_rows_8bit", lambda *a: calls.append(a) or kernel(*a))
     x = _activation(40, 512, torch.bfloat16)
     values, scales = quantize_activation(x, "fp8")
-    assert len(calls) == 1 and "_quantize_activation_eager" not in fused._broken
+    assert len(calls) == 1 and "quantize_activation_pytorch" not in fused._broken
     monkeypatch.setenv(fused.ENV_VAR, "0")  # the switch back to the PyTorch ops
     eager_values, eager_scales = quantize_activation(x, "fp8")
     assert len(calls) == 1

@@ -64,7 +64,7 @@ def quantize_rows(matrix: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
     return values, scales
 
 
-def _quantize_activation_eager(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_pytorch(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition of ``quantize_activation`` in PyTorch ops (what runs off CUDA)."""
     storage_dtype(kind)  # an unknown kind fails here, by name
     if x.dtype != torch.bfloat16:
@@ -84,7 +84,7 @@ def _quantize_activation_cuda(kernels, x: torch.Tensor, kind: str) -> tuple[torc
     return kernels.quantize_rows_8bit(x, kind, _RANGE[kind], _TINY)
 
 
-fused.register_kernel(_quantize_activation_eager, _quantize_activation_cuda)
+fused.register_kernel(quantize_activation_pytorch, _quantize_activation_cuda)
 
 
 def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +96,7 @@ def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch
     On CUDA one Triton kernel (``triton_kernels.quantize_rows_8bit``) reads each row twice
     (absmax, then scale and cast) and writes the 8-bit row and its scale, with the same
     arithmetic; elsewhere, or with LINGBOT_FUSED=0, the PyTorch ops of the definition."""
-    return fused.run(_quantize_activation_eager, x, kind)
+    return fused.run(quantize_activation_pytorch, x, kind)
 
 
 def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
