@@ -360,3 +360,26 @@ def test_triton_quantizer_under_the_cpu_interpreter() -> None:
     done = subprocess.run([sys.executable, "-c", code + _INTERPRETED], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_fp8_dense_writes_its_product_into_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense8(x, out=buffer slice) hands the slice to _scaled_mm (no product tensor and copy)."""
+    torch.manual_seed(10)
+    linear = nn.Linear(64, 48)
+    d = dense(Linear8bit.from_weight(linear.weight, linear.bias, "fp8"))
+    x = torch.randn(20, 64).to(torch.bfloat16)
+    expected = d(x)
+    buffer = torch.zeros(30, 48, dtype=torch.bfloat16)
+    scaled_mm, outs = torch._scaled_mm, []
+
+    def recording(*args, **kwargs):
+        outs.append(kwargs.get("out"))
+        return scaled_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    got = d(x, out=buffer[5:25])
+    assert outs and outs[-1] is not None and outs[-1].data_ptr() == buffer[5:25].data_ptr()
+    assert torch.equal(got, buffer[5:25]) and torch.equal(buffer[5:25], expected)
+    assert (buffer[:5] == 0).all() and (buffer[25:] == 0).all()
+    with pytest.raises(ValueError, match="contiguous"):
+        fp8_linear(x, d.weight, d.scale, d.bias, out=torch.empty(48, 20, dtype=torch.bfloat16).t())

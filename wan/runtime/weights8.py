@@ -126,8 +126,10 @@ _ROWWISE: dict[str, bool] = {}  # device type -> whether _scaled_mm took row-wis
 
 
 def _scaled_mm_rowwise(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
-                       bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+                       bias: torch.Tensor | None, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
     scales = {"scale_a": x_scale[:, None], "scale_b": weight_scale[None, :], "out_dtype": out_dtype}
+    if out is not None:
+        scales["out"] = out
     if bias is None:
         return torch._scaled_mm(xq, weight.t(), **scales)
     if _BIAS_IN_KERNEL.get(xq.device.type, True):
@@ -154,24 +156,31 @@ def _scaled_mm_unit(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tenso
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (any float) times the fp8 weight [N, K]ᵀ with per-token × per-channel scales,
     plus bias, in ``out_dtype`` [M, N]. ``weight_scale`` float32 [N] (as ``Linear8bit``
-    holds it; other dtypes are converted per call)."""
+    holds it; other dtypes are converted per call). ``out``: a contiguous [M, N] tensor of
+    ``out_dtype`` the kernel writes into (no copy); returned."""
+    if out is not None and (not out.is_contiguous() or out.dtype != out_dtype
+                            or tuple(out.shape) != (x.shape[0], weight.shape[0])):
+        raise ValueError(f"fp8_linear: out must be a contiguous {out_dtype} [{x.shape[0]}, {weight.shape[0]}] "
+                         f"tensor, got {tuple(out.shape)} {out.dtype}")
     if not _fp8_kernel_fits(x, weight):
-        return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        y = F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        return y if out is None else out.copy_(y)
     xq, x_scale = quantize_activation(x, "fp8")
     weight_scale = weight_scale if weight_scale.dtype == torch.float32 else weight_scale.float()
     bias = None if bias is None else bias.to(out_dtype)
     device = x.device.type
     if _ROWWISE.get(device, True):
         try:
-            return _scaled_mm_rowwise(xq, weight, x_scale, weight_scale, bias, out_dtype)
+            return _scaled_mm_rowwise(xq, weight, x_scale, weight_scale, bias, out_dtype, out)
         except torch.cuda.OutOfMemoryError:
             raise
         except RuntimeError:  # row-wise scales refused on this device: per-tensor kernel from now on
             _ROWWISE[device] = False
-    return _scaled_mm_unit(xq, weight, x_scale, weight_scale, bias, out_dtype)
+    y = _scaled_mm_unit(xq, weight, x_scale, weight_scale, bias, out_dtype)
+    return y if out is None else out.copy_(y)
 
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
