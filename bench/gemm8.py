@@ -116,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                                       for k in kinds}
     Path(args.out).write_text(json.dumps(record, indent=2))
     for shape, rows in record["layers"].items():
+        def quant(r: dict) -> str:
+            if "activation_quant_ms" not in r:
+                return ""
+            return f" quant {r['activation_quant_ms']:.3f} (torch {r['activation_quant_pytorch_ms']:.3f})"
         print(shape, "  ".join(f"{k} {r['ms']:.3f} ms x{r['speedup_vs_bf16'] or 0:.2f} err {r['rel_error_vs_bf16']:.4f}"
-                               + (f" quant {r['activation_quant_ms']:.3f} (torch {r['activation_quant_pytorch_ms']:.3f})"
-                                  if "activation_quant_ms" in r else "")
-                               for k, r in rows.items()))
+                               + quant(r) for k, r in rows.items()))
     if "block_linears_ms" in record:
         print("block linears ms:", {k: round(v, 3) for k, v in record["block_linears_ms"].items()})
     return 0

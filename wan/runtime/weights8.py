@@ -16,7 +16,9 @@ the fly and multiply 8-bit × 8-bit:
 Both ops also run on the CPU in current PyTorch, which is how the unit tests check them
 against the bf16 product (a ``_scaled_mm`` that refuses row-wise scales, as the CPU one did up
 to at least 2.10, gets unit scales and the row and column scales applied after). The per-token
-activation quantization is one Triton kernel on CUDA (``quantize_activation``). Where a kernel refuses a shape (CUDA wants dimensions that are
+activation quantization is one Triton kernel on CUDA (``quantize_activation``).
+
+Where a kernel refuses a shape (CUDA wants dimensions that are
 multiples of 16 for fp8, 8 for int8, and more than 16 tokens for int8), the product falls
 back to the dequantized bf16 weight: same weights, no activation rounding.
 """
