@@ -200,18 +200,19 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, inv_li
             tl.store(q_row + start + col, v.to(tl.int8), mask=mask)
         else:
             v = tl.minimum(tl.maximum(v, -limit), limit)
-            tl.store(q_row + start + col, v.to(tl.float8e4nv), mask=mask)
+            tl.store(q_row + start + col, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
 
 
 def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, scales) of x [rows, dim] (bf16, fp16 or float32) quantized per row to fp8 e4m3
     (``kind`` "fp8") or int8, in one kernel: each row's absmax, then the row scaled, rounded
-    and cast. The same arithmetic as ``weights8.quantize_activation`` (the definition): a bf16
-    row is multiplied by its reciprocal scale rounded to bf16, others divided by the float32
-    scale, each step rounded as PyTorch's CUDA kernels round it (``div_rn`` where they divide,
-the scalar divisions as multiplications by the reciprocal), casts half to even, fp8 clamped.
-The CPU's PyTorch divides by the scalar instead: its scales may differ by one float32 ulp.
-    (Triton's CPU interpreter rounds fp8 casts differently: only the GPU matches bit for bit.)"""
+    and cast. The same arithmetic as ``weights8.quantize_activation`` (the definition) as
+    PyTorch runs it on CUDA, bit for bit: a bf16 row is multiplied by its reciprocal scale
+    rounded to bf16, other rows divided by the float32 scale; ``div_rn`` where PyTorch
+    divides, the scalar division as a multiplication by the reciprocal (PyTorch's CUDA
+    kernel does that; its CPU one divides, so CPU scales may differ by one float32 ulp);
+    casts round half to even; fp8 is clamped to ±448 first. (Triton's CPU interpreter casts
+    to bf16 and fp8 by truncation: only the GPU matches bit for bit.)"""
     _check_rows("quantize_rows_8bit", x)
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"quantize_rows_8bit: x must be bf16, fp16 or float32, got {x.dtype}")
