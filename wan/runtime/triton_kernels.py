@@ -223,7 +223,12 @@ def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) ->
     scales = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0:
         return values, scales
-    block = min(triton.next_power_of_2(dim), 4096)
+    # Blocks that tile the row without a masked tail where a power of two divides it
+    # (5120 = 5 x 1024, 13824 = 27 x 512); the second pass re-reads the row from L2.
+    block = 2048
+    while block > 256 and dim % block:
+        block //= 2
+    block = min(block, triton.next_power_of_2(dim))
     inv_limit = torch.tensor(1.0 / limit, dtype=torch.float32).item()  # float32, as CUDA's scalar division takes it
     _quantize_rows_kernel[(rows,)](
         x, values, scales, x.stride(0), values.stride(0), limit, inv_limit, tiny, DIM=dim, BLOCK=block,
