@@ -12,6 +12,9 @@ where Triton is available; ``fused`` falls back to the eager versions otherwise.
 """
 from __future__ import annotations
 
+import functools
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -203,6 +206,12 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, inv_li
             tl.store(q_row + start + col, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
 
 
+@functools.lru_cache(maxsize=None)
+def _float32_reciprocal(value: float) -> float:
+    """1 / value rounded to float32, as PyTorch's CUDA division by a Python scalar takes it."""
+    return struct.unpack("f", struct.pack("f", 1.0 / value))[0]
+
+
 def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, scales) of x [rows, dim] (bf16, fp16 or float32) quantized per row to fp8 e4m3
     (``kind`` "fp8") or int8, in one kernel: each row's absmax, then the row scaled, rounded
@@ -229,7 +238,7 @@ def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) ->
     while block > 256 and dim % block:
         block //= 2
     block = min(block, triton.next_power_of_2(dim))
-    inv_limit = torch.tensor(1.0 / limit, dtype=torch.float32).item()  # float32, as CUDA's scalar division takes it
+    inv_limit = _float32_reciprocal(limit)
     _quantize_rows_kernel[(rows,)](
         x, values, scales, x.stride(0), values.stride(0), limit, inv_limit, tiny, DIM=dim, BLOCK=block,
         HALF=x.dtype == torch.bfloat16, INT8=kind == "int8", num_warps=_warps(block),
