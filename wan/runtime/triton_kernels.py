@@ -9,6 +9,10 @@ program one row: the row is read once, reduced in registers and written once.
 The eager functions in ``fused.py`` are the definitions; these match them to float32
 rounding (bf16 intermediates are rounded where the definition rounds them). Only imported
 where Triton is available; ``fused`` falls back to the eager versions otherwise.
+
+``quantize_rows_8bit`` is the per-token activation quantization of the 8-bit products
+(``weights8.quantize_activation``, registered with ``fused``): it equals its definition bit
+for bit on CUDA.
 """
 from __future__ import annotations
 
