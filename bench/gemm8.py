@@ -8,7 +8,9 @@ layers, 13824x5120 the FFN's up, 5120x13824 its down) the product [tokens, in] x
 is timed as each weight kind runs it in the model (``wan/runtime/weights8.py``): bf16
 ``F.linear``; fp8 and int8 with the activation quantized per token inside the timed call
 (the weight is quantized once, as on load), then ``torch._scaled_mm`` / ``torch._int_mm``.
-The activation quantization is also timed alone. The JSON has per shape and kind the median
+The activation quantization is also timed alone, as the product runs it
+(``activation_quant_ms``: one Triton pass per row on CUDA, LINGBOT_FUSED=0 turns it off) and
+as PyTorch ops (``activation_quant_pytorch_ms``). The JSON has per shape and kind the median
 ms, TFLOP/s, the speed-up over bf16, and the relative deviation of the product from bf16's.
 """
 from __future__ import annotations
@@ -27,7 +29,12 @@ import torch.nn.functional as F
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.wan.runtime.dense import runs_on  # noqa: E402
-from comfyui_lingbot_world.wan.runtime.weights8 import PRODUCTS, quantize_rows  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.weights8 import (  # noqa: E402
+    PRODUCTS,
+    quantize_activation,
+    quantize_activation_pytorch,
+    quantize_rows,
+)
 
 A14B_SHAPES = ("5120x5120", "13824x5120", "5120x13824")  # [out, in]
 CHUNK_TOKENS = 4680  # 3 latent frames of 30 x 52 tokens (480x832)
@@ -72,7 +79,10 @@ def measure(tokens: int, out_features: int, in_features: int, kinds: list[str], 
         rows[kind] = {"ms": ms, "tflops": flops / ms / 1e9,
                       "rel_error_vs_bf16": float((got - reference).norm() / reference.norm())}
         if kind != "bf16":
-            rows[kind]["activation_quant_ms"] = time_ms(lambda k=kind: quantize_rows(x, k), device, repeats)
+            # As the product runs it (one Triton pass on CUDA), and as PyTorch ops (the CPU path).
+            rows[kind]["activation_quant_ms"] = time_ms(lambda k=kind: quantize_activation(x, k), device, repeats)
+            rows[kind]["activation_quant_pytorch_ms"] = time_ms(lambda k=kind: quantize_activation_pytorch(x, k),
+                                                                device, repeats)
     for kind in kinds:
         rows[kind]["speedup_vs_bf16"] = rows["bf16"]["ms"] / rows[kind]["ms"] if "bf16" in rows else None
     return rows
@@ -106,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                                       for k in kinds}
     Path(args.out).write_text(json.dumps(record, indent=2))
     for shape, rows in record["layers"].items():
+        def quant(r: dict) -> str:
+            if "activation_quant_ms" not in r:
+                return ""
+            return f" quant {r['activation_quant_ms']:.3f} (torch {r['activation_quant_pytorch_ms']:.3f})"
         print(shape, "  ".join(f"{k} {r['ms']:.3f} ms x{r['speedup_vs_bf16'] or 0:.2f} err {r['rel_error_vs_bf16']:.4f}"
-                               for k, r in rows.items()))
+                               + quant(r) for k, r in rows.items()))
     if "block_linears_ms" in record:
         print("block linears ms:", {k: round(v, 3) for k, v in record["block_linears_ms"].items()})
     return 0

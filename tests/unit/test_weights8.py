@@ -257,3 +257,129 @@ def test_fp8_bias_added_after_the_product_where_the_kernel_takes_none(monkeypatc
     in_kernel = fp8_linear(x, values, scales, bias)
     monkeypatch.setitem(weights8._BIAS_IN_KERNEL, "cpu", False)
     torch.testing.assert_close(fp8_linear(x, values, scales, bias), in_kernel, rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------ the activation quantizer's definition and kernel
+
+def _reference_activation_quant(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch path as it stood before the Triton kernel (bf16: scaled in bf16)."""
+    limit = 448.0 if kind == "fp8" else 127.0
+    amax = x.abs().amax(dim=1).float().clamp_(min=1e-12)
+    scaled = x * (limit / amax).to(x.dtype)[:, None]
+    if kind == "int8":
+        return scaled.round_().clamp_(-127, 127).to(torch.int8), amax / limit
+    return scaled.clamp_(-448, 448).to(FP8), amax / limit
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_activation_quantization_is_the_pytorch_definition(kind: str) -> None:
+    torch.manual_seed(6)
+    x = (torch.randn(9, 320) * torch.logspace(-4, 2, 9)[:, None]).to(torch.bfloat16)
+    x[3] = 0  # an all-zero row
+    values, scales = quantize_activation(x, kind)
+    expected_values, expected_scales = _reference_activation_quant(x, kind)
+    assert torch.equal(values.view(torch.int8), expected_values.view(torch.int8))
+    assert torch.equal(scales, expected_scales)
+    values32, scales32 = quantize_activation(x.float(), kind)
+    rows32 = quantize_rows(x.float(), kind)
+    assert torch.equal(values32.view(torch.int8), rows32[0].view(torch.int8)) and torch.equal(scales32, rows32[1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp16_activation_with_small_rows_is_not_saturated(kind: str) -> None:
+    """limit / absmax overflows fp16 for rows below ~0.007: such rows are scaled in float32."""
+    torch.manual_seed(7)
+    x = (torch.randn(4, 64) * 1e-3).to(torch.float16)
+    values, scales = quantize_activation(x, kind)
+    assert torch.isfinite(scales).all()
+    assert _rel(dequantize_rows(values, scales, torch.float32), x.float()) < (0.03 if kind == "fp8" else 0.01)
+
+
+def test_fp8_product_where_row_wise_scales_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch's CPU _scaled_mm took only per-tensor scales up to at least 2.10 (an internal
+    assert): the product then runs with unit scales and applies the row and column scales."""
+    from comfyui_lingbot_world.wan.runtime import weights8
+
+    torch.manual_seed(8)
+    x, w, bias = torch.randn(37, 64), torch.randn(48, 64) / 8, torch.randn(48).to(torch.bfloat16)
+    values, scales = quantize_rows(w, "fp8")
+    expected = fp8_linear(x, values, scales, bias)
+    scaled_mm = torch._scaled_mm
+
+    def per_tensor_only(a, b, scale_a, scale_b, **kwargs):
+        if scale_a.numel() != 1 or scale_b.numel() != 1:
+            raise RuntimeError("Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+        return scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", per_tensor_only)
+    monkeypatch.setattr(weights8, "_ROWWISE", {})
+    monkeypatch.setattr(weights8, "_BIAS_IN_KERNEL", {})
+    got = fp8_linear(x, values, scales, bias)
+    assert weights8._ROWWISE == {"cpu": False}
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)  # bf16 output rounding
+    torch.testing.assert_close(fp8_linear(x, values, scales, None).float(), (expected - bias).float(),
+                               rtol=2e-2, atol=2e-2)
+
+
+_INTERPRETED = """
+import sys, torch
+from comfyui_lingbot_world.wan.runtime import triton_kernels as k
+torch.manual_seed(9)
+x = (torch.randn(5, 300) * torch.tensor([1e-3, 1.0, 30.0, 0.01, 0.0])[:, None])
+bad = []
+for dtype in (torch.bfloat16, torch.float32, torch.float16):
+    for kind, limit in (("fp8", 448.0), ("int8", 127.0)):
+        values, scales = k.quantize_rows_8bit(x.to(dtype), kind, limit, 1e-12)
+        # quantize_activation's arithmetic as PyTorch runs it on CUDA (amax / limit there is
+        # amax times the float32 reciprocal of limit; the CPU divides).
+        amax = x.to(dtype).abs().amax(dim=1).float().clamp(min=1e-12)
+        expected_scales = amax * torch.tensor(1 / limit, dtype=torch.float32)
+        if not torch.equal(scales, expected_scales):
+            bad.append(f"{dtype} {kind} scales")
+        expected = (x.to(dtype).float() / expected_scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        if kind == "int8" and dtype != torch.bfloat16 and not torch.equal(values, expected):
+            bad.append(f"{dtype} int8 values")
+print("BAD", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_triton_quantizer_under_the_cpu_interpreter() -> None:
+    """The kernel's scales (every dtype) and int8 values of float32 and fp16 rows equal the
+    definition under Triton's CPU interpreter. The interpreter casts to bf16 and fp8 by
+    truncation (the GPU rounds half to even), so bf16 rows and fp8 values are checked bit for
+    bit only on the GPU: tests/gpu/test_weights8_cuda.py."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    code = f"import sys; sys.path.insert(0, {str(root)!r}); from _standalone import import_pack; import_pack()\n"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code + _INTERPRETED], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_fp8_dense_writes_its_product_into_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense8(x, out=buffer slice) hands the slice to _scaled_mm (no product tensor and copy)."""
+    torch.manual_seed(10)
+    linear = nn.Linear(64, 48)
+    d = dense(Linear8bit.from_weight(linear.weight, linear.bias, "fp8"))
+    x = torch.randn(20, 64).to(torch.bfloat16)
+    expected = d(x)
+    buffer = torch.zeros(30, 48, dtype=torch.bfloat16)
+    scaled_mm, outs = torch._scaled_mm, []
+
+    def recording(*args, **kwargs):
+        outs.append(kwargs.get("out"))
+        return scaled_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    got = d(x, out=buffer[5:25])
+    assert outs and outs[-1] is not None and outs[-1].data_ptr() == buffer[5:25].data_ptr()
+    assert torch.equal(got, buffer[5:25]) and torch.equal(buffer[5:25], expected)
+    assert (buffer[:5] == 0).all() and (buffer[25:] == 0).all()
+    with pytest.raises(ValueError, match="contiguous"):
+        fp8_linear(x, d.weight, d.scale, d.bias, out=torch.empty(48, 20, dtype=torch.bfloat16).t())

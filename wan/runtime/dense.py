@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .lora import LORA_ATTR, add_lora_delta
-from .weights8 import PRODUCTS, Linear8bit, kind_of_dtype
+from .weights8 import PRODUCTS, Linear8bit, fp8_linear, kind_of_dtype
 
 
 @dataclass
@@ -92,7 +92,13 @@ class Dense8:
         if gelu and out is not None:
             raise ValueError("Dense: gelu and out cannot be combined")
         lead = x.shape[:-1]
-        y = self._product(x.reshape(-1, x.shape[-1]))
+        x2d = x.reshape(-1, x.shape[-1])
+        if out is not None and self.kind == "fp8" and not self.adapters and out.is_contiguous() \
+                and out.dtype == self.dtype:
+            # The fp8 kernel writes into out's rows itself (no product tensor and copy).
+            fp8_linear(x2d, self.weight, self.scale, self.bias, self.dtype, out=out.view(-1, out.shape[-1]))
+            return out
+        y = self._product(x2d)
         if gelu:
             y = F.gelu(y, approximate="tanh")
         if out is None:
@@ -131,8 +137,9 @@ def _dense_8bit(layer: nn.Module) -> Dense8:
     assert kind is not None
     dtype = getattr(layer, "compute_dtype", None) or torch.bfloat16
     bias = layer.bias
-    return Dense8(weight, layer.weight_scale.to(weight.device), None if bias is None else bias.detach().to(dtype),
-                  kind, dtype, tuple(getattr(layer, LORA_ATTR, ())))
+    scale = layer.weight_scale.to(weight.device, torch.float32)  # once per block, not per product
+    return Dense8(weight, scale, None if bias is None else bias.detach().to(dtype), kind, dtype,
+                  tuple(getattr(layer, LORA_ATTR, ())))
 
 
 def _make_8bit(kind: str) -> Callable[[nn.Module, torch.dtype], nn.Module]:

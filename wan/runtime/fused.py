@@ -7,6 +7,9 @@ time at 480p. ``run(fn, ...)`` calls the hand-written Triton kernel for ``fn``
 (triton_kernels.py) when the tensors are on CUDA, and the eager definition otherwise.
 The eager versions are the definition: the kernels compute the same function.
 
+Other ``wan/runtime`` modules add their own rows with ``register_kernel`` (``weights8``: the
+per-token 8-bit activation quantization).
+
 LINGBOT_FUSED=0 turns the kernels off (the eager path is exact, only slower). A kernel
 that fails once (e.g. no Triton backend for the GPU) is not tried again in the process; one
 that refuses a call's layout (ValueError, checked before launch) leaves only that call eager.
@@ -140,6 +143,12 @@ _CUDA = {
     rms_rope_: _rms_rope_cuda,
 }
 _broken: set[str] = set()
+
+
+def register_kernel(fn: Callable, cuda: Callable) -> None:
+    """Add a row to the table: ``run(fn, ...)`` calls ``cuda(kernels_module, ...)`` on CUDA
+    (for definitions living in other ``wan/runtime`` modules, e.g. ``weights8``)."""
+    _CUDA[fn] = cuda
 
 
 def run(fn: Callable, *args, **kwargs):

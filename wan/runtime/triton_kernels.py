@@ -9,8 +9,15 @@ program one row: the row is read once, reduced in registers and written once.
 The eager functions in ``fused.py`` are the definitions; these match them to float32
 rounding (bf16 intermediates are rounded where the definition rounds them). Only imported
 where Triton is available; ``fused`` falls back to the eager versions otherwise.
+
+``quantize_rows_8bit`` is the per-token activation quantization of the 8-bit products
+(``weights8.quantize_activation``, registered with ``fused``): it equals its definition bit
+for bit on CUDA.
 """
 from __future__ import annotations
+
+import functools
+import struct
 
 import torch
 import triton
@@ -161,3 +168,83 @@ def gate_camera_(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, scale: to
         0 if scale.shape[0] == 1 else scale.stride(0), DIM=dim, BLOCK=block, num_warps=_warps(block),
     )
     return x
+
+
+# ------------------------------------------- per-token 8-bit activation quantization (fp8 / int8)
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, x_stride, q_stride, limit, inv_limit, tiny,
+                          DIM: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INT8: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    q_row = q_ptr + row * q_stride
+    col = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, DIM, BLOCK):  # pass 1: the row's absmax
+        x = tl.load(x_row + start + col, mask=start + col < DIM, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    amax = tl.maximum(tl.max(amax, axis=0), tiny)
+    # As PyTorch on CUDA computes them: ``amax / limit`` is amax times the float32 reciprocal
+    # of the scalar; ``limit / amax`` is ``amax.reciprocal() * limit`` (Tensor.__rtruediv__).
+    scale = amax * inv_limit
+    tl.store(s_ptr + row, scale)
+    if HALF:  # bf16: the reciprocal scale rounded to bf16, as quantize_activation does
+        inv = (tl.math.div_rn(1.0, amax) * limit).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+        inv = inv.to(tl.float32)
+    for start in range(0, DIM, BLOCK):  # pass 2 (the row again, from L2): scale, round, store
+        mask = start + col < DIM
+        x = tl.load(x_row + start + col, mask=mask, other=0.0)
+        if HALF:  # the product of two half values is exact in float32, then rounded to their dtype
+            v = (x.to(tl.float32) * inv).to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
+        else:
+            v = tl.math.div_rn(x.to(tl.float32), scale)
+        if INT8:
+            # Half to even, as torch.round (v + 0.5 is exact for |v| < 2**22; a tie that
+            # floor rounded up to an odd integer goes back down).
+            r = tl.floor(v + 0.5)
+            r = tl.where(((r - v) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0), r - 1.0, r)
+            v = tl.minimum(tl.maximum(r, -127.0), 127.0)
+            tl.store(q_row + start + col, v.to(tl.int8), mask=mask)
+        else:
+            v = tl.minimum(tl.maximum(v, -limit), limit)
+            tl.store(q_row + start + col, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _float32_reciprocal(value: float) -> float:
+    """1 / value rounded to float32, as PyTorch's CUDA division by a Python scalar takes it."""
+    return struct.unpack("f", struct.pack("f", 1.0 / value))[0]
+
+
+def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales) of x [rows, dim] (bf16, fp16 or float32) quantized per row to fp8 e4m3
+    (``kind`` "fp8") or int8, in one kernel: each row's absmax, then the row scaled, rounded
+    and cast. The same arithmetic as ``weights8.quantize_activation`` (the definition) as
+    PyTorch runs it on CUDA, bit for bit: a bf16 row is multiplied by its reciprocal scale
+    rounded to bf16, other rows divided by the float32 scale; ``div_rn`` where PyTorch
+    divides, the scalar division as a multiplication by the reciprocal (PyTorch's CUDA
+    kernel does that; its CPU one divides, so CPU scales may differ by one float32 ulp);
+    casts round half to even; fp8 is clamped to ±448 first. (Triton's CPU interpreter casts
+    to bf16 and fp8 by truncation: only the GPU matches bit for bit.)"""
+    _check_rows("quantize_rows_8bit", x)
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"quantize_rows_8bit: x must be bf16, fp16 or float32, got {x.dtype}")
+    if kind not in ("fp8", "int8"):
+        raise ValueError(f"quantize_rows_8bit: kind {kind!r} is not fp8 or int8")
+    rows, dim = x.shape
+    values = torch.empty(rows, dim, dtype=torch.float8_e4m3fn if kind == "fp8" else torch.int8, device=x.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return values, scales
+    # Blocks that tile the row without a masked tail where a power of two divides it
+    # (5120 = 5 x 1024, 13824 = 27 x 512); the second pass re-reads the row from L2.
+    block = 2048
+    while block > 256 and dim % block:
+        block //= 2
+    block = min(block, triton.next_power_of_2(dim))
+    inv_limit = _float32_reciprocal(limit)
+    _quantize_rows_kernel[(rows,)](
+        x, values, scales, x.stride(0), values.stride(0), limit, inv_limit, tiny, DIM=dim, BLOCK=block,
+        HALF=x.dtype == torch.bfloat16, INT8=kind == "int8", num_warps=_warps(block),
+    )
+    return values, scales

@@ -14,7 +14,11 @@ the fly and multiply 8-bit × 8-bit:
   sm80 (Ampere).
 
 Both ops also run on the CPU in current PyTorch, which is how the unit tests check them
-against the bf16 product. Where a kernel refuses a shape (CUDA wants dimensions that are
+against the bf16 product (a ``_scaled_mm`` that refuses row-wise scales, as the CPU one did up
+to at least 2.10, gets unit scales and the row and column scales applied after). The per-token
+activation quantization is one Triton kernel on CUDA (``quantize_activation``).
+
+Where a kernel refuses a shape (CUDA wants dimensions that are
 multiples of 16 for fp8, 8 for int8, and more than 16 tokens for int8), the product falls
 back to the dequantized bf16 weight: same weights, no activation rounding.
 """
@@ -23,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -60,13 +66,12 @@ def quantize_rows(matrix: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
     return values, scales
 
 
-def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_rows`` for the activation of every product (one scale per token): a half-
-    precision ``x`` is scaled in its own dtype (no float32 copy of the activation; the
-    reciprocal scale rounded to it costs < 2^-8 relative, far below the 8-bit step), a
-    float32 one exactly as ``quantize_rows``. Scales are float32 [M]."""
+def quantize_activation_pytorch(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition of ``quantize_activation`` in PyTorch ops (what runs off CUDA)."""
     storage_dtype(kind)  # an unknown kind fails here, by name
-    if x.dtype not in (torch.bfloat16, torch.float16):
+    if x.dtype != torch.bfloat16:
+        # float32 exactly as quantize_rows; fp16 too (its reciprocal scale limit / absmax
+        # overflows fp16's 65504 for rows whose absmax is below ~0.007).
         return quantize_rows(x, kind)
     limit = _RANGE[kind]
     amax = x.abs().amax(dim=1).float().clamp_(min=_TINY)
@@ -74,6 +79,26 @@ def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch
     if kind == "int8":
         return scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), amax / limit
     return scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8), amax / limit
+
+
+def _quantize_activation_cuda(kernels, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    storage_dtype(kind)
+    return kernels.quantize_rows_8bit(x, kind, _RANGE[kind], _TINY)
+
+
+fused.register_kernel(quantize_activation_pytorch, _quantize_activation_cuda)
+
+
+def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` for the activation of every product (one scale per token): a bf16
+    ``x`` is scaled in bf16 (no float32 copy of the activation; the reciprocal scale rounded
+    to bf16 costs < 2^-8 relative, far below the 8-bit step), other dtypes exactly as
+    ``quantize_rows``. Scales are float32 [M].
+
+    On CUDA one Triton kernel (``triton_kernels.quantize_rows_8bit``) reads each row twice
+    (absmax, then scale and cast) and writes the 8-bit row and its scale, with the same
+    arithmetic; elsewhere, or with LINGBOT_FUSED=0, the PyTorch ops of the definition."""
+    return fused.run(quantize_activation_pytorch, x, kind)
 
 
 def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -99,25 +124,65 @@ def _int8_kernel_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 _BIAS_IN_KERNEL: dict[str, bool] = {}  # device type -> whether _scaled_mm took a bias there
+_ROWWISE: dict[str, bool] = {}  # device type -> whether _scaled_mm took row-wise scales there
+
+
+def _scaled_mm_rowwise(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
+                       bias: torch.Tensor | None, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    scales = {"scale_a": x_scale[:, None], "scale_b": weight_scale[None, :], "out_dtype": out_dtype}
+    if out is not None:
+        scales["out"] = out
+    if bias is None:
+        return torch._scaled_mm(xq, weight.t(), **scales)
+    if _BIAS_IN_KERNEL.get(xq.device.type, True):
+        try:
+            return torch._scaled_mm(xq, weight.t(), bias=bias, **scales)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError:  # a build whose row-wise kernel takes no bias: add it after, from now on
+            _BIAS_IN_KERNEL[xq.device.type] = False
+    return torch._scaled_mm(xq, weight.t(), **scales).add_(bias)
+
+
+def _scaled_mm_unit(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
+                    bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The row-wise product through a per-tensor ``_scaled_mm`` (unit scales, float32 out),
+    scaled per token and channel afterwards: the same float32 sums, for builds whose kernel
+    takes only per-tensor scales (PyTorch's CPU ``_scaled_mm`` up to at least 2.10)."""
+    one = torch.ones((), dtype=torch.float32, device=xq.device)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    y = y.mul_(x_scale[:, None]).mul_(weight_scale[None, :])
+    if bias is not None:
+        y += bias.float()
+    return y.to(out_dtype)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (any float) times the fp8 weight [N, K]ᵀ with per-token × per-channel scales,
-    plus bias, in ``out_dtype`` [M, N]."""
+    plus bias, in ``out_dtype`` [M, N]. ``weight_scale`` float32 [N] (as ``Linear8bit``
+    holds it; other dtypes are converted per call). ``out``: a contiguous [M, N] tensor of
+    ``out_dtype`` the kernel writes into (no copy); returned."""
+    if out is not None and (not out.is_contiguous() or out.dtype != out_dtype
+                            or tuple(out.shape) != (x.shape[0], weight.shape[0])):
+        raise ValueError(f"fp8_linear: out must be a contiguous {out_dtype} [{x.shape[0]}, {weight.shape[0]}] "
+                         f"tensor, got {tuple(out.shape)} {out.dtype}")
     if not _fp8_kernel_fits(x, weight):
-        return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        y = F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        return y if out is None else out.copy_(y)
     xq, x_scale = quantize_activation(x, "fp8")
-    scales = {"scale_a": x_scale[:, None], "scale_b": weight_scale.float()[None, :], "out_dtype": out_dtype}
-    if bias is None:
-        return torch._scaled_mm(xq, weight.t(), **scales)
-    bias = bias.to(out_dtype)
-    if _BIAS_IN_KERNEL.get(x.device.type, True):
+    weight_scale = weight_scale if weight_scale.dtype == torch.float32 else weight_scale.float()
+    bias = None if bias is None else bias.to(out_dtype)
+    device = x.device.type
+    if _ROWWISE.get(device, True):
         try:
-            return torch._scaled_mm(xq, weight.t(), bias=bias, **scales)
-        except RuntimeError:  # a build whose row-wise kernel takes no bias: add it after, from now on
-            _BIAS_IN_KERNEL[x.device.type] = False
-    return torch._scaled_mm(xq, weight.t(), **scales).add_(bias)
+            return _scaled_mm_rowwise(xq, weight, x_scale, weight_scale, bias, out_dtype, out)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError:  # row-wise scales refused on this device: per-tensor kernel from now on
+            _ROWWISE[device] = False
+    y = _scaled_mm_unit(xq, weight, x_scale, weight_scale, bias, out_dtype)
+    return y if out is None else out.copy_(y)
 
 
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
