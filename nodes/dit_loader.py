@@ -16,7 +16,7 @@ from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
 from .host.expert_patcher import DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
-from .host.workers import SequenceParallelExperts, group_size, measured_link
+from .host.workers import SequenceParallelExperts, measured_link, parallel_gpus
 from .host.model_files import EXPERT_KINDS, default_expert_pair, expert_control, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,6 @@ DEVICES_TOOLTIP = (
     "without peer-to-peer choose cfg_split. auto: times an all-to-all between the GPUs once per ComfyUI "
     "process (64 MB) and picks sequence_parallel on an NVLink-class link (at least 40 GB/s), else cfg_split; "
     "the log says what it measured and picked. See docs/multi_gpu.md.")
-
-
-def parallel_gpus(heads: int) -> list[torch.device]:
-    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
-    many as divide the model's ``heads``."""
-    comfy_device = mm.get_torch_device()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if comfy_device.type != "cuda" or count < 2:
-        raise ValueError(f"devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes on "
-                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
-    first = comfy_device.index or 0
-    return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
 
 
 def parallel_experts(devices: str, folders: dict, options: ExpertLoadOptions, config) -> DiTExperts:
