@@ -30,6 +30,11 @@ one-GPU figures come from the same model in the same run, before any group start
     python bench/multi_gpu.py --mode sp --ranks 2 --out $OUT/sp_2gpu.json            # 2 GPUs
     python bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out $OUT/sp_4gpu.json  # 4 GPUs
     NCCL_P2P_DISABLE=1 python bench/multi_gpu.py --mode sp --ranks 2 --out $OUT/sp_2gpu_p2p_off.json
+    python bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --out $OUT/sp_4gpu_fp8.json
+
+``--weights fp8|int8`` holds every linear layer in that kind on every rank (converted from the
+synthetic bf16 weights as the loaders convert on load; the one-GPU figure in the same kind),
+so fp8 x sequence parallel is measured against fp8 on one GPU.
 
 Per group size: ``link`` (a timed 64 MB all-to-all: seconds, GB/s, what ``devices=auto`` would
 pick), ``fast`` (LingBot-World Fast at ``--fast-size``, window 9 sink 3, the head-sharded cache:
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-chunks", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="sp: chunks / steps not timed")
     p.add_argument("--exact-steps", type=int, default=3)
+    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8", "int8"),
+                   help="sp: the kind every linear layer is held in on each rank (loaders.weight_kind.convert_linear)")
     p.add_argument("--skip-exact", action="store_true")
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
@@ -333,12 +340,17 @@ def run_sp(args) -> int:
         fast_size, exact_size, frames = args.fast_size, args.size, args.frames
     fh, fw = (int(v) for v in fast_size.split("x"))
     eh, ew = (int(v) for v in exact_size.split("x"))
-    factory = SyntheticDiT(config, dtype)
+    factory = SyntheticDiT(config, dtype, weights=args.weights)
     common = {"gpu": torch.cuda.get_device_name(0) if devices[0].type == "cuda" else "cpu",
               "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
+              "weights": args.weights,
               "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE")}}
     model = factory(devices[0])
+    from comfyui_lingbot_world.wan.runtime.dense import gemm_kind
+
+    # what the linears hold on rank 0 (the workers build theirs with the same factory)
+    common["linear_kinds"] = sorted({gemm_kind(m).name for m in model.modules() if isinstance(m, torch.nn.Linear)})
     baseline: dict = {"ranks": 1}
     with torch.no_grad():
         if not args.skip_fast:

@@ -56,6 +56,9 @@ for what in "$@"; do
         sp2_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --out "$OUT/sp_2gpu_p2p_off.json" \
                   2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out "$OUT/sp_4gpu.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
+        # fp8 x sequence parallel (every linear fp8 on every rank, the 1-GPU figure in fp8): nvidia-h100-x4
+        sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \
+                  --out "$OUT/sp_4gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
                   --out "$OUT/multi_gpu_480x832x81_4steps.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         gpumulti) python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_placements.py \

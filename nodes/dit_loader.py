@@ -12,10 +12,11 @@ from ..loaders.expert_config import read_expert_pair
 from ..loaders.layout import detect_expert_layout
 from ..loaders.model_kind import assumed_message, require_model
 from ..wan.config import CONTROL_NAMES
+from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
 from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
 from . import inputs
 from .host.expert_patcher import DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
-from .host.workers import SequenceParallelExperts, group_size, measured_link
+from .host.workers import SequenceParallelExperts, measured_link, parallel_gpus
 from .host.model_files import EXPERT_KINDS, default_expert_pair, expert_control, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def placement_for(devices: str) -> Placement | None:
     The first slot is the GPU ComfyUI computes on; a clear error when too few are visible.
     """
     if devices not in PLACEMENTS:
-        raise ValueError(f"devices: {devices!r} is not one of {', '.join(PLACEMENTS)}")
+        raise ValueError(f"devices: {devices!r} is not one of {', '.join(DEVICES)}")
     if devices == "single":
         return None
     comfy_device = mm.get_torch_device()
@@ -53,21 +54,20 @@ def picked_note(high: str | None) -> str:
     return f" A fresh node picks {high}: {kind}{why}."
 
 
-# Sequence parallel over every usable GPU, and the link-measured choice. Handled by ``execute``;
-# not yet offered by the ``devices`` combo (docs/multi_gpu.md: adding them is the last step).
+# Sequence parallel over every usable GPU, and the link-measured choice (after the placements
+# in the ``devices`` combo: saved workflows keep their values).
 PARALLEL_DEVICES = ("sequence_parallel", "auto")
-
-
-def parallel_gpus(heads: int) -> list[torch.device]:
-    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
-    many as divide the model's ``heads``."""
-    comfy_device = mm.get_torch_device()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if comfy_device.type != "cuda" or count < 2:
-        raise ValueError(f"devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes on "
-                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
-    first = comfy_device.index or 0
-    return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
+DEVICES = (*PLACEMENTS, *PARALLEL_DEVICES)
+DEVICES_TOOLTIP = (
+    "single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 expert plus activations). "
+    "expert_per_gpu: high-noise expert on GPU 0, low-noise on GPU 1; no switch, and both stay loaded for the "
+    "next run. cfg_split: the running expert on GPUs 0 and 1, the prompt branch on GPU 0 and the negative "
+    "branch on GPU 1 at the same time (about half the time per step). sequence_parallel: the running expert on "
+    "every GPU (2 or 4; as many as divide its 40 heads), one video's tokens split between them (Ulysses), a "
+    "worker process per extra GPU; with 4 GPUs, 2 x 2 with the CFG branches. Pays on NVLink; on PCIe cards "
+    "without peer-to-peer choose cfg_split. auto: times an all-to-all between the GPUs once per ComfyUI "
+    "process (64 MB) and picks sequence_parallel on an NVLink-class link (at least 40 GB/s), else cfg_split; "
+    "the log says what it measured and picked. See docs/multi_gpu.md.")
 
 
 def parallel_experts(devices: str, folders: dict, options: ExpertLoadOptions, config) -> DiTExperts:
@@ -78,8 +78,8 @@ def parallel_experts(devices: str, folders: dict, options: ExpertLoadOptions, co
     if devices == "auto":
         link = measured_link(gpus)
         mode = link["auto_picks"]
-        log.info("LingBot: devices=auto picked %s (all-to-all %.1f GB/s between %s)", mode, link["gbps"],
-                 ", ".join(str(g) for g in gpus))
+        log.info("LingBot DiT Loader: devices=auto picked %s (all-to-all %.1f GB/s between %s; sequence_parallel "
+                 "from %.0f GB/s)", mode, link["gbps"], ", ".join(str(g) for g in gpus), NVLINK_CLASS_GBPS)
     if mode == "cfg_split":
         return experts_for_placement(folders, options, config, placement_for("cfg_split"))
     log.info("LingBot: devices=sequence_parallel on %s", ", ".join(str(g) for g in gpus))
@@ -120,13 +120,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
                                       "(~9.6 GB instead of ~37 GB of VRAM). NF4 package folders load as they are."),
                 inputs.block_swap_input(),
                 # Optional: API prompts written before this input still validate.
-                io.Combo.Input("devices", options=list(PLACEMENTS), default="single", optional=True,
-                               tooltip="single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 "
-                               "expert plus activations). expert_per_gpu: high-noise expert on GPU 0, low-noise on "
-                               "GPU 1; no switch, and both stay loaded for the next run. cfg_split: the running "
-                               "expert on GPUs 0 and 1, the prompt branch on GPU 0 and the negative branch on GPU 1 "
-                               "at the same time (about half the time per step). Both need 2 GPUs; see "
-                               "docs/multi_gpu.md."),
+                io.Combo.Input("devices", options=list(DEVICES), default="single", optional=True,
+                               tooltip=DEVICES_TOOLTIP),
                 inputs.weights_input(),  # after devices: saved workflows list widget values in order
             ],
             outputs=[inputs.DiT.Output("dit", display_name="dit",

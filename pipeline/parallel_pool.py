@@ -142,12 +142,16 @@ class _SyncedCancel:
 
 # ----------------------------------------------------------------------------- the link between the devices
 
-# Effective all-to-all bandwidth (bytes each rank sends to the others per second) above which
-# the link counts as NVLink-class. Measured on H100 pairs (issue 26): NVLink moves a Fast
-# chunk's q/k/v in ~0.1 ms; with peer-to-peer off (PCIe through the host) the same Fast
-# forward's exchanges take ~9x longer, more than the split saves. 100 GB/s sits between the
-# two (PCIe 5.0 x16 is ~64 GB/s each way at best; H100 NVLink several hundred).
-NVLINK_CLASS_GBPS = 100.0
+# Effective all-to-all bandwidth (bytes each rank sends to the others per second,
+# ``RankPool.measure_link``) above which the link counts as NVLink-class and sequence parallel
+# pays. Measured (issue 26; docs/multi_gpu.md): on four H200s over NVLink the timed
+# all-to-all gave 119.9 GB/s on 2 ranks and 81.6 GB/s on 4, and sequence parallel won there
+# (Fast chunk 1.716 s -> 0.618 s on 4); with peer-to-peer off (NCCL_P2P_DISABLE=1, through
+# host memory, as two PCIe cards without P2P) the same exchange is ~9-10x slower (a Fast
+# forward's all-to-alls 163 ms against 18 ms, shared/GPU.md), i.e. ~10-13 GB/s, where the
+# split costs more than it saves. 40 GB/s sits between the two with room on both sides
+# (the earlier 100 GB/s sent the 4-rank NVLink group to cfg_split).
+NVLINK_CLASS_GBPS = 40.0
 
 
 def _all_to_all_loop(numel: int, dtype: torch.dtype, repeats: int, device: torch.device) -> None:

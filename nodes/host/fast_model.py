@@ -7,6 +7,13 @@ with room left for the run (the KV cache and a chunk's activations, plus what th
 adds, e.g. the VAE of a stream) and unloads it on every way out of the run: finished,
 cancelled or failed.
 
+With ``devices`` (the Fast DiT Loader's ``sequence_parallel``, or ``auto`` on an
+NVLink-class link) every chunk runs on all those GPUs in lock-step: ComfyUI's process is
+rank 0 (its copy is the same patcher), each worker GPU's copy is a ``WorkerPatcher``
+(workers.py) loaded and unloaded with it, so ``POST /free`` and the end of the run drop the
+worker copies too; the model the run gets is a ``ParallelModel`` whose KV cache is sharded
+by head on every rank.
+
 ``fit_kv_dtype`` is the Fast nodes' kv_dtype "auto": the bf16 cache where it fits the
 device beside the transformer, int8 where it does not (measured on the H100 under a 24 GiB
 cap, bench/RESULTS.md: bf16 with window 9 fits a clip from a pre-encoded image, 20.8 GiB,
@@ -19,7 +26,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -30,7 +37,9 @@ from ...loaders.model_kind import ModelIdentity
 from ...pipeline.memory import AUTO_FIT_SHARE, FastMemoryPlan, fast_run_bytes, fits, plan_fast_memory
 from ...wan.config import DiTConfig
 from ...wan.runtime.kv_cache import CachePolicy
+from ...pipeline.parallel_pool import ParallelModel
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
+from .workers import WorkerPatcher, shared_pool
 from ...wan.runtime.kv_cache import KV_DTYPES
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
@@ -47,12 +56,26 @@ class FastDiT:
     patcher: ExpertPatcher
     config: DiTConfig
     identity: ModelIdentity
+    # Sequence parallel over these devices (the first is the patcher's); empty: one device.
+    devices: tuple[torch.device, ...] = ()
 
     @classmethod
     def for_folder(cls, folder: str | Path, options: ExpertLoadOptions, config: DiTConfig,
-                   identity: ModelIdentity) -> "FastDiT":
-        """Reads file headers only; nothing loads until a run asks ComfyUI for it."""
-        return cls(ExpertPatcher.for_folder(PATCHER_NAME, folder, options), config, identity)
+                   identity: ModelIdentity, devices: Sequence[torch.device | str] = ()) -> "FastDiT":
+        """Reads file headers only; nothing loads until a run asks ComfyUI for it. ``devices``
+        (two or more): every chunk on all of them (sequence parallel)."""
+        devices = tuple(torch.device(d) for d in devices)
+        if len(devices) == 1:
+            raise ValueError(f"FastDiT devices: sequence parallel needs 2 or more devices, got {devices[0]}")
+        patcher = ExpertPatcher.for_folder(PATCHER_NAME, folder, options, load_device=devices[0] if devices else None)
+        return cls(patcher, config, identity, devices)
+
+    def worker_patchers(self) -> list[WorkerPatcher]:
+        """One ``WorkerPatcher`` per worker GPU for this transformer, with the weight kind
+        and block swap rank 0's patcher resolved (none without ``devices``)."""
+        options = self.patcher.model.options
+        return [WorkerPatcher.for_expert(PATCHER_NAME, self.folder, options, rank, self.devices)
+                for rank in range(1, len(self.devices))]
 
     @property
     def folder(self) -> Path:
@@ -136,7 +159,7 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
     if plan.blocks_on_gpu is not None and options.blocks_on_gpu is None and device.type == "cuda":
         log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
         load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
-                                  fast.config, fast.identity)
+                                  fast.config, fast.identity, fast.devices)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
                         vae if plan.vae_on_gpu else 0)
     with loaded_fast_model(load, memory) as model:
@@ -146,15 +169,24 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
 @contextlib.contextmanager
 def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
     """The transformer, loaded by ComfyUI with ``memory`` bytes left free (other models are
-    evicted as needed); unloaded when the block ends, however it ends."""
+    evicted as needed); unloaded when the block ends, however it ends. With ``fast.devices``
+    its copies on the worker GPUs load and unload with it, and the module is a
+    ``ParallelModel`` running every forward on all of them."""
+    workers = fast.worker_patchers()
     try:
-        mm.load_models_gpu([fast.patcher], memory_required=int(memory), force_full_load=True)
+        pool = shared_pool(fast.devices) if workers else None  # started before ComfyUI loads on the workers
+        mm.load_models_gpu([fast.patcher, *workers], memory_required=int(memory), force_full_load=True)
         module = fast.patcher.expert
         if module is None:  # load_models_gpu returned without loading: a host we do not know
             raise RuntimeError(f"ComfyUI did not load the Fast transformer from {fast.folder} to "
                                f"{fast.patcher.load_device}")
+        if pool is not None:
+            log.info("LingBot Fast: sequence parallel on %s", ", ".join(str(d) for d in fast.devices))
+            module = ParallelModel(pool, workers[0].model.key, module, cfg_split=False)
         yield module
     finally:
+        for worker in workers:
+            unload_patcher(worker)
         unload_patcher(fast.patcher)
 
 

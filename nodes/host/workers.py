@@ -208,6 +208,18 @@ def group_size(heads: int, count: int) -> int:
     return size
 
 
+def parallel_gpus(heads: int) -> list[torch.device]:
+    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
+    many as divide the model's ``heads``."""
+    comfy_device = mm.get_torch_device()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if comfy_device.type != "cuda" or count < 2:
+        raise ValueError(f"devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes on "
+                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
+    first = comfy_device.index or 0
+    return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
+
+
 __all__ = ["SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "group_size",
-           "measured_link", "shared_pool",
+           "measured_link", "parallel_gpus", "shared_pool",
            "shutdown"]

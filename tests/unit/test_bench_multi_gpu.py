@@ -35,3 +35,14 @@ def test_placements_mode_runs_tiny_on_cpu(tmp_path):
     assert [r["devices"] for r in records] == ["single", "expert_per_gpu", "cfg_split"]
     assert all(r["video_finite"] for r in records)
     assert records[1]["latent_equal_to_single"] and records[1]["warm_run_reloaded"] is False
+
+
+def test_sequence_parallel_mode_with_8bit_weights(tmp_path):
+    """--weights fp8: every linear of the synthetic model held in fp8 on every rank (the
+    loaders' convert_linear), the one-rank figure in the same kind."""
+    out = tmp_path / "sp_fp8.json"
+    _run("--mode", "sp", "--tiny", "--ranks", "2", "--weights", "fp8", "--skip-exact", "--out", str(out))
+    one, two = json.loads(out.read_text())
+    assert one["weights"] == two["weights"] == "fp8"
+    assert two["fast"]["max_rel_vs_1gpu"] < 1e-5 and "exact" not in two
+    assert one["linear_kinds"] == two["linear_kinds"] == ["fp8"]  # every linear converted

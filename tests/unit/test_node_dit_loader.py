@@ -57,7 +57,9 @@ def test_dit_loader_block_swap_input(installed):
 
 def test_dit_loader_devices_option(installed, monkeypatch):
     spec = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"]
-    assert options(spec) == ["single", "expert_per_gpu", "cfg_split"] and spec[1]["default"] == "single"
+    # sequence_parallel and auto after the placements (issue 26): saved workflows keep their values
+    assert options(spec) == ["single", "expert_per_gpu", "cfg_split", "sequence_parallel", "auto"]
+    assert spec[1]["default"] == "single"
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
     plain = LingBotWorldDiTLoader.execute(high, low, "none", 0, "single")[0]
     assert plain.placement is None and plain.copies == {}  # today's value, unchanged
@@ -75,6 +77,40 @@ def test_dit_loader_devices_option(installed, monkeypatch):
     split = LingBotWorldDiTLoader.execute(high, low, "none", 0, "expert_per_gpu")[0]
     assert split.high.load_device == torch.device("cuda", 0) and split.low.load_device == torch.device("cuda", 1)
     assert split.placement.mode == "expert_per_gpu" and split.get_ram_usage() == 0
+
+
+def test_dit_loader_sequence_parallel_and_auto(installed, monkeypatch, caplog):
+    from comfyui_lingbot_world.nodes import dit_loader
+    from comfyui_lingbot_world.pipeline.parallel_pool import pick_mode
+
+    tooltip = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"][1]["tooltip"]
+    assert "sequence_parallel:" in tooltip and "auto: times an all-to-all" in tooltip and "40 GB/s" in tooltip
+    high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
+    for mode in ("sequence_parallel", "auto"):  # a CPU host: a clear error before anything starts
+        with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs.*choose devices=single"):
+            LingBotWorldDiTLoader.execute(high, low, "none", 0, mode)
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    sp = LingBotWorldDiTLoader.execute(high, low, "none", 0, "sequence_parallel")[0]
+    assert sp.parallel is not None and sp.parallel.devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert sp.placement is None and sp.high is sp.parallel.rank0["high"]
+    measured = []
+
+    def link(gpus, gbps):
+        measured.append(list(gpus))
+        return {"gbps": gbps, "auto_picks": pick_mode(gbps)}
+
+    caplog.set_level("INFO")
+    monkeypatch.setattr(dit_loader, "measured_link", lambda gpus: link(gpus, 81.6))  # 4 H200s over NVLink
+    nvlink = LingBotWorldDiTLoader.execute(high, low, "none", 0, "auto")[0]
+    assert nvlink.parallel is not None and nvlink.placement is None
+    assert "devices=auto picked sequence_parallel (all-to-all 81.6 GB/s" in caplog.text
+    monkeypatch.setattr(dit_loader, "measured_link", lambda gpus: link(gpus, 12.0))  # peer-to-peer off
+    pcie = LingBotWorldDiTLoader.execute(high, low, "none", 0, "auto")[0]
+    assert pcie.parallel is None and pcie.placement.mode == "cfg_split"
+    assert "devices=auto picked cfg_split (all-to-all 12.0 GB/s" in caplog.text
+    assert measured == [[torch.device("cuda", 0), torch.device("cuda", 1)]] * 2
 
 
 def test_dit_handle_dropped_with_the_cache_frees_everything(installed):
