@@ -115,6 +115,8 @@ for what in "$@"; do
         # LingBot-World Play as the node runs it on a 24 GB card: int8 cache, bf16 VAE streams.
         play30_cap24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
                           --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+        play30_fp8_auto24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --memory auto --pipeline overlap \
+                          --vae-precision bf16 --weights fp8 --out "$OUT/play30_${PLAY_MODES:-both}_auto24_fp8w.json" ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \
                           --out "$OUT/play60_${PLAY_MODES:-both}_int8_bf16vae_fp8w.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
