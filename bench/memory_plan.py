@@ -35,7 +35,7 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
     the transformer); returns the plan's record."""
     height, width = (int(v) for v in args.size.lower().split("x"))
     config = read_config(dit)
-    on_gpu, _ = expert_memory(dit, getattr(args, "quantize", None), None)
+    on_gpu, _ = expert_memory(dit, getattr(args, "weights", None) or getattr(args, "quantize", None), None)
     run = {d: fast_run_bytes(config, CachePolicy(window=args.kv_window or None, sink=args.kv_sink if args.kv_window
                                                  else 0, dtype=d), *latent_size(height, width), None)
            for d in KV_DTYPES}
