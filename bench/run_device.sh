@@ -117,6 +117,9 @@ for what in "$@"; do
                           --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
         play30_fp8_auto24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --memory auto --pipeline overlap \
                           --vae-precision bf16 --weights fp8 --out "$OUT/play30_${PLAY_MODES:-both}_auto24_fp8w.json" ;;
+        play20_fp8_pipes) for p in ${PIPES:-overlap sequential}; do  # no cap: fp8 weights (18.5 GB), bf16 cache
+                play --size 480x832 --seconds 20 --kv-dtype bf16 --vae-precision bf16 --weights fp8 --pipeline "$p" \
+                     --out "$OUT/play20_${PLAY_MODES:-both}_fp8w_bf16kv_$p.json"; done ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \
                           --out "$OUT/play60_${PLAY_MODES:-both}_int8_bf16vae_fp8w.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
