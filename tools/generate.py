@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except camera_stage.ControlMismatch as exc:
             raise cli.UsageError(_camera_flag(args), str(exc)) from None
         # A path shorter than the video (poses.npy of fewer frames) answers now, not after the text encoder.
-        _flag_error(_camera_flag(args), camera_stage.check_path_covers, camera, frames, height, width)
+        _flag_error(_camera_flag(args), camera.check_covers, frames, height, width)
     cli.cache_dir(args.cache_dir, "--cache-dir")
     try:
         params = SamplingParams(steps=args.steps, shift=args.shift, cfg_high=args.cfg[0], cfg_low=args.cfg[1],
