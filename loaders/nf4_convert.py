@@ -36,6 +36,7 @@ from .nf4 import QUANT_STATE_KEY, NF4Meta, nf4_packed_shape, nf4_tensors
 from .pinned_upload import make_uploader
 from .safetensors_writer import Entry, SafetensorsWriter
 from .state_dict import check_keys, expected_tensors
+from .weight_kind import linear_around
 
 BLOCKSIZE = 64  # the NF4 package's settings (quantization_meta.json), as quantize-on-load uses
 NESTED_BLOCKSIZE = 256  # bitsandbytes' block for the double quantization of the absmax
@@ -127,17 +128,6 @@ def plan_conversion(folder: str | Path) -> ConversionPlan:
     return ConversionPlan(folder, config, tuple(entries), tuple(plain), tuple(order), source_bytes)
 
 
-def _as_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """An nn.Linear around existing tensors (no allocation, no reference to any model)."""
-    out_features, in_features = weight.shape
-    with torch.device("meta"):
-        linear = nn.Linear(in_features, out_features, bias=bias is not None)
-    linear.weight = nn.Parameter(weight, requires_grad=False)
-    if bias is not None:
-        linear.bias = nn.Parameter(bias, requires_grad=False)
-    return linear
-
-
 def convert_to_nf4(
     plan: ConversionPlan,
     folder: str | Path,
@@ -181,7 +171,7 @@ def convert_to_nf4(
                 stored_bias = source.read(f"{name}.bias") if f"{name}.bias" in biased else None
                 weight = uploader.upload(stored) if uploader is not None else stored.to(device)
                 bias = None if stored_bias is None else stored_bias.to(device)
-                linear = _as_linear(weight.to(COMPUTE_DTYPE), None if bias is None else bias.to(COMPUTE_DTYPE))
+                linear = linear_around(weight.to(COMPUTE_DTYPE), None if bias is None else bias.to(COMPUTE_DTYPE))
                 del weight, bias
                 for key, tensor in nf4_tensors(linear, f"{name}.", BLOCKSIZE, True, COMPUTE_DTYPE):
                     writer.write(key, tensor)

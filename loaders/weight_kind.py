@@ -32,7 +32,8 @@ def float_weight(layer: nn.Module) -> torch.Tensor:
     return dense(layer).weight
 
 
-def _plain(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+def linear_around(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An nn.Linear around existing tensors (no allocation, no reference to any model)."""
     out_features, in_features = weight.shape
     with torch.device("meta"):
         linear = nn.Linear(in_features, out_features, bias=bias is not None)
@@ -49,7 +50,7 @@ def convert_linear(layer: nn.Module, kind: str, dtype: torch.dtype = torch.bfloa
     if gemm_kind(layer).name == kind:
         return layer
     bias = None if layer.bias is None else layer.bias.detach().to(dtype)
-    linear = _plain(float_weight(layer).to(dtype), bias)
+    linear = linear_around(float_weight(layer).to(dtype), bias)
     if kind == "nf4":
         from .nf4 import quantize_linear  # bitsandbytes, with the package's settings
 
