@@ -140,8 +140,7 @@ def stream_camera(camera_path, frames: int, height: int, width: int):
     """The chunk-by-chunk camera of the ``camera_path`` input (None: no camera)."""
     if camera_path is None:
         return None
-    check_input(camera_path, CameraPath, "camera_path", "LingBot-World Camera Plücker Conditioning (its camera_path "
-                "output)")
+    check_input(camera_path, CameraPath, "camera_path", f"{inputs.CAMERA_NODE} (its camera_path output)")
     try:
         return path_camera(camera_path, frames, height, width)
     except ValueError as exc:  # CameraError, or an action string longer than the video

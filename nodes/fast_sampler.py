@@ -70,7 +70,7 @@ class LingBotWorldFastSampler(io.ComfyNode):
         check_input(i2v, I2VCondition, "i2v", "LingBot-World Wan VAE Encode")
         latent_frames = clip_latent_frames(i2v)
         if camera is not None:
-            check_input(camera, CameraCondition, "camera", "LingBot-World Camera Plücker Conditioning")
+            check_input(camera, CameraCondition, "camera", inputs.CAMERA_NODE)
         check_camera_matches(camera, i2v)
         params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed)
         # Checked before the transformer loads: everything above fails in milliseconds.
