@@ -35,14 +35,25 @@ _JS_RESULTS = """() => [...document.querySelectorAll('.comfy-vue-node-search-con
 
 def search(frontend: ComfyFrontend, query: str) -> list[str]:
     page = frontend.page
-    page.keyboard.press("Escape")
-    box = page.locator("#graph-canvas").bounding_box()
-    page.mouse.dblclick(box["x"] + 300, box["y"] + box["height"] / 2)  # clear of the nodes and the minimap
     field = page.locator(".comfy-vue-node-search-container input, .p-autocomplete-input").first
-    field.wait_for(timeout=10_000)
+    for attempt in range(3):  # on a loaded box the page may take the first double-click before it listens
+        page.keyboard.press("Escape")
+        box = page.locator("#graph-canvas").bounding_box()
+        page.mouse.dblclick(box["x"] + 300, box["y"] + box["height"] / 2)  # clear of the nodes and the minimap
+        try:
+            field.wait_for(timeout=10_000)
+            break
+        except Exception:  # Playwright's TimeoutError: the search box did not open; try again
+            if attempt == 2:
+                raise
     field.fill(query)
-    page.wait_for_timeout(600)  # the results follow the typing after a debounce
-    return [name.strip() for name in page.evaluate(_JS_RESULTS)]
+    results: list[str] = []
+    for _ in range(20):  # the results follow the typing after a debounce (longer under load)
+        page.wait_for_timeout(300)
+        results = [name.strip() for name in page.evaluate(_JS_RESULTS)]
+        if results:
+            break
+    return results
 
 
 def test_pack_nodes_sit_in_one_folder_per_kind(comfy_server: ComfyServer) -> None:
