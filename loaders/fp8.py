@@ -13,11 +13,10 @@ DiT on the meta device and fills it tensor by tensor from the memory map, each l
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -31,7 +30,7 @@ from .errors import CheckpointError
 from .layout import CONFIG_FILE, FP8_WEIGHTS_FILE, LAYOUTS, detect_expert_layout, read_config, require_layout
 from .safetensors_writer import Entry, SafetensorsWriter
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
-from .tensor_source import SafetensorsSource, TensorSource
+from .tensor_source import SafetensorsSource, TensorSource, host_view
 from .weight_kind import check_kind, convert_linear, float_weight, host_bytes, host_spec, move_weight_to_host
 
 SCALE_KEY = "weight_scale"
@@ -103,7 +102,7 @@ def load_fp8_expert(
     device = torch.device(device)
     weights = folder / FP8_WEIGHTS_FILE
     resident = resident_blocks(blocks_on_gpu, config.num_layers, device)
-    with open_fp8_weights(folder, device) as source, _host_source(folder, resident) as host_source:
+    with open_fp8_weights(folder, device) as source, host_view(open_fp8_weights, folder, resident) as host_source:
         keys = source.keys()
         check_block_count(config_path, config, weights, keys)
         config = _control_config(config, source, weights)
@@ -145,15 +144,6 @@ def load_fp8_expert(
     if resident is not None:
         BlockSwapper(model, resident, device)
     return model.eval().requires_grad_(False)
-
-
-@contextlib.contextmanager
-def _host_source(folder: Path, resident: int | None) -> Iterator[TensorSource | None]:
-    if resident is None:
-        yield None
-        return
-    with open_fp8_weights(folder, "cpu") as source:
-        yield source
 
 
 # --- writing ------------------------------------------------------------------------------

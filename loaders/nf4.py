@@ -10,7 +10,6 @@ reads bitsandbytes checkpoints reads ours.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from .layout import (
     write_config,
 )
 from .state_dict import check_keys, check_loaded, expected_tensors, materialize
-from .tensor_source import SafetensorsSource, TensorSource, TorchFileSource
+from .tensor_source import SafetensorsSource, TensorSource, TorchFileSource, host_view
 from .weight_kind import check_kind, convert_linear, host_bytes, host_spec, move_weight_to_host
 
 NF4_FORMAT = "bnb_nf4"
@@ -420,7 +419,7 @@ def load_nf4_expert(
     if not weights.is_file():
         weights = folder / NF4_LEGACY_WEIGHTS_FILE
     resident = resident_blocks(blocks_on_gpu, config.num_layers, device)
-    with open_nf4_weights(folder, device) as source, _host_source(folder, resident) as host_source:
+    with open_nf4_weights(folder, device) as source, host_view(open_nf4_weights, folder, resident) as host_source:
         keys = source.keys()
         check_block_count(config_path, config, weights, keys)  # config against the header, before building
         config = _control_config(config, source, weights, meta, folder / NF4_META_FILE)  # Base-Cam or Act
@@ -474,13 +473,3 @@ def load_nf4_expert(
     if resident is not None:
         BlockSwapper(model, resident, device)
     return model.eval().requires_grad_(False)
-
-
-@contextlib.contextmanager
-def _host_source(folder: Path, resident: int | None) -> Iterator[TensorSource | None]:
-    """A CPU view of the weights for what block swap keeps in RAM (None without block swap)."""
-    if resident is None:
-        yield None
-        return
-    with open_nf4_weights(folder, "cpu") as source:
-        yield source

@@ -10,8 +10,9 @@ reads any weight.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, ContextManager, Iterator, Mapping
 
 import torch
 from safetensors import safe_open
@@ -167,3 +168,15 @@ class TorchFileSource(TensorSource):
 
     def close(self) -> None:
         self._state = {}
+
+
+@contextlib.contextmanager
+def host_view(opener: Callable[[Path, str], ContextManager["TensorSource"]], folder: Path,
+              resident: int | None) -> Iterator["TensorSource | None"]:
+    """A CPU view of a layout's weights (``opener(folder, "cpu")``) for what block swap keeps
+    in RAM; None without block swap (``resident`` None)."""
+    if resident is None:
+        yield None
+        return
+    with opener(folder, "cpu") as source:
+        yield source
