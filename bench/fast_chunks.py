@@ -118,7 +118,8 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
     latent_frames = fast_latent_frames(frames)
     camera = stream_camera(args, frames, height, width)
     pixels = image_to_tensor(as_pil(image), height, width)
-    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention)
+    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
+                        camera_terms=args.camera_terms)
     chunk_s, decode_s = [], []
     record: dict = {}
     with watch.phase("chunks") as phase:
@@ -183,7 +184,8 @@ def run_pipelined(args, model, text: torch.Tensor, vae_file: Path, image, policy
     height, width = (int(v) for v in args.size.lower().split("x"))
     frames = args.frames
     camera = stream_camera(args, frames, height, width)
-    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention)
+    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
+                        camera_terms=args.camera_terms)
     ends, written = [], []
 
     def chunk_done(_done: int, _total: int, _x0: torch.Tensor) -> None:
@@ -216,7 +218,8 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
     """T5 → VAE encode → chunks → decode for an 81-frame clip, the DiT already resident."""
     height, width = (int(v) for v in args.size.lower().split("x"))
     frames = 81
-    params = FastParams(seed=1, shift=args.shift, policy=policy, attention=args.attention)
+    params = FastParams(seed=1, shift=args.shift, policy=policy, attention=args.attention,
+                        camera_terms=args.camera_terms)
     phases = {}
     sync(device)
     started = time.perf_counter()
@@ -245,7 +248,10 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
                                           for k in watch.phases if k.startswith("clip81"))}
 
 
-def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int, weights: str = "bf16") -> dict:
+def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int, weights: str = "bf16",
+                 camera_terms: int = 0) -> dict:
+    """One chunk's kernels timed alone: five forwards of every block; the camera layers of
+    ``camera_terms`` blocks run once a chunk instead of five times (kept terms)."""
     from kernel_floor import block_floor_ms
 
     frame_tokens = geometry.video_tokens(1, *geometry.latent_size(height, width), config.patch_size)
@@ -253,9 +259,10 @@ def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: i
     chunk_tokens = policy.chunk * frame_tokens
     block = block_floor_ms(chunk_tokens, config.dim, config.ffn_dim, config.num_heads, camera=True,
                            key_tokens=window * frame_tokens, cross_kv=False, weights=weights)
+    kept = min(int(camera_terms), config.num_layers)
     return {"weights": weights, "query_tokens": chunk_tokens, "key_tokens": window * frame_tokens, "block": block,
-            "forward_s": block["block_ms"] * config.num_layers / 1000.0,
-            "chunk_s": 5 * block["block_ms"] * config.num_layers / 1000.0}
+            "forward_s": block["block_ms"] * config.num_layers / 1000.0, "camera_terms": kept,
+            "chunk_s": (5 * block["block_ms"] * config.num_layers - 4 * block["camera_ms"] * kept) / 1000.0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-sink", type=int, default=3)
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--camera-terms", type=int, default=None,
+                   help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
+                        "default: the memory plan's with --memory auto, else 0")
     p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0, help="blocks kept on the GPU (0: all)")
@@ -311,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = apply_memory_plan(args, dit, vae_file if streamed else None, device, args.vae_precision)
         if args.pipeline != "loop":
             args.pipeline = "overlap" if args.overlap else "sequential"
+    args.camera_terms = args.camera_terms or 0
     policy = policy_of(args)
     fast_latent_frames(args.frames)  # refuse a count that does not fill chunks before loading anything
     cap_vram(args.vram_cap_gb, device)
@@ -323,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_policy": policy_name(policy), "kv_window": policy.window, "kv_sink": policy.sink,
         "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "blocks_on_gpu": args.blocks_on_gpu or None,
         "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
-        "pipeline": args.pipeline, "memory_plan": plan,
+        "pipeline": args.pipeline, "memory_plan": plan, "camera_terms": args.camera_terms,
         "weights": args.weights or layout_of(dit).stored_kind,
     }
     image = load_image(args.image, height, width)
@@ -349,11 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         record["peak_rss_anon_gb"] = watch.peak_anon / GB
         record["peak_rss_file_gb"] = watch.peak_file / GB
         if device.type == "cuda":
-            floors = {"bf16": kernel_floor(config, height, width, policy, args.frames)}
+            terms = args.camera_terms
+            floors = {"bf16": kernel_floor(config, height, width, policy, args.frames, camera_terms=terms)}
             if torch.cuda.get_device_capability(device) >= (8, 9):
-                floors["fp8"] = kernel_floor(config, height, width, policy, args.frames, "fp8")
+                floors["fp8"] = kernel_floor(config, height, width, policy, args.frames, "fp8", terms)
             if record["weights"] == "int8":
-                floors["int8"] = kernel_floor(config, height, width, policy, args.frames, "int8")
+                floors["int8"] = kernel_floor(config, height, width, policy, args.frames, "int8", terms)
             record["kernel_floor"] = floors["bf16"]
             record["kernel_floors"] = floors
             own = floors.get(record["weights"], floors["bf16"])  # NF4 runs bf16 GEMMs after its dequantize

@@ -1,6 +1,6 @@
 """``--memory auto`` of the Fast benches: the settings the nodes' ``auto`` would take on a
 card of the cap's size (``pipeline.memory.plan_fast_memory``), applied to the bench's
-arguments (kv dtype, blocks on the GPU, decode overlap) and recorded in its JSON."""
+arguments (kv dtype, blocks on the GPU, decode overlap, kept camera terms) and recorded in its JSON."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +11,8 @@ import torch
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.expert_size import expert_memory  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
-from comfyui_lingbot_world.pipeline.memory import (GIB, decode_chunk_bytes, fast_run_bytes,  # noqa: E402
-                                                   plan_fast_memory, vae_stream_budget)
+from comfyui_lingbot_world.pipeline.memory import (GIB, camera_terms_bytes, decode_chunk_bytes,  # noqa: E402
+                                                   fast_run_bytes, plan_fast_memory, vae_stream_budget)
 from comfyui_lingbot_world.wan.geometry import latent_size  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 
@@ -40,12 +40,17 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
                                                  else 0, dtype=d), *latent_size(height, width), None)
            for d in KV_DTYPES}
     vae = 0 if vae_file is None else vae_stream_budget(Path(vae_file).stat().st_size, height, width, precision)
+    terms = camera_terms_bytes(config, *latent_size(height, width), CachePolicy().chunk)
     plan = plan_fast_memory(card_bytes(args, device), on_gpu, config.num_layers, run, vae,
-                            decode_chunk_bytes(height, width, precision), RESERVE_BYTES)
+                            decode_chunk_bytes(height, width, precision), RESERVE_BYTES,
+                            terms_bytes=terms if getattr(args, "camera_terms", None) is None else 0)
+    if getattr(args, "camera_terms", None) is None:
+        args.camera_terms = plan.camera_terms
     args.kv_dtype = plan.kv_dtype
     args.blocks_on_gpu = plan.blocks_on_gpu or 0
     args.overlap = getattr(args, "overlap", True) and plan.overlap  # an asked-for sequential run stays one
     print(f"memory auto for {card_bytes(args, device) / GIB:.0f} GiB: {plan.describe()}"
           + ("" if plan.fits else " (does not fit: the smallest plan)"))
     return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,
-            "overlap": plan.overlap, "estimate_gb": plan.need / GIB, "fits": plan.fits}
+            "overlap": plan.overlap, "camera_terms": plan.camera_terms, "estimate_gb": plan.need / GIB,
+            "fits": plan.fits}

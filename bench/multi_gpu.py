@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exact-steps", type=int, default=3)
     p.add_argument("--weights", default="bf16", choices=("bf16", "fp8", "int8"),
                    help="sp: the kind every linear layer is held in on each rank (loaders.weight_kind.convert_linear)")
+    p.add_argument("--camera-terms", type=int, default=0,
+                   help="sp: blocks whose camera terms a Fast chunk keeps (40: all; FastParams.camera_terms)")
     p.add_argument("--skip-exact", action="store_true")
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
@@ -255,8 +257,9 @@ def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, 
 
 
 def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
-              device: torch.device) -> tuple[dict, torch.Tensor]:
-    """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each."""
+              device: torch.device, camera_terms: int = 0) -> tuple[dict, torch.Tensor]:
+    """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each;
+    ``camera_terms`` blocks keep their camera terms for the chunk (``CameraTerms``)."""
     from comfyui_lingbot_world.wan.runtime.kv_cache import CHUNK_FRAMES, CachePolicy
     from comfyui_lingbot_world.wan.scheduler import fast_schedule
 
@@ -273,7 +276,7 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
             plucker = _plucker(config, CHUNK_FRAMES, lat_h, lat_w, device, g)
             _sync_all(device)
             started = time.perf_counter()
-            tokens = model.prepare_camera(plucker)
+            tokens = model.prepare_camera(plucker, keep_terms=camera_terms)
             for step, t in enumerate(schedule.timesteps):
                 out = model(x, torch.tensor([float(t)], device=device), text if chunk == step == 0 else None, y=y,
                             camera_tokens=tokens, kv_cache=cache)
@@ -288,7 +291,7 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
     steady = times[warmup:] or times
     chunk_s = statistics.median(steady)
     return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": 4 * CHUNK_FRAMES / chunk_s,
-            "size": f"{height}x{width}", "window": 9, "sink": 3}, first
+            "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms}, first
 
 
 def time_exact(model, config, height: int, width: int, frames: int, steps: int, warmup: int,
@@ -354,7 +357,8 @@ def run_sp(args) -> int:
     baseline: dict = {"ranks": 1}
     with torch.no_grad():
         if not args.skip_fast:
-            baseline["fast"], fast_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup, devices[0])
+            baseline["fast"], fast_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
+                                                       args.camera_terms)
         if not args.skip_exact:
             baseline["exact"], exact_ref = time_exact(model, config, eh, ew, frames, args.exact_steps, args.warmup,
                                                       devices[0])
@@ -368,7 +372,8 @@ def run_sp(args) -> int:
             parallel = ParallelModel(pool, "dit", pool.load("dit", factory, local=model))
             with torch.no_grad():
                 if not args.skip_fast:
-                    record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0])
+                    record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
+                                                    args.camera_terms)
                     record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
                     record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
                 if not args.skip_exact:

@@ -137,7 +137,7 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
     chunks = session_chunks(args.seconds, args.fps)
     settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
                             idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
-                            attention=args.attention, poll_s=0.001)
+                            attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001)
     record: dict = {"mode": mode, "chunks_asked": chunks}
     with watch.phase(f"session_{mode}") as phase:
         vae = open_vae(vae_file, device, vae_dtype(device, args.vae_precision))
@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--vae-precision", default="fp32", choices=tuple(VAE_PRECISIONS))
     p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--camera-terms", type=int, default=None,
+                   help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
+                        "default: the memory plan's with --memory auto, else 0")
     p.add_argument("--attention", default=None)
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0)
@@ -216,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
     plan = apply_memory_plan(args, dit, vae_file, device, args.vae_precision) if args.memory == "auto" else None
+    args.camera_terms = args.camera_terms or 0
     policy = CachePolicy(window=args.kv_window, sink=args.kv_sink, dtype=args.kv_dtype)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cap_vram(args.vram_cap_gb, device)

@@ -57,6 +57,11 @@ for what in "$@"; do
                   2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out "$OUT/sp_4gpu.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         # fp8 x sequence parallel (every linear fp8 on every rank, the 1-GPU figure in fp8): nvidia-h100-x4
+        # fp8 and kept camera terms (a Fast chunk's camera layers once a chunk) x sequence parallel: nvidia-h100-x2
+        sp2_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
+                  --out "$OUT/sp_2gpu_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp2_fp8_terms_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 \
+                  --camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_p2p_off.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \
                   --out "$OUT/sp_4gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
@@ -100,6 +105,14 @@ for what in "$@"; do
         # there) and uncapped.
         gemm8) python3 bench/gemm8.py --out "$OUT/gemm8_4680.json" 2>&1 | grep -v "^Failed to load" ;;
         fast81_fp8) fast --frames 81 --prefetch-y --no-clip --weights fp8 --out "$OUT/fast_81_w9s3_bf16_fp8w.json" ;;
+        # Kept camera terms (wan/runtime/camera_terms.py): each block's camera scale/shift once a chunk, not per
+        # forward; the floors of the same run count the camera layers once a chunk too.
+        fast81_fp8_terms) fast --frames 81 --prefetch-y --no-clip --weights fp8 --camera-terms 40 \
+                     --out "$OUT/fast_81_w9s3_bf16_fp8w_terms.json" ;;
+        fast81_terms) fast --frames 81 --prefetch-y --no-clip --camera-terms 40 --out "$OUT/fast_81_w9s3_bf16_nf4_terms.json" ;;
+        play60_fp8_terms) play --size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 \
+                     --camera-terms 40 --pipeline overlap --out "$OUT/play60_${PLAY_MODES:-both}_bf16kv_bf16vae_fp8w_terms.json" ;;
+        gpu8) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_weights8_cuda.py 2>&1 | tail -15 ;;
         fast81_int8w) fast --frames 81 --prefetch-y --no-clip --weights int8 --out "$OUT/fast_81_w9s3_bf16_int8w.json" ;;
         fast81_fp8_cap24) fast --frames 81 --prefetch-y --no-clip --weights fp8 --kv-dtype int8 --vram-cap-gb 24 \
                      --blocks-on-gpu "${SWAP_BLOCKS:-20}" --out "$OUT/fast_81_w9s3_int8_fp8w_cap24_swap.json" ;;

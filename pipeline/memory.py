@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..wan.config import DiTConfig
+from ..wan.runtime.camera_terms import CameraTerms
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy, KVCache
 
 T = TypeVar("T")
@@ -41,6 +42,13 @@ KV_DTYPE_BYTES = 2  # the Fast cache's compute dtype (bf16) per value; int8 entr
 # and ComfyUI's own reserve take at most this share of the device (the rest: fragmentation
 # and other libraries).
 AUTO_FIT_SHARE = 0.95
+# Beside that share, room for what PyTorch's caching allocator holds reserved but
+# unallocated in a Fast run near the card's size: the plan of the NF4 run that ran out of
+# memory under a 16 GiB cap said 14.8 GiB, and 1.54 GiB sat reserved-unallocated at the failure
+# (bench/results/2026-11-27_h200_fast_81_auto_cap16_oom.json). Every Fast memory plan keeps it
+# free (with the 5 % above: 1.8 GiB on a 16 GiB card); the bf16 clip measured at 20.8 GiB
+# under a 24 GiB cap still fits.
+ALLOCATOR_SLACK = 1 << 30
 # The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
 # computed from the layer shapes): the encoder's until the image condition is constant, the
 # decoder's for the whole run. It scales with the frame's pixels; bf16 halves it.
@@ -92,9 +100,18 @@ def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, l
     return cache + activation_bytes(policy.chunk * frame_tokens, config.dim) + int(extra)
 
 
-def fits(need: int, total: int) -> bool:
-    """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it)."""
-    return int(need) <= AUTO_FIT_SHARE * int(total)
+def camera_terms_bytes(config: DiTConfig, latent_height: int, latent_width: int, chunk: int, ranks: int = 1) -> int:
+    """What keeping one block's camera terms for a Fast chunk takes on each of ``ranks``
+    GPUs (a sequence-parallel run keeps its token shard's): ``wan.runtime.camera_terms.CameraTerms``."""
+    _, ph, pw = config.patch_size
+    tokens = chunk * (latent_height // ph) * (latent_width // pw)
+    return CameraTerms.estimate_bytes(-(-tokens // max(int(ranks), 1)), config.dim, 1)
+
+
+def fits(need: int, total: int, slack: int = 0) -> bool:
+    """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it,
+    less ``slack`` bytes kept free)."""
+    return int(need) + int(slack) <= AUTO_FIT_SHARE * int(total)
 
 
 def empty_device_cache() -> None:
@@ -337,16 +354,18 @@ class FastMemoryPlan:
     overlap: bool  # chunk n decoded beside chunk n+1's generation
     need: int  # the estimate on the card, bytes
     fits: bool  # False: even the smallest plan exceeds the card (it is still the best try)
+    camera_terms: int = 0  # blocks whose camera scale/shift are kept for the chunk's forwards
 
     def describe(self) -> str:
         blocks = "all blocks" if self.blocks_on_gpu is None else f"{self.blocks_on_gpu} blocks"
+        terms = f", camera terms of {self.camera_terms} blocks kept per chunk" if self.camera_terms else ""
         return (f"{self.kv_dtype} cache, {blocks} on the GPU, VAE on the {'GPU' if self.vae_on_gpu else 'CPU'}, "
-                f"decode {'overlapped' if self.overlap else 'sequential'}, ~{self.need / GIB:.1f} GiB")
+                f"decode {'overlapped' if self.overlap else 'sequential'}{terms}, ~{self.need / GIB:.1f} GiB")
 
 
 def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_bytes: Mapping[str, int],
                      vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
-                     kv_dtype: str | None = None) -> FastMemoryPlan:
+                     kv_dtype: str | None = None, terms_bytes: int = 0) -> FastMemoryPlan:
     """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
     the kv_dtype, block swap, where the VAE runs, and the decode overlap).
 
@@ -359,7 +378,9 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     while the run does not fit (``fits``): the bf16 cache, then int8; all blocks on the GPU,
     then the fewest blocks off it that fit (at least ``MIN_BLOCKS_ON_GPU`` kept); the VAE
     on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
-    also fits (a VAE on the CPU: always, its memory is the host's)."""
+    also fits (a VAE on the CPU: always, its memory is the host's). Last, the camera terms of
+    as many blocks as fit beside the rest are kept per chunk (``terms_bytes``: one block's,
+    ``camera_terms_bytes``; 0: not offered). Each fit keeps ``ALLOCATOR_SLACK`` free."""
     per_block = transformer_bytes / max(int(blocks), 1)
     dtypes = [kv_dtype] if kv_dtype is not None else list(KV_DTYPES)
 
@@ -370,11 +391,13 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
 
     def plan(dtype: str, on_gpu: int | None, vae_gpu: bool) -> FastMemoryPlan | None:
         base = need(dtype, on_gpu, vae_gpu)
-        if not fits(base, card_bytes):
+        if not fits(base, card_bytes, ALLOCATOR_SLACK):
             return None
-        overlap = not vae_gpu or fits(base + decode_bytes, card_bytes)
-        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, base + (decode_bytes if overlap and vae_gpu else 0),
-                              True)
+        overlap = not vae_gpu or fits(base + decode_bytes, card_bytes, ALLOCATOR_SLACK)
+        total = base + (decode_bytes if overlap and vae_gpu else 0)
+        room = AUTO_FIT_SHARE * card_bytes - ALLOCATOR_SLACK - total
+        terms = 0 if terms_bytes <= 0 or on_gpu is not None else min(int(room // terms_bytes), int(blocks))
+        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, total + terms * int(terms_bytes), True, terms)
 
     swaps = range(max(blocks - SWAP_BLOCKS_IN_FLIGHT - 1, MIN_BLOCKS_ON_GPU), MIN_BLOCKS_ON_GPU - 1, -1)
     steps = [(dtype, None) for dtype in dtypes] + [(dtypes[-1], on_gpu) for on_gpu in swaps]

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from ..wan.runtime.camera_terms import CameraTerms
 from ..wan.runtime.kv_cache import CachePolicy, KVCache
 from ..wan.runtime.parallel import SequenceParallel
 
@@ -255,10 +256,10 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                     torch.cuda.empty_cache()
                 reports.put(("freed", rank, payload))
             elif op == "camera":
-                key, ident, meta = payload
+                key, ident, meta, keep_terms = payload
                 plucker = _broadcast_in(meta, device)["plucker"]
                 with torch.inference_mode():
-                    cameras[ident] = models[key].prepare_camera(plucker)
+                    cameras[ident] = models[key].prepare_camera(plucker, keep_terms=keep_terms)
             elif op == "drop_camera":
                 cameras.pop(payload, None)
             elif op == "new_cache":
@@ -616,13 +617,14 @@ class ParallelModel(nn.Module):
         except AttributeError:
             return getattr(self._modules["inner"], name)
 
-    def prepare_camera(self, plucker: torch.Tensor) -> torch.Tensor:
+    def prepare_camera(self, plucker: torch.Tensor, keep_terms: int = 0) -> torch.Tensor | CameraTerms:
+        """``keep_terms``: every rank keeps its shard's camera terms of that many blocks (``CameraTerms``)."""
         pool = self.pool
         ident = next(_ids)
         tensors = {"plucker": plucker.to(pool.device)}
-        pool._send("camera", (self.key, ident, _describe(tensors)))
+        pool._send("camera", (self.key, ident, _describe(tensors), keep_terms))
         pool._guard(lambda: _broadcast_out(tensors, pool.device))
-        tokens = self.inner.prepare_camera(tensors["plucker"])
+        tokens = self.inner.prepare_camera(tensors["plucker"], keep_terms=keep_terms)
         for old in list(self._cameras):  # one camera per expert activation: older ones go
             pool._send("drop_camera", self._cameras.pop(old))
         self._cameras[id(tokens)] = ident
@@ -662,8 +664,8 @@ class ParallelModel(nn.Module):
                 tensors[f"context{i}"] = item
             contexts = len(items)
         camera_id = None if camera_tokens is None else self._cameras.get(id(camera_tokens))
-        if camera_tokens is not None and camera_id is None:
-            tensors["camera_tokens"] = camera_tokens
+        if camera_tokens is not None and camera_id is None:  # not made here: the workers get the tokens
+            tensors["camera_tokens"] = camera_tokens.tokens if isinstance(camera_tokens, CameraTerms) else camera_tokens
         cache_id = None
         if kv_cache is not None:
             cache_id = self._caches[id(kv_cache)][1]

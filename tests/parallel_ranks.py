@@ -95,20 +95,26 @@ def check_fast(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4, dtype: str 
     policy = CachePolicy(window=9, sink=3, dtype=dtype)
     whole = m.new_kv_cache(policy, LAT_H, LAT_W)
     shard = m.new_kv_cache(policy, LAT_H, LAT_W, parallel=sp)
+    kept = m.new_kv_cache(policy, LAT_H, LAT_W, parallel=sp)  # the same run with the camera terms kept
     text = [torch.randn(9, CONFIG.text_dim, generator=g)]
-    worst = 0.0
+    worst, terms_equal = 0.0, True
     for chunk in range(chunks):
         y = torch.randn(1, 20, FRAMES, LAT_H, LAT_W, generator=g)
         plucker = torch.randn(1, 384, FRAMES, LAT_H, LAT_W, generator=g)
         x = torch.randn(1, 16, FRAMES, LAT_H, LAT_W, generator=g)
+        terms = m.prepare_camera(plucker, keep_terms=CONFIG.num_layers)
         for step, t in enumerate((999.0, 500.0)):
             context = text if chunk == 0 and step == 0 else None
             want = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=whole)
             got = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=shard, parallel=sp)
+            with_terms = m(x, torch.tensor([t]), context, y, camera_tokens=terms, kv_cache=kept, parallel=sp)
             worst = max(worst, rel(got, want))
+            terms_equal &= torch.equal(with_terms, got)
             x = want - 0.1 * x  # the next pass's input, the same on every rank
         assert m(x, torch.tensor([0.0]), None, y, camera=plucker, kv_cache=whole, commit=True) is None
         assert m(x, torch.tensor([0.0]), None, y, camera=plucker, kv_cache=shard, commit=True, parallel=sp) is None
+        assert m(x, torch.tensor([0.0]), None, y, camera_tokens=terms, kv_cache=kept, commit=True, parallel=sp) is None
+        terms_equal &= terms.nbytes > 0 and not terms._terms  # each rank keeps its shard's terms, not the whole's
     heads = CONFIG.num_heads // sp.size
     mine = slice(sp.rank * heads, (sp.rank + 1) * heads)
     used = whole.committed * whole.frame_tokens
@@ -124,6 +130,7 @@ def check_fast(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4, dtype: str 
         cache_k = rel(split(shard._k), split(whole._k)[:, :, mine])
         cache_v = rel(split(shard._v), split(whole._v)[:, :, mine])
     return {f"fast_{dtype}_rel": worst, f"cache_{dtype}_k": cache_k, f"cache_{dtype}_v": cache_v,
+            f"fast_{dtype}_terms_equal": bool(terms_equal),
             f"slots_equal_{dtype}": whole.slot_frames == shard.slot_frames,
             f"frame_start_equal_{dtype}": whole.frame_start == shard.frame_start,
             f"shard_heads_{dtype}": shard.heads, f"committed_{dtype}": whole.committed}

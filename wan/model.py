@@ -10,6 +10,9 @@ they are. Inference-oriented choices:
   the I2V expert uses one timestep for the whole latent, so this is exact.
 * RoPE uses float32 cos/sin tables cached per grid and device.
 * Camera tokens (`prepare_camera`) do not depend on x or t; a sampler computes them once.
+  Nor do the blocks' camera scale and shift: `prepare_camera(..., keep_terms=n)` wraps
+  the tokens in `CameraTerms`, which keeps each block's terms from its first forward on
+  (a Fast chunk's five forwards share one camera; `runtime/camera_terms.py`).
 * Every linear is a plain `nn.Linear` child, so a loader can swap in quantized layers by name.
 * Per-token work runs in chunks of tokens (exact) and the residual stream is updated in
   place, to keep activation memory low; the module is for inference only (no autograd).
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from .runtime import fused
 from .runtime import parallel as sequence_parallel
 from .runtime.attention import attention
+from .runtime.camera_terms import CameraTerms
 from .runtime.dense import Dense, dense
 from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
 from .runtime.parallel import SequenceParallel
@@ -347,7 +351,7 @@ class DiTBlock(nn.Module):
 
     @torch.no_grad()  # in-place updates and out= products: inference only
     def forward(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
-                camera: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
+                camera: torch.Tensor | CameraTerms | None = None, cache: LayerKV | None = None) -> torch.Tensor:
         """x [B, L, dim] float32 (updated in place and returned); e0 [B, 6, dim] float32;
         context [B, text_len, dim]; camera [B or 1, L, dim] model-level camera tokens or None.
         cache: this layer's KV cache for causal execution (one sample; context may then be
@@ -380,7 +384,7 @@ class DiTBlock(nn.Module):
         return x
 
     def _forward_cached(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
-                        camera: torch.Tensor | None, cache: LayerKV) -> torch.Tensor:
+                        camera: torch.Tensor | CameraTerms | None, cache: LayerKV) -> torch.Tensor:
         """The block on one chunk with the causal cache: the same math as ``forward``; the
         self-attention's keys/values go through the cache, the text's are computed once."""
         if x.shape[0] != 1:
@@ -412,19 +416,28 @@ class DiTBlock(nn.Module):
         return x
 
     def _attention_residual(self, x: torch.Tensor, outs: list[torch.Tensor], gate: torch.Tensor,
-                            camera: torch.Tensor | None, spans: Sequence[tuple[int, int]]) -> None:
+                            camera: torch.Tensor | CameraTerms | None, spans: Sequence[tuple[int, int]]) -> None:
         """x += o(attention) * gate, then the camera affine, per token chunk for all samples."""
         wo = dense(self.self_attn.o)
-        cam = [dense(layer) for layer in (self.cam_injector_layer1, self.cam_injector_layer2,
-                                          self.cam_scale_layer, self.cam_shift_layer)] if camera is not None else None
+        cam: list[Dense] = []  # the camera layers made dense on first use (kept terms need none)
+
+        def camera_scale_shift(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if not cam:
+                cam.extend(dense(layer) for layer in (self.cam_injector_layer1, self.cam_injector_layer2,
+                                                      self.cam_scale_layer, self.cam_shift_layer))
+            return self._camera_scale_shift(cam, tokens)
+
         for start, stop in spans:
             y = torch.empty(len(outs), stop - start, x.shape[-1], dtype=wo.dtype, device=x.device)
             for b, out in enumerate(outs):
                 wo(out[start:stop], out=y[b])
-            if cam is None:
+            if camera is None:
                 x[:, start:stop].addcmul_(y, gate[:, None])
             else:
-                scale, shift = self._camera_scale_shift(cam, camera[:, start:stop])
+                if isinstance(camera, CameraTerms):
+                    scale, shift = camera.scale_shift(self, start, stop, camera_scale_shift)
+                else:
+                    scale, shift = camera_scale_shift(camera[:, start:stop])
                 fused.run(fused.gate_camera_, x[:, start:stop], y, gate, scale, shift)
             del y
 
@@ -558,8 +571,15 @@ class LingBotDiT(nn.Module):
         return tuple(grid)  # type: ignore[return-value]
 
     @torch.no_grad()
-    def prepare_camera(self, plucker: torch.Tensor) -> torch.Tensor:
-        """Plücker tensor [B, 384, F, H, W] on the latent grid -> camera tokens [B, L, dim]."""
+    def prepare_camera(self, plucker: torch.Tensor, keep_terms: int = 0) -> torch.Tensor | CameraTerms:
+        """Plücker tensor [B, 384, F, H, W] on the latent grid -> camera tokens [B, L, dim].
+        ``keep_terms`` > 0: the tokens wrapped in ``CameraTerms``, so that the forwards given
+        them compute the camera scale and shift of that many blocks once (memory:
+        ``CameraTerms.estimate_bytes``)."""
+        tokens = self._camera_tokens(plucker)
+        return CameraTerms(tokens, int(keep_terms)) if keep_terms else tokens
+
+    def _camera_tokens(self, plucker: torch.Tensor) -> torch.Tensor:
         if plucker.dim() != 5:
             raise ValueError(f"camera: expected a [B, C, F, H, W] Plücker tensor, got shape {tuple(plucker.shape)}")
         b, c, *spatial = plucker.shape
@@ -640,7 +660,7 @@ class LingBotDiT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
-                   camera: torch.Tensor | None, kv_cache: KVCache | None = None) -> torch.Tensor:
+                   camera: torch.Tensor | CameraTerms | None, kv_cache: KVCache | None = None) -> torch.Tensor:
         """The transformer stack; a single place to wrap for block swapping / offloading.
         ``kv_cache``: causal execution, each block gets its layer of the cache."""
         if kv_cache is None:
@@ -663,7 +683,7 @@ class LingBotDiT(nn.Module):
     # and an accidental graph would keep every activation alive.
     @torch.no_grad()
     def forward(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor | Sequence[torch.Tensor] | None,
-                y: torch.Tensor | None = None, camera_tokens: torch.Tensor | None = None,
+                y: torch.Tensor | None = None, camera_tokens: torch.Tensor | CameraTerms | None = None,
                 camera: torch.Tensor | None = None, cancel: Callable[[], None] | None = None,
                 kv_cache: KVCache | None = None, commit: bool = False,
                 parallel: SequenceParallel | None = None) -> torch.Tensor | None:
@@ -671,8 +691,9 @@ class LingBotDiT(nn.Module):
 
         context: padded [B, Lc, text_dim] (Lc <= text_len) or a list of [L_i, text_dim].
         y: I2V condition [B, 20, F, H, W] (mask + first-frame latent), concatenated to x.
-        camera_tokens: output of `prepare_camera` ([B or 1, L, dim]); or pass the Plücker
-        tensor as `camera` to compute them here. Neither: camera layers are skipped.
+        camera_tokens: output of `prepare_camera` ([B or 1, L, dim], or its `CameraTerms`:
+        the blocks' camera terms kept for the next forwards); or pass the Plücker tensor as
+        `camera` to compute them here. Neither: camera layers are skipped.
         cancel: called before every transformer block (it raises to stop), so a cancel acts
         within one block's time; a pre-hook, so block swapping's loop checks it too.
         kv_cache: causal execution (LingBot-World Fast). x is the chunk that starts at latent
@@ -717,7 +738,10 @@ class LingBotDiT(nn.Module):
         if parallel is not None:  # this rank's slice of the tokens and of the camera tokens
             parallel.check_heads(self.config.num_heads)
             tokens = parallel.shard(tokens)
-            camera_tokens = None if camera_tokens is None else parallel.shard(camera_tokens)
+            if isinstance(camera_tokens, CameraTerms):
+                camera_tokens = camera_tokens.shard(parallel)
+            elif camera_tokens is not None:
+                camera_tokens = parallel.shard(camera_tokens)
 
         e, e0 = self._embed_time(t, batch, device)
         if kv_cache is not None:
@@ -744,7 +768,8 @@ class LingBotDiT(nn.Module):
         return out if parallel is None else parallel.gather(out, length)
 
     def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],
-                        context: torch.Tensor | Sequence[torch.Tensor] | None, camera_tokens: torch.Tensor | None,
+                        context: torch.Tensor | Sequence[torch.Tensor] | None,
+                        camera_tokens: torch.Tensor | CameraTerms | None,
                         cancel: Callable[[], None] | None, kv_cache: KVCache, commit: bool,
                         parallel: SequenceParallel | None = None, length: int = 0) -> torch.Tensor | None:
         """``forward``'s transformer and head for one chunk with the causal cache."""

@@ -34,7 +34,8 @@ from torch import nn
 import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
-from ...pipeline.memory import AUTO_FIT_SHARE, FastMemoryPlan, fast_run_bytes, fits, plan_fast_memory
+from ...pipeline.memory import (AUTO_FIT_SHARE, FastMemoryPlan, camera_terms_bytes, fast_run_bytes, fits,
+                                plan_fast_memory)
 from ...wan.config import DiTConfig
 from ...wan.runtime.kv_cache import CachePolicy
 from ...pipeline.parallel_pool import ParallelModel
@@ -137,7 +138,13 @@ def memory_plan(fast: FastDiT, policy: CachePolicy, auto_dtype: bool, latent_hei
            for d in KV_DTYPES}
     return plan_fast_memory(mm.get_total_memory(fast.patcher.load_device), fast.patcher.model_size(),
                             fast.config.num_layers, run, vae, decode, mm.minimum_inference_memory(),
-                            kv_dtype=None if auto_dtype else policy.dtype)
+                            kv_dtype=None if auto_dtype else policy.dtype,
+                            terms_bytes=terms_memory(fast, policy, latent_height, latent_width))
+
+
+def terms_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int) -> int:
+    """One block's kept camera terms on each GPU of the run (``camera_terms_bytes``)."""
+    return camera_terms_bytes(fast.config, latent_height, latent_width, policy.chunk, max(len(fast.devices or ()), 1))
 
 
 @contextlib.contextmanager
@@ -160,8 +167,10 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
         log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
         load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
                                   fast.config, fast.identity, fast.devices)
+    run = dataclasses.replace(run, camera_terms=plan.camera_terms)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
-                        vae if plan.vae_on_gpu else 0)
+                        (vae if plan.vae_on_gpu else 0)
+                        + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width))
     with loaded_fast_model(load, memory) as model:
         yield PreparedRun(model, run, plan, model.patch_embedding.weight.device)
 

@@ -30,6 +30,7 @@ from torch import nn
 from ...wan.conditioning import check_frame_count
 from ...wan.geometry import CHUNK_FRAMES, LATENT_CHANNELS, VAE_STRIDE_T, check_seed, latent_frames, video_frames
 from ...wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
+from ...wan.runtime.camera_terms import CameraTerms
 from ...wan.runtime.kv_cache import CachePolicy, KVCache
 from ...wan.scheduler import FAST_TIMESTEP_INDICES, FastSchedule, fast_schedule
 from ..camera import CameraCondition
@@ -53,6 +54,10 @@ class FastParams:
     policy: CachePolicy = DEFAULT_POLICY
     timestep_indices: tuple[int, ...] = FAST_TIMESTEP_INDICES
     attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+    # Blocks whose camera scale and shift are kept for the chunk's five forwards (bit for bit
+    # the same output, fewer GEMMs a chunk; memory: pipeline.memory.camera_terms_bytes per
+    # block; 0: none). The Fast nodes set it from their memory plan.
+    camera_terms: int = 0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.shift) or self.shift <= 0:
@@ -60,6 +65,8 @@ class FastParams:
         if self.attention is not None and self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
         check_seed(self.seed)
+        if isinstance(self.camera_terms, bool) or int(self.camera_terms) < 0:
+            raise ValueError(f"camera_terms must be a block count >= 0, got {self.camera_terms!r}")
 
 
 def fast_latent_frames(frames: int, chunk: int = CHUNK_FRAMES) -> int:
@@ -152,7 +159,7 @@ class FastGenerator:
                              f"{list(camera.shape)}")
         return camera
 
-    def _forward(self, x: torch.Tensor, t: float, y: torch.Tensor, camera_tokens: torch.Tensor | None,
+    def _forward(self, x: torch.Tensor, t: float, y: torch.Tensor, camera_tokens: torch.Tensor | CameraTerms | None,
                  commit: bool = False) -> torch.Tensor | None:
         if self._check is not None:
             self._check()
@@ -196,7 +203,8 @@ class FastGenerator:
         y = self.i2v.chunk(self.frame_start, n).to(device)[None]
         camera_tokens = None
         if camera is not None:
-            camera_tokens = model.prepare_camera(self._check_camera(camera).to(device))
+            camera_tokens = model.prepare_camera(self._check_camera(camera).to(device),
+                                                 keep_terms=self.params.camera_terms)
         shape = (LATENT_CHANNELS, n, self.i2v.latent_height, self.i2v.latent_width)
         x = self.noise.initial(c, shape).to(device)
         x0 = x

@@ -195,3 +195,41 @@ def test_quantize_activation_takes_the_kernel_on_cuda(monkeypatch: pytest.Monkey
     eager_values, eager_scales = quantize_activation(x, "fp8")
     assert len(calls) == 1
     assert torch.equal(values.view(torch.uint8), eager_values.view(torch.uint8)) and torch.equal(scales, eager_scales)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_kept_camera_terms_on_cuda_give_the_same_chunks_bit_for_bit(folders, kind: str) -> None:
+    """CameraTerms (wan/runtime/camera_terms.py) on CUDA with the fused kernels: a Fast chunk's
+    five forwards with every block's camera terms kept equal the forwards that compute them,
+    bit for bit, with block swap too (the CPU twin: tests/unit/test_camera_terms.py)."""
+    from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+
+    if kind == "fp8":
+        _need(kind)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 16, 3, 8, 8, generator=g).cuda()
+    y = torch.randn(1, 20, 3, 8, 8, generator=g).cuda()
+    plucker = torch.randn(1, 384, 3, 8, 8, generator=g).cuda()
+    text = [torch.randn(7, SHAPED.text_dim, generator=g).cuda()]
+    results = []
+    with torch.no_grad():
+        for blocks_on_gpu in (None, 1):
+            model = load_expert(folders["fp8"] if kind == "fp8" else folders["bf16"], CUDA,
+                                quantize=None if kind == "bf16" else kind, blocks_on_gpu=blocks_on_gpu)
+            for keep in (0, SHAPED.num_layers):
+                cache = model.new_kv_cache(CachePolicy(window=6, sink=3), 8, 8)
+                outs = []
+                for chunk in range(2):
+                    tokens = model.prepare_camera(plucker, keep_terms=keep)
+                    xt = x
+                    for t in (999.0, 978.0, 947.0, 825.0):
+                        out = model(xt, torch.tensor([t], device=CUDA), text if not outs else None, y=y,
+                                    camera_tokens=tokens, kv_cache=cache)
+                        outs.append(out)
+                        xt = (xt - 0.1 * out).contiguous()
+                    model(xt, torch.tensor([0.0], device=CUDA), None, y=y, camera_tokens=tokens, kv_cache=cache,
+                          commit=True)
+                cache.close()
+                results.append(torch.stack(outs))
+    for got in results[1:]:
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0)

@@ -38,6 +38,8 @@ def test_fast_chunks_with_their_cache_equal_one_process(ranks):
         # int8: the same quantization per token and head on either side; a float32 rounding
         # difference may flip one rounding step of a stored value
         assert r["fast_int8_rel"] < 1e-3, r
+        # kept camera terms (CameraTerms, each rank its shard's): bit for bit the same run
+        assert r["fast_bf16_terms_equal"] and r["fast_int8_terms_equal"], r
 
 
 def test_shard_and_gather_restore_token_order(ranks):
