@@ -317,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = None
     args.overlap = args.pipeline == "overlap"
     if args.memory == "auto":
-        streamed = args.pipeline != "loop" or args.stream_decode
-        plan = apply_memory_plan(args, dit, vae_file if streamed else None, device, args.vae_precision)
+        # Every pipeline opens the VAE on the device beside the transformer (the loop too: it
+        # encodes the image condition chunk by chunk, as Fast Long Video does), so the plan counts it.
+        plan = apply_memory_plan(args, dit, vae_file, device, args.vae_precision)
         if args.pipeline != "loop":
             args.pipeline = "overlap" if args.overlap else "sequential"
     args.camera_terms = args.camera_terms or 0

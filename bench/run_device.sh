@@ -58,6 +58,8 @@ for what in "$@"; do
         sp4) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --out "$OUT/sp_4gpu.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         # fp8 x sequence parallel (every linear fp8 on every rank, the 1-GPU figure in fp8): nvidia-h100-x4
         # fp8 and kept camera terms (a Fast chunk's camera layers once a chunk) x sequence parallel: nvidia-h100-x2
+        sp2_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --skip-exact \
+                  --out "$OUT/sp_2gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp2_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
                   --out "$OUT/sp_2gpu_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp2_fp8_terms_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 \
@@ -103,6 +105,7 @@ for what in "$@"; do
         # loop with the transformer in fp8 / int8 (converted on load from the NF4 package; ~18.5 GB) beside the
         # bf16 and fp8 floors of the same run, under a 24 GiB cap with 20 blocks on the GPU (fp8 needs block swap
         # there) and uncapped.
+        attn) python3 bench/attention_backends.py --out "$OUT/attention_backends.json" 2>&1 | grep -v "^Failed to load" | tail -6 ;;
         gemm8) python3 bench/gemm8.py --out "$OUT/gemm8_4680.json" 2>&1 | grep -v "^Failed to load" ;;
         fast81_fp8) fast --frames 81 --prefetch-y --no-clip --weights fp8 --out "$OUT/fast_81_w9s3_bf16_fp8w.json" ;;
         # Kept camera terms (wan/runtime/camera_terms.py): each block's camera scale/shift once a chunk, not per
