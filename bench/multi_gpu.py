@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="sp: the kind every linear layer is held in on each rank (loaders.weight_kind.convert_linear)")
     p.add_argument("--camera-terms", type=int, default=0,
                    help="sp: blocks whose camera terms a Fast chunk keeps (40: all; FastParams.camera_terms)")
+    p.add_argument("--profile", action="store_true", help="sp: profile two Fast chunks on rank 0 of each group")
     p.add_argument("--skip-exact", action="store_true")
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
@@ -294,6 +295,25 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
             "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms}, first
 
 
+def profile_fast(model, config, height: int, width: int, device: torch.device, camera_terms: int) -> dict:
+    """Two Fast chunks on rank 0 under torch.profiler: the kernels' GPU time against the
+    wall time (what the GPU sat idle for), and the kernels that took the most."""
+    from torch.profiler import ProfilerActivity, profile
+
+    time_fast(model, config, height, width, 1, 0, device, camera_terms)  # warm
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        time_fast(model, config, height, width, 2, 0, device, camera_terms)
+        wall = time.perf_counter() - started
+    events = prof.key_averages()
+    device_us = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
+    kernels = sorted(events, key=device_us, reverse=True)
+    busy = sum(device_us(e) for e in events) / 1e6
+    top = [{"name": e.key[:90], "device_ms": device_us(e) / 1e3, "calls": e.count} for e in kernels[:25]]
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), flush=True)
+    return {"wall_s": wall, "device_busy_s": busy, "top": top}
+
+
 def time_exact(model, config, height: int, width: int, frames: int, steps: int, warmup: int,
                device: torch.device) -> tuple[dict, torch.Tensor]:
     """Guided steps of the exact path: one forward of a batch of two (batched CFG)."""
@@ -376,6 +396,8 @@ def run_sp(args) -> int:
                                                     args.camera_terms)
                     record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
                     record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
+                    if args.profile:
+                        record["fast"]["profile"] = profile_fast(parallel, config, fh, fw, devices[0], args.camera_terms)
                 if not args.skip_exact:
                     # Ulysses over all ranks; with 4+ (even) ranks also Ulysses x CFG split (half the GPUs per branch)
                     for key, split in (("exact", False), ("exact_cfg_split", True)):

@@ -62,6 +62,11 @@ for what in "$@"; do
                   --out "$OUT/sp_2gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp2_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
                   --out "$OUT/sp_2gpu_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp2_fp8_terms_sync1) LINGBOT_CANCEL_SYNC_BLOCKS=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 \
+                  --camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_sync1.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp2_fp8_terms_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
+                  --fast-chunks 4 --profile --out "$OUT/sp_2gpu_fp8_terms_profile.json" >"$OUT/sp_2gpu_profile.log" 2>&1
+                  tail -45 "$OUT/sp_2gpu_profile.log" ;;
         sp2_fp8_terms_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 \
                   --camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_p2p_off.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \

@@ -92,23 +92,36 @@ def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]],
     return out
 
 
-def synced_cancel(device: torch.device, local: Callable[[], None] | None = None) -> "_SyncedCancel":
+# Blocks between two cancel exchanges of a parallel forward. Each exchange's flag is read at
+# the next one, so the host waits for the GPU at every exchange: once a block held the GPU
+# one block ahead of the host and no further. ``LINGBOT_CANCEL_SYNC_BLOCKS`` overrides it.
+CANCEL_SYNC_BLOCKS = 8
+
+
+def synced_cancel(device: torch.device, local: Callable[[], None] | None = None,
+                  every: int | None = None) -> "_SyncedCancel":
     """A ``cancel`` hook that every rank calls before every block: rank 0's ``local`` check
-    decides, one all-reduce of one number tells the others, and all stop together."""
-    return _SyncedCancel(device, local)
+    decides, and every ``every`` blocks (``CANCEL_SYNC_BLOCKS``) one all-reduce of one number
+    tells the others, so all stop together."""
+    if every is None:
+        every = int(os.environ.get("LINGBOT_CANCEL_SYNC_BLOCKS", CANCEL_SYNC_BLOCKS))
+    return _SyncedCancel(device, local, max(int(every), 1))
 
 
 class _SyncedCancel:
-    """See ``synced_cancel``. The flag of check i is read at check i + 1 (``finish`` after the
-    last block), so the host waits for the previous block's exchange only, not for the block
-    it just queued: the GPU keeps one block of work ahead. A cancel therefore stops every
-    rank one block after rank 0 saw it, all at the same place. ``raised``: rank 0's error,
-    once every rank acted on it."""
+    """See ``synced_cancel``. rank 0's ``local`` check runs before every block; the flag
+    exchanged at check i (one of every ``every``) is read at the next exchange (and by
+    ``finish`` after the last block, which exchanges once more), so the host waits for the
+    exchange before last only and the GPU keeps ``every`` blocks of work ahead. A cancel
+    therefore stops every rank within two exchanges of rank 0 seeing it, all at the same
+    place. ``raised``: rank 0's error, once every rank acted on it."""
 
-    def __init__(self, device: torch.device, local: Callable[[], None] | None) -> None:
+    def __init__(self, device: torch.device, local: Callable[[], None] | None, every: int = 1) -> None:
         self.flags = tuple(torch.zeros(1, dtype=torch.int32, device=device) for _ in range(2))
         self.local = local
+        self.every = every
         self.count = 0
+        self.exchanges = 0
         self.pending: torch.Tensor | None = None
         self.error: BaseException | None = None
         self.raised: BaseException | None = None
@@ -119,8 +132,13 @@ class _SyncedCancel:
                 self.local()
             except BaseException as exc:  # noqa: BLE001 - raised once the other ranks know
                 self.error = exc
-        flag = self.flags[self.count % 2]
         self.count += 1
+        if (self.count - 1) % self.every == 0:
+            self._exchange()
+
+    def _exchange(self) -> None:
+        flag = self.flags[self.exchanges % 2]
+        self.exchanges += 1
         flag.fill_(0 if self.error is None else 1)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         previous, self.pending = self.pending, flag
@@ -128,7 +146,9 @@ class _SyncedCancel:
             self._act(previous)
 
     def finish(self) -> None:
-        """After the forward: act on the last block's flag (every rank calls it)."""
+        """After the forward (every rank calls it): one last exchange, then act on it."""
+        if self.count:
+            self._exchange()
         previous, self.pending = self.pending, None
         if previous is not None:
             self._act(previous)
@@ -674,7 +694,7 @@ class ParallelModel(nn.Module):
         plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit, "split": split,
                  "frame_start": None if kv_cache is None else kv_cache.frame_start}
         pool._send("forward", (self.key, plain, _describe(tensors)))
-        hook = _SyncedCancel(pool.device, cancel)
+        hook = synced_cancel(pool.device, cancel)
 
         def run() -> torch.Tensor | None:
             _broadcast_out(tensors, pool.device)
