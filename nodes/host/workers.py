@@ -107,10 +107,13 @@ def group_patcher(devices: Sequence[torch.device | str]) -> "WorkerGroupPatcher"
     return _GROUP
 
 
-def _group_unloaded() -> None:
+def _group_unloaded(group: "WorkerGroupPatcher") -> None:
     """ComfyUI unloaded the group (``POST /free``, Unload Models, memory wanted on its GPU):
-    stop the workers, at once or when the runs using them end."""
+    stop the workers, at once or when the runs using them end (a group of an earlier device
+    list, replaced since, stands for no pool any more)."""
     global _STOP_AFTER_RUNS
+    if group is not _GROUP:
+        return
     with _LOCK:
         if _RUNS:
             _STOP_AFTER_RUNS = True
@@ -168,7 +171,7 @@ class WorkerGroupPatcher(ModelPatcher):
 
     def unpatch_model(self, device_to=None, unpatch_weights=True):
         if unpatch_weights:
-            _group_unloaded()
+            _group_unloaded(self)
         return super().unpatch_model(device_to, unpatch_weights)
 
 
