@@ -75,6 +75,27 @@ for what in "$@"; do
                   --out "$OUT/multi_gpu_480x832x81_4steps.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         gpumulti) python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_placements.py \
                   tests/gpu/test_sequence_parallel_gpu.py tests/unit/test_placement.py -m gpu 2>&1 | tail -30 ;;
+        # A real ComfyUI server on two GPUs (nvidia-h100-x2): the Fast clip template and Play on devices=sequence_parallel
+        # queued over HTTP, a worker killed mid-session, POST /free back to every GPU's idle level, no worker left
+        # after shutdown (tests/gpu/test_server_two_gpus.py, ~3 min). Carry .whl2 .whl_server .bench_host, built
+        # here by `bash bench/server_carry.sh` (ComfyUI 0.3.75 trimmed, the wheels of its start-up imports; ~56 MiB
+        # with the tree). Only the wheels whose module the machine lacks are installed. Log and server log in $OUT.
+        server2) python3 - .whl_server /tmp/site <<'EOF'
+import importlib.util, pathlib, subprocess, sys
+MODULES = {"attrs": "attr", "pyyaml": "yaml", "python_dotenv": "dotenv", "websocket_client": "websocket"}
+missing = [str(w) for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl"))
+           if importlib.util.find_spec(MODULES.get(w.name.split("-")[0].lower(), w.name.split("-")[0].lower())) is None]
+print("installing", [pathlib.Path(w).name.split("-")[0] for w in missing] or "nothing")
+if missing:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", sys.argv[2],
+                    *missing], check=True)
+EOF
+                 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+                 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader; nvidia-smi topo -m | head -4
+                 LINGBOT_COMFY_ROOT="$PWD/.bench_host" LINGBOT_TEST_ARTIFACTS="$OUT/server2" timeout 560 \
+                     python3 -m pytest -q -s -rfEs --tb=long -p no:cacheprovider -m gpu tests/gpu/test_server_two_gpus.py \
+                     >"$OUT/server2.log" 2>&1
+                 echo "pytest exit $?"; grep -v "^Failed to load" "$OUT/server2.log" | tail -40 ;;
         gpulog) python3 -m pytest -q -rfE --tb=long -p no:cacheprovider -m gpu tests/unit tests/gpu >"$OUT/gputests.log" 2>&1
                 tail -25 "$OUT/gputests.log" ;;  # the whole log comes back as a file
         gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -40 ;;

@@ -40,7 +40,7 @@ from ...wan.config import DiTConfig
 from ...wan.runtime.kv_cache import CachePolicy
 from ...pipeline.parallel_pool import ParallelModel
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
-from .workers import WorkerPatcher, shared_pool
+from .workers import WorkerPatcher, begin_run, end_run, group_patcher, shared_pool
 from ...wan.runtime.kv_cache import KV_DTYPES
 
 PATCHER_NAME = "fast"  # what ComfyUI's list of loaded models and GET /lingbot/status show
@@ -182,9 +182,12 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
     its copies on the worker GPUs load and unload with it, and the module is a
     ``ParallelModel`` running every forward on all of them."""
     workers = fast.worker_patchers()
+    group = [group_patcher(fast.devices)] if workers else []  # ComfyUI holds the workers between prompts
+    if workers:
+        begin_run()
     try:
         pool = shared_pool(fast.devices) if workers else None  # started before ComfyUI loads on the workers
-        mm.load_models_gpu([fast.patcher, *workers], memory_required=int(memory), force_full_load=True)
+        mm.load_models_gpu([fast.patcher, *workers, *group], memory_required=int(memory), force_full_load=True)
         module = fast.patcher.expert
         if module is None:  # load_models_gpu returned without loading: a host we do not know
             raise RuntimeError(f"ComfyUI did not load the Fast transformer from {fast.folder} to "
@@ -194,9 +197,13 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
             module = ParallelModel(pool, workers[0].model.key, module, cfg_split=False)
         yield module
     finally:
-        for worker in workers:
-            unload_patcher(worker)
-        unload_patcher(fast.patcher)
+        try:
+            for worker in workers:
+                unload_patcher(worker)
+            unload_patcher(fast.patcher)
+        finally:
+            if workers:
+                end_run()
 
 
 __all__ = ["FastDiT", "PreparedRun", "fit_kv_dtype", "loaded_fast_model", "memory_plan", "prepared_fast_run",

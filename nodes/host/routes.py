@@ -10,8 +10,12 @@ means something kept a reference to a model the pack meant to free.
       "loaded_models": [{"class": "ExpertPatcher", "model_patcher": true, "model": "ExpertSlot",
                          "device": "cuda:0", "size_bytes": ..., "loaded_bytes": ..., "expert": "high"}],
       "experts_resident": [{"expert": "high", "folder": "lingbot/<package>/high_noise_model", "device": "cuda:0"}],
-      "dit_models_alive": 1, "text_encoders_alive": 0, "vaes_alive": 0
+      "dit_models_alive": 1, "text_encoders_alive": 0, "vaes_alive": 0,
+      "workers": {"running": true, "devices": ["cuda:0", "cuda:1"], "pids": [4242], "loaded": {}}
     }
+
+``workers``: the sequence-parallel worker processes of ``devices=sequence_parallel`` (null until
+a run first started them; ``pids`` of the live ones, ``loaded``: model key -> ranks holding it).
 
 The route is added to ``server.PromptServer.instance.routes``, which ComfyUI turns into
 HTTP routes (also under ``/api``) after it has imported the custom nodes; old and current
@@ -43,6 +47,7 @@ from ...wan.t5 import UMT5Encoder
 from ...wan.vae import WanVAE
 from .expert_patcher import ExpertPatcher, ExpertSlot
 from .model_files import EXPERT_KINDS, kind_roots
+from .workers import pool_status
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +144,7 @@ def status() -> dict[str, Any]:
         "free_memory_bytes": int(mm.get_free_memory(device)),
         "loaded_models": loaded_models(),
         **live_models(),
+        "workers": pool_status(),
     }
 
 

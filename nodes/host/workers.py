@@ -7,7 +7,12 @@ expert's. ComfyUI plans memory with them like any model (its free-memory reading
 worker's GPU already sees the worker process's allocations), and unloading one (eviction,
 ``POST /free``, Unload Models, a model switch) tells that worker to drop its copy: nothing
 stays behind on a worker GPU that ComfyUI does not know of. The worker processes themselves
-are started once and kept warm (one pool per ComfyUI process, closed at exit).
+are started once and kept warm between prompts (one pool per ComfyUI process, closed at
+exit); the pool itself is one more ComfyUI model, a ``WorkerGroupPatcher`` on ComfyUI's GPU
+(rank 0's end of the group), so ``POST /free`` and Unload Models, which unload the models of
+ComfyUI's GPU only, stop the workers too: each worker's CUDA context and NCCL buffers go with
+its process and every worker GPU is back to its idle level (the next sequence-parallel run
+starts them again, a few seconds).
 
 ``SequenceParallelSource`` is the ``ExpertSource`` the sampler uses: ``acquire`` has ComfyUI
 load the expert on rank 0 and on every worker (the other expert goes first, as with one
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -33,6 +39,12 @@ from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
 log = logging.getLogger(__name__)
 
 _POOL: RankPool | None = None
+_GROUP: "WorkerGroupPatcher | None" = None
+# Runs using the pool now, and whether ComfyUI unloaded the group meanwhile (it is stopped when
+# the last of them ends: a run's collectives must not lose their peers half-way).
+_RUNS = 0
+_STOP_AFTER_RUNS = False
+_LOCK = threading.RLock()
 
 
 def shared_pool(devices: Sequence[torch.device | str]) -> RankPool:
@@ -56,10 +68,111 @@ def current_pool() -> RankPool | None:
 def shutdown() -> None:
     """Stop the workers (also at ComfyUI's exit; a worker left behind exits by itself when
     ComfyUI's process is gone)."""
-    global _POOL
-    if _POOL is not None:
-        _POOL.close()
-        _POOL = None
+    global _POOL, _STOP_AFTER_RUNS
+    with _LOCK:
+        _STOP_AFTER_RUNS = False
+        if _POOL is not None:
+            log.info("LingBot: stopping the sequence-parallel workers on %s",
+                     ", ".join(str(d) for d in _POOL.devices[1:]))
+            _POOL.close()
+            _POOL = None
+
+
+def begin_run() -> None:
+    """A run starts using the pool: an unload of the group meanwhile waits for ``end_run``."""
+    global _RUNS
+    with _LOCK:
+        _RUNS += 1
+
+
+def end_run() -> None:
+    """The run has ended (its copies unloaded); the workers stop now if ComfyUI unloaded the
+    group during it."""
+    global _RUNS
+    with _LOCK:
+        _RUNS = max(0, _RUNS - 1)
+        stop = _RUNS == 0 and _STOP_AFTER_RUNS
+    if stop:
+        shutdown()
+
+
+def group_patcher(devices: Sequence[torch.device | str]) -> "WorkerGroupPatcher":
+    """The ComfyUI model standing for the worker processes of the pool over ``devices``; a run
+    loads it with its copies (``load_models_gpu([..., group_patcher(devices)])``), so that
+    ComfyUI keeps it loaded between prompts and stops the workers when it unloads it."""
+    global _GROUP
+    devices = [torch.device(d) for d in devices]
+    if _GROUP is None or _GROUP.model.devices != devices:
+        _GROUP = WorkerGroupPatcher(devices)
+    return _GROUP
+
+
+def _group_unloaded(group: "WorkerGroupPatcher") -> None:
+    """ComfyUI unloaded the group (``POST /free``, Unload Models, memory wanted on its GPU):
+    stop the workers, at once or when the runs using them end (a group of an earlier device
+    list, replaced since, stands for no pool any more)."""
+    global _STOP_AFTER_RUNS
+    if group is not _GROUP:
+        return
+    with _LOCK:
+        if _RUNS:
+            _STOP_AFTER_RUNS = True
+            log.info("LingBot: ComfyUI unloaded the sequence-parallel workers during a run: they stop when it ends")
+            return
+    shutdown()
+
+
+def pool_status() -> dict | None:
+    """What ``GET /lingbot/status`` shows of the workers (None: never started in this process)."""
+    pool = _POOL
+    if pool is None:
+        return None
+    return {"running": pool.running, "devices": [str(d) for d in pool.devices], "pids": pool.pids(),
+            "loaded": {key: sorted(ranks) for key, ranks in list(pool.loaded.items()) if ranks}}
+
+
+class GroupSlot(nn.Module):
+    """What a ``WorkerGroupPatcher`` calls its model: the worker processes (no weights here)."""
+
+    def __init__(self, devices: Sequence[torch.device]) -> None:
+        super().__init__()
+        self.devices = list(devices)
+
+    def extra_repr(self) -> str:
+        return f"workers on {', '.join(str(d) for d in self.devices[1:])}"
+
+
+class WorkerGroupPatcher(ModelPatcher):
+    """The sequence-parallel worker processes as one ComfyUI model on ComfyUI's GPU (where
+    ``unload_all_models`` looks: it frees that device only, never the workers' GPUs). Loading
+    it does nothing (the pool is started by the run); unloading it stops the workers."""
+
+    model: GroupSlot
+
+    def __init__(self, devices: Sequence[torch.device]) -> None:
+        devices = [torch.device(d) for d in devices]
+        super().__init__(GroupSlot(devices), devices[0], torch.device("cpu"), size=0)
+
+    def get_ram_usage(self) -> int:
+        return 0
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        self.model.device = self.load_device
+        self.model.model_loaded_weight_memory = 0
+        self.model.model_lowvram = False
+        self.model.lowvram_patch_counter = 0
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        self.load(device_to, full_load=True)
+        return 0
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        return 0
+
+    def unpatch_model(self, device_to=None, unpatch_weights=True):
+        if unpatch_weights:
+            _group_unloaded(self)
+        return super().unpatch_model(device_to, unpatch_weights)
 
 
 class WorkerSlot(nn.Module):
@@ -158,15 +271,20 @@ class SequenceParallelSource:
     def __init__(self, experts: SequenceParallelExperts, inference_memory: int = 0) -> None:
         self.experts = experts
         self.inference_memory = int(inference_memory)
+        self._running = False  # between the first acquire and close/abort: the pool is in use
 
     def acquire(self, name: str) -> nn.Module:
+        if not self._running:
+            self._running = True
+            begin_run()
         other = "low" if name == "high" else "high"
         for patcher in self.experts.patchers(other):
             if patcher.is_resident():
                 unload_patcher(patcher)
         pool = shared_pool(self.experts.devices)  # started before ComfyUI loads anything on the workers
         patchers = self.experts.patchers(name)
-        mm.load_models_gpu(patchers, memory_required=self.inference_memory, force_full_load=True)
+        mm.load_models_gpu([*patchers, group_patcher(self.experts.devices)], memory_required=self.inference_memory,
+                           force_full_load=True)
         rank0 = self.experts.rank0[name]
         if rank0.expert is None:
             raise RuntimeError(f"ComfyUI did not load the {name}-noise expert to {rank0.load_device}")
@@ -177,8 +295,13 @@ class SequenceParallelSource:
             unload_patcher(patcher)
 
     def abort(self) -> None:
-        for patcher in self.experts.all_patchers():
-            unload_patcher(patcher)
+        try:
+            for patcher in self.experts.all_patchers():
+                unload_patcher(patcher)
+        finally:
+            if self._running:
+                self._running = False
+                end_run()
 
     def close(self) -> None:
         self.abort()
@@ -192,10 +315,15 @@ def measured_link(devices: Sequence[torch.device | str]) -> dict:
     GB/s of a timed all-to-all and what ``devices=auto`` picks on it)."""
     key = tuple(str(torch.device(d)) for d in devices)
     if key not in _LINKS:
+        pool_was_running = _POOL is not None and _POOL.running
         _LINKS[key] = shared_pool(devices).measure_link()
         link = _LINKS[key]
         log.info("LingBot: link between %s: %.1f GB/s all-to-all; auto picks %s", ", ".join(key), link["gbps"],
                  link["auto_picks"])
+        if link["auto_picks"] != "sequence_parallel" and not pool_was_running and not _RUNS:
+            # Started for the measurement alone, and the pick runs without them: no worker
+            # process is left holding a CUDA context and NCCL buffers on the other GPUs.
+            shutdown()
     return _LINKS[key]
 
 
@@ -220,6 +348,6 @@ def parallel_gpus(heads: int) -> list[torch.device]:
     return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
 
 
-__all__ = ["SequenceParallelExperts", "SequenceParallelSource", "WorkerPatcher", "current_pool", "group_size",
-           "measured_link", "parallel_gpus", "shared_pool",
-           "shutdown"]
+__all__ = ["GroupSlot", "SequenceParallelExperts", "SequenceParallelSource", "WorkerGroupPatcher", "WorkerPatcher",
+           "begin_run", "current_pool", "end_run", "group_patcher", "group_size", "measured_link", "parallel_gpus",
+           "pool_status", "shared_pool", "shutdown"]

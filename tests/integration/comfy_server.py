@@ -223,6 +223,7 @@ class ComfyServer:
         env: Mapping[str, str] | None = None,
         start_timeout: float = 120.0,
         python: str = sys.executable,
+        cpu: bool = True,
     ):
         host = host_root or comfy_root()
         if host is None:
@@ -243,6 +244,7 @@ class ComfyServer:
         self.env = dict(env or {})
         self.start_timeout = start_timeout
         self.python = python
+        self.cpu = cpu  # False: ComfyUI computes on its GPU (the GPU tests)
         self.port = 0
         self.process: subprocess.Popen | None = None
         self._events: _EventCollector | None = None
@@ -260,7 +262,8 @@ class ComfyServer:
 
     def command(self, *extra: str) -> list[str]:
         """The command line of ``main.py`` for this server (port included once chosen)."""
-        cmd = [self.python, "main.py", "--cpu", "--disable-auto-launch", "--disable-api-nodes",
+        cmd = [self.python, "main.py", *(["--cpu"] if self.cpu else []), "--disable-auto-launch",
+               "--disable-api-nodes",
                "--base-directory", str(self.base_dir),
                # --temp-directory X makes X/temp; keep every folder under base_dir.
                "--temp-directory", str(self.base_dir)]

