@@ -7,6 +7,7 @@ and cache settings for the Fast Sampler."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -111,10 +112,18 @@ class LingBotWorldPlayLog(io.ComfyNode):
     @classmethod
     def fingerprint_inputs(cls, log, image=None) -> str:
         # Same name, new contents (a later session under the same name): run again.
+        # The start image it names too: a changed file must be checked again.
         try:
-            return file_stamp(resolve_play_log(log))
+            path = resolve_play_log(log)
+            stamps = [file_stamp(path)]
         except (ValueError, OSError):
             return str(log)  # the run itself reports the problem
+        try:
+            name = json.loads(path.read_text(encoding="utf-8"))["start_image"]["file"]
+            stamps.append(file_stamp(image_file(name, "start_image.file")))
+        except (ValueError, OSError, KeyError, TypeError):
+            pass
+        return "|".join(stamps)
 
     @classmethod
     def execute(cls, log: str, image: torch.Tensor | None = None) -> io.NodeOutput:

@@ -14,12 +14,16 @@ TEMPLATES = {
     "lingbot_fast_walk": "LingBot-World Fast one-minute walk",
     "lingbot_act2cam": "LingBot-World act2cam (official settings)",
     "lingbot_play": "LingBot-World Play",
+    "lingbot_play_replay": "LingBot-World Play replay",
 }
 # The LingBot-World Fast graphs (their frames fill whole 12-frame chunks: 9, 21, ...).
 FAST_WORKFLOWS = ("lingbot_fast_clip", "lingbot_fast_walk")
 # A live session: it waits for keys, so it is not run like the others (tests/integration/test_play_server.py
 # runs its API graph; the browser test of the Play panel runs the template).
 LIVE_TEMPLATES = ("lingbot_play",)
+# Graphs that render a Play session again from its action log: they need a session's log in the
+# output folder (tests/integration/test_play_replay.py makes one and runs them to the same latent).
+REPLAY_TEMPLATES = ("lingbot_play_replay",)
 
 # Inputs whose widget the frontend follows with one more value in widgets_values (the seed's
 # "control after generate", LoadImage's upload button), besides what the schema flags.
