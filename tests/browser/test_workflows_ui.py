@@ -30,7 +30,7 @@ import tiny_package
 from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
-from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, TEMPLATES
+from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, REPLAY_TEMPLATES, SHIPPED_BEFORE, TEMPLATES
 from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
 UI_DIR = ROOT / "example_workflows"
@@ -38,9 +38,10 @@ API_DIR = ROOT / "workflows" / "api"
 LEGACY_DIR = ROOT / "tests" / "data" / "legacy_workflows"  # the same graphs as shipped before
 EXAMPLES = sorted(TEMPLATES)
 # Run from the page to a saved video; a live session (Play) waits for keys: its own browser test drives it.
-RUN_TO_END = [name for name in EXAMPLES if name not in LIVE_TEMPLATES]
-# The templates with a copy as shipped before (tests/data/legacy_workflows/).
-SAVED_BEFORE = [name for name in EXAMPLES if (LEGACY_DIR / "api" / f"{name}.json").is_file()]
+# A replay needs a session's log: test_play_replay_template_runs_from_a_log_in_the_page.
+RUN_TO_END = [name for name in EXAMPLES if name not in LIVE_TEMPLATES + REPLAY_TEMPLATES]
+# The graphs as shipped before (tests/data/legacy_workflows/, under their names then).
+SAVED_BEFORE = sorted(SHIPPED_BEFORE)
 SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"
 LONG_WINDOW = 5  # the long walk runs as two windows of 5 frames (9 frames)
@@ -195,6 +196,42 @@ def test_templates_list_exactly_the_example_workflows(comfy_server: ComfyServer)
         thumb = comfy_server.get(f"/api/workflow_templates/{PACK_NAME}/{title}.jpg")
         assert thumb.status_code == 200 and thumb.headers["Content-Type"] == "image/jpeg", title
         assert thumb.content == (UI_DIR / f"{title}.jpg").read_bytes()
+
+
+# Each card title of the pack's templates as the dialog shows it: its box (page pixels) and
+# whether its text fits (a title cut by the card's ellipsis or clamp overflows its element).
+_JS_CARD_TITLES = """(titles) => {
+    const dialog = document.querySelector('[role=dialog]');
+    const shown = [];
+    for (const el of dialog.querySelectorAll('*')) {
+        const text = [...el.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('').trim();
+        if (!titles.includes(text)) continue;
+        const box = el.getBoundingClientRect();
+        if (!box.width) continue;
+        shown.push({title: text, top: Math.round(box.top), left: Math.round(box.left),
+                    cut: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1});
+    }
+    return shown;
+}"""
+
+
+def test_template_cards_show_whole_titles_in_the_readme_order(frontend: ComfyFrontend) -> None:
+    """Issue 27: the cards cut the titles, and the README's first template came last (the server
+    lists a pack's templates in its folder's order on disk): every title whole on its card, the
+    cards in TEMPLATES' order, the README's."""
+    page = frontend.page
+    page.get_by_role("button", name="Templates", exact=True).first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text(PACK_NAME, exact=True).first.click()
+    titles = list(TEMPLATES.values())
+    dialog.get_by_text(titles[0], exact=True).first.wait_for(timeout=30_000)
+    page.wait_for_timeout(500)  # the thumbnails load and the grid settles
+    frontend.screenshot(artifacts_dir("browser") / "templates-dialog.png")
+    shown = page.evaluate(_JS_CARD_TITLES, titles)
+    assert sorted(s["title"] for s in shown) == sorted(titles), shown
+    assert [s for s in shown if s["cut"]] == []
+    in_order = [s["title"] for s in sorted(shown, key=lambda s: (s["top"], s["left"]))]
+    assert in_order == titles
 
 
 def open_from_the_templates_dialog(frontend: ComfyFrontend, title: str, nodes: int) -> None:
@@ -423,7 +460,7 @@ def test_a_workflow_saved_before_converts_to_its_prompt_in_the_page(
         frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
     """A user's copy of a shipped workflow as it was before: the frontend loads it with
     today's node definitions and converts it to the API prompt shipped with it."""
-    frontend.load_workflow(json.loads((LEGACY_DIR / "ui" / f"{TEMPLATES[name]}.json").read_text()))
+    frontend.load_workflow(json.loads((LEGACY_DIR / "ui" / f"{SHIPPED_BEFORE[name][0]}.json").read_text()))
     assert frontend.missing_node_types() == []
     page_prompt_matches(frontend, comfy_server, json.loads((LEGACY_DIR / "api" / f"{name}.json").read_text()))
     assert not frontend.page_errors, frontend.page_errors
