@@ -345,6 +345,9 @@ def test_template_widget_values_fit_the_node_schemas(frontend: ComfyFrontend, co
                                                      name: str) -> None:
     """Every node of the shipped template holds a value for every widget its node has now,
     each one its widget can take (the fast-mode template's Camera held 8 of 13)."""
+    if name in REPLAY_TEMPLATES:  # its log combo lists the Play logs of the output folder
+        write_play_log(comfy_server, FAST_FRAMES, "w-8,wj-12")
+        frontend.reload()
     info = comfy_server.object_info()
     optional = {kind: list(spec["input"].get("optional", {})) for kind, spec in info.items()}
     problems = frontend.page.evaluate(_JS_WIDGET_PROBLEMS, [ui_graph(name), optional])
@@ -452,6 +455,55 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
         restore = {"LingBotWorldVAEEncode": shipped, "LingBotWorldCamera": shipped_camera,
                    "LingBotWorldSampler": {"steps": api[SAMPLER]["inputs"]["steps"]}}
     frontend.page.evaluate(_JS_SET_WIDGETS, restore)
+    shoot_thumbnail(frontend, name)
+
+
+REPLAY_LOG = "LingBotWorld/play_00001_.json"  # the name the replay template ships: a first session's log
+
+
+def write_play_log(server: ComfyServer, frames: int, actions: str) -> dict:
+    """A Play session's action log in the server's output folder as the Play node saves it
+    (beside its .mp4), its start image the tiny package's: what the replay template reads."""
+    import hashlib
+
+    from PIL import ImageOps
+
+    image = server.input_dir / tiny_package.START_IMAGE
+    with Image.open(image) as file:
+        pixels = np.array(ImageOps.exif_transpose(file).convert("RGB")).astype(np.float32) / 255.0
+    log = {"actions": actions, "frames": frames, "seed": 3, "shift": 10.0, "kv_window": 6, "kv_sink": 3,
+           "kv_dtype": "bf16", "keyframes": "per chunk (Play)", "width": WIDTH, "height": HEIGHT,
+           "vae_precision": "fp32", "fps": 16, "mode": "turn", "ended": "stop", "prompt": "a harbour at dusk",
+           "negative_prompt": "", "prompt_source": "text", "vae": "lingbot/lingbot-world-base-cam-nf4/Wan2.1_VAE.pth",
+           "start_image": {"file": image.name, "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
+                           "pixels_sha256": hashlib.sha256(pixels.tobytes()).hexdigest()}}
+    path = server.output_dir / REPLAY_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(log, indent=1))
+    path.with_suffix(".mp4").write_bytes(b"")
+    return log
+
+
+def test_play_replay_template_runs_from_a_log_in_the_page(display: ComfyFrontend, frontend: ComfyFrontend,
+                                                          comfy_server: ComfyServer) -> None:
+    """The replay template in the page: its Play Log node's outputs linked into the Fast clip
+    nodes' widgets (kv_dtype and precision are combo links), converted to the shipped API graph,
+    queued with a session's log in the output folder: the video has the log's frames and size."""
+    name = "lingbot_play_replay"
+    log = write_play_log(comfy_server, FAST_FRAMES, "w-8,wj-12")
+    frontend.reload()  # the Play Log node's combo lists the new log
+    workflow = ui_graph(name)
+    frontend.load_workflow(workflow)
+    assert frontend.missing_node_types() == []
+    page_prompt_matches(frontend, comfy_server, api_graph(name))
+    result = comfy_server.wait(frontend.queue_current(), timeout=180)
+    assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
+    (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    info = video_info(video)
+    assert (info.frames, info.width, info.height) == (log["frames"], WIDTH, HEIGHT), info
+    assert_nothing_covered(frontend.page.evaluate(_JS_VIEW, BADGE_HEIGHT)["nodes"])
+    fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
+    assert not frontend.page_errors, frontend.page_errors
     shoot_thumbnail(frontend, name)
 
 
