@@ -25,6 +25,7 @@ from .fast_sampler import LingBotWorldFastSampler  # noqa: E402
 from .lora_loader import LingBotWorldLoraLoader  # noqa: E402
 from .long_video import LingBotWorldLongVideo  # noqa: E402
 from .play import LingBotWorldPlay  # noqa: E402
+from .play_log import LingBotWorldPlayLog  # noqa: E402
 from .sampler import LingBotWorldSampler  # noqa: E402
 from .text_encode import LingBotWorldTextEncode  # noqa: E402
 from .vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
@@ -49,6 +50,7 @@ NODES: list[type[io.ComfyNode]] = [
     LingBotWorldFastSampler,
     LingBotWorldFastLongVideo,
     LingBotWorldPlay,
+    LingBotWorldPlayLog,
 ]
 
 for _node in NODES:
@@ -70,6 +72,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "LingBotWorldFastSampler": "LingBot-World Fast Sampler",
     "LingBotWorldFastLongVideo": "LingBot-World Fast Long Video",
     "LingBotWorldPlay": "LingBot-World Play",
+    "LingBotWorldPlayLog": "LingBot-World Play Log",
 }
 
 

@@ -323,6 +323,50 @@ def resolve_pose_export(name: str) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- output folder: Play logs
+
+PLAY_LOG_SUFFIX = ".json"
+
+
+def output_root() -> Path:
+    return Path(folder_paths.get_output_directory())
+
+
+def list_play_logs() -> list[str]:
+    """The action logs of Play sessions in ComfyUI's output folder: the .json files beside an
+    .mp4 of the same name (the Play node saves both), posix names relative to the folder,
+    newest first."""
+    root = output_root()
+    found = []
+    for here, _, filenames in _walk(root):
+        names = set(filenames)
+        for name in filenames:
+            if name.lower().endswith(PLAY_LOG_SUFFIX) and name[:-len(PLAY_LOG_SUFFIX)] + ".mp4" in names:
+                path = here / name
+                try:
+                    stamp = path.stat().st_mtime_ns
+                except OSError:
+                    continue
+                found.append((stamp, path.relative_to(root).as_posix()))
+    return [name for _, name in sorted(found, key=lambda item: (-item[0], item[1].lower()))]
+
+
+def resolve_play_log(name: str, field: str = "log") -> Path:
+    """The output-folder .json a log combo value names; refuses anything outside the output folder."""
+    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
+        raise ValueError(f"{field}: choose the action log of a LingBot-World Play session (the .json beside its "
+                         "video in ComfyUI's output folder); run the Play template first")
+    root = output_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{field}: {name!r} is outside ComfyUI's output folder")
+    if path.suffix.lower() != PLAY_LOG_SUFFIX:
+        raise ValueError(f"{field}: {name!r} is not a .json file")
+    if not path.is_file():
+        raise ValueError(f"{field}: {name!r} not found in ComfyUI's output folder")
+    return path
+
+
 def file_stamp(path: Path) -> str:
     """Changes whenever the file's content is likely to have changed (for IS_CHANGED)."""
     stat = path.stat()

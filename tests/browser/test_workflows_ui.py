@@ -30,7 +30,7 @@ import tiny_package
 from comfy_host import PACK_NAME, ROOT, artifacts_dir
 from comfy_server import ComfyServer, video_info
 from frontend import ComfyFrontend
-from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, TEMPLATES
+from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, REPLAY_TEMPLATES, SHIPPED_BEFORE, TEMPLATES
 from comfyui_lingbot_world.wan.camera_actions import cut_actions
 
 UI_DIR = ROOT / "example_workflows"
@@ -38,9 +38,10 @@ API_DIR = ROOT / "workflows" / "api"
 LEGACY_DIR = ROOT / "tests" / "data" / "legacy_workflows"  # the same graphs as shipped before
 EXAMPLES = sorted(TEMPLATES)
 # Run from the page to a saved video; a live session (Play) waits for keys: its own browser test drives it.
-RUN_TO_END = [name for name in EXAMPLES if name not in LIVE_TEMPLATES]
-# The templates with a copy as shipped before (tests/data/legacy_workflows/).
-SAVED_BEFORE = [name for name in EXAMPLES if (LEGACY_DIR / "api" / f"{name}.json").is_file()]
+# A replay needs a session's log: test_play_replay_template_runs_from_a_log_in_the_page.
+RUN_TO_END = [name for name in EXAMPLES if name not in LIVE_TEMPLATES + REPLAY_TEMPLATES]
+# The graphs as shipped before (tests/data/legacy_workflows/, under their names then).
+SAVED_BEFORE = sorted(SHIPPED_BEFORE)
 SAMPLER = "6"  # the sampler, or the Long Video node of the long walk
 LONG_WALK = "lingbot_long_walk"
 LONG_WINDOW = 5  # the long walk runs as two windows of 5 frames (9 frames)
@@ -197,6 +198,42 @@ def test_templates_list_exactly_the_example_workflows(comfy_server: ComfyServer)
         assert thumb.content == (UI_DIR / f"{title}.jpg").read_bytes()
 
 
+# Each card title of the pack's templates as the dialog shows it: its box (page pixels) and
+# whether its text fits (a title cut by the card's ellipsis or clamp overflows its element).
+_JS_CARD_TITLES = """(titles) => {
+    const dialog = document.querySelector('[role=dialog]');
+    const shown = [];
+    for (const el of dialog.querySelectorAll('*')) {
+        const text = [...el.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('').trim();
+        if (!titles.includes(text)) continue;
+        const box = el.getBoundingClientRect();
+        if (!box.width) continue;
+        shown.push({title: text, top: Math.round(box.top), left: Math.round(box.left),
+                    cut: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1});
+    }
+    return shown;
+}"""
+
+
+def test_template_cards_show_whole_titles_in_the_readme_order(frontend: ComfyFrontend) -> None:
+    """Issue 27: the cards cut the titles, and the README's first template came last (the server
+    lists a pack's templates in its folder's order on disk): every title whole on its card, the
+    cards in TEMPLATES' order, the README's."""
+    page = frontend.page
+    page.get_by_role("button", name="Templates", exact=True).first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text(PACK_NAME, exact=True).first.click()
+    titles = list(TEMPLATES.values())
+    dialog.get_by_text(titles[0], exact=True).first.wait_for(timeout=30_000)
+    page.wait_for_timeout(500)  # the thumbnails load and the grid settles
+    frontend.screenshot(artifacts_dir("browser") / "templates-dialog.png")
+    shown = page.evaluate(_JS_CARD_TITLES, titles)
+    assert sorted(s["title"] for s in shown) == sorted(titles), shown
+    assert [s for s in shown if s["cut"]] == []
+    in_order = [s["title"] for s in sorted(shown, key=lambda s: (s["top"], s["left"]))]
+    assert in_order == titles
+
+
 def open_from_the_templates_dialog(frontend: ComfyFrontend, title: str, nodes: int) -> None:
     """As a person does: the sidebar's Templates button, the pack's entry in the dialog's
     list, the card with the template's title; then wait until the graph is on the canvas."""
@@ -308,6 +345,9 @@ def test_template_widget_values_fit_the_node_schemas(frontend: ComfyFrontend, co
                                                      name: str) -> None:
     """Every node of the shipped template holds a value for every widget its node has now,
     each one its widget can take (the fast-mode template's Camera held 8 of 13)."""
+    if name in REPLAY_TEMPLATES:  # its log combo lists the Play logs of the output folder
+        write_play_log(comfy_server, FAST_FRAMES, "w-8,wj-12")
+        frontend.reload()
     info = comfy_server.object_info()
     optional = {kind: list(spec["input"].get("optional", {})) for kind, spec in info.items()}
     problems = frontend.page.evaluate(_JS_WIDGET_PROBLEMS, [ui_graph(name), optional])
@@ -418,12 +458,61 @@ def test_example_workflow_loads_converts_and_runs_from_the_page(
     shoot_thumbnail(frontend, name)
 
 
+REPLAY_LOG = "LingBotWorld/play_00001_.json"  # the name the replay template ships: a first session's log
+
+
+def write_play_log(server: ComfyServer, frames: int, actions: str) -> dict:
+    """A Play session's action log in the server's output folder as the Play node saves it
+    (beside its .mp4), its start image the tiny package's: what the replay template reads."""
+    import hashlib
+
+    from PIL import ImageOps
+
+    image = server.input_dir / tiny_package.START_IMAGE
+    with Image.open(image) as file:
+        pixels = np.array(ImageOps.exif_transpose(file).convert("RGB")).astype(np.float32) / 255.0
+    log = {"actions": actions, "frames": frames, "seed": 3, "shift": 10.0, "kv_window": 6, "kv_sink": 3,
+           "kv_dtype": "bf16", "keyframes": "per chunk (Play)", "width": WIDTH, "height": HEIGHT,
+           "vae_precision": "fp32", "fps": 16, "mode": "turn", "ended": "stop", "prompt": "a harbour at dusk",
+           "negative_prompt": "", "prompt_source": "text", "vae": "lingbot/lingbot-world-base-cam-nf4/Wan2.1_VAE.pth",
+           "start_image": {"file": image.name, "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
+                           "pixels_sha256": hashlib.sha256(pixels.tobytes()).hexdigest()}}
+    path = server.output_dir / REPLAY_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(log, indent=1))
+    path.with_suffix(".mp4").write_bytes(b"")
+    return log
+
+
+def test_play_replay_template_runs_from_a_log_in_the_page(display: ComfyFrontend, frontend: ComfyFrontend,
+                                                          comfy_server: ComfyServer) -> None:
+    """The replay template in the page: its Play Log node's outputs linked into the Fast clip
+    nodes' widgets (kv_dtype and precision are combo links), converted to the shipped API graph,
+    queued with a session's log in the output folder: the video has the log's frames and size."""
+    name = "lingbot_play_replay"
+    log = write_play_log(comfy_server, FAST_FRAMES, "w-8,wj-12")
+    frontend.reload()  # the Play Log node's combo lists the new log
+    workflow = ui_graph(name)
+    frontend.load_workflow(workflow)
+    assert frontend.missing_node_types() == []
+    page_prompt_matches(frontend, comfy_server, api_graph(name))
+    result = comfy_server.wait(frontend.queue_current(), timeout=180)
+    assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
+    (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    info = video_info(video)
+    assert (info.frames, info.width, info.height) == (log["frames"], WIDTH, HEIGHT), info
+    assert_nothing_covered(frontend.page.evaluate(_JS_VIEW, BADGE_HEIGHT)["nodes"])
+    fit_and_shoot(frontend, artifacts_dir("browser") / f"{name}.png")
+    assert not frontend.page_errors, frontend.page_errors
+    shoot_thumbnail(frontend, name)
+
+
 @pytest.mark.parametrize("name", SAVED_BEFORE)
 def test_a_workflow_saved_before_converts_to_its_prompt_in_the_page(
         frontend: ComfyFrontend, comfy_server: ComfyServer, name: str) -> None:
     """A user's copy of a shipped workflow as it was before: the frontend loads it with
     today's node definitions and converts it to the API prompt shipped with it."""
-    frontend.load_workflow(json.loads((LEGACY_DIR / "ui" / f"{TEMPLATES[name]}.json").read_text()))
+    frontend.load_workflow(json.loads((LEGACY_DIR / "ui" / f"{SHIPPED_BEFORE[name][0]}.json").read_text()))
     assert frontend.missing_node_types() == []
     page_prompt_matches(frontend, comfy_server, json.loads((LEGACY_DIR / "api" / f"{name}.json").read_text()))
     assert not frontend.page_errors, frontend.page_errors

@@ -67,7 +67,7 @@ def with_lora(graph: dict, high: str, low: str, strength: float = 1.0) -> dict:
 
 
 def test_fast_workflow_computes_fewer_forwards_than_exact(comfy_server: ComfyServer) -> None:
-    fast = tiny_package.small_workflow(load_api("lingbot_fast"), steps=STEPS)
+    fast = tiny_package.small_workflow(load_api("lingbot_step_cache"), steps=STEPS)
     assert {k: fast[SAMPLER]["inputs"][k] for k in ("cache_threshold", "cfg_truncate", "attention")} == \
         {"cache_threshold": 0.05, "cfg_truncate": 0.2, "attention": "auto"}
     exact = json.loads(json.dumps(fast))

@@ -8,7 +8,8 @@ own /object_info, tests/shipped_workflows.py) and run to its video, whose frame 
 the graph's own; the API graph of workflows/api/ beside it runs too when it is another prompt.
 One server for the module with the tiny package (tests/tiny_package.py), 16x16 and one or two
 steps, so the 961-frame walks stay affordable on a 2-core CI box. The live Play session waits for keys: its
-API graph runs in test_play_server.py and its template in tests/browser/test_play_ui.py.
+API graph runs in test_play_server.py and its template in tests/browser/test_play_ui.py; the replay
+of a session from its log (it needs a session) in test_play_replay.py, template and API graph.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ import pytest
 import tiny_package
 from comfy_host import ROOT
 from comfy_server import ComfyServer, video_info
-from shipped_workflows import LIVE_TEMPLATES, TEMPLATES, template_prompt
+from shipped_workflows import LIVE_TEMPLATES, REPLAY_TEMPLATES, TEMPLATES, template_prompt
 
 WIDTH, HEIGHT = 16, 16  # the smallest the nodes take: the 961-frame walks stay minutes on 2 cores
 STEPS = {"LingBotWorldSampler": 2, "LingBotWorldLongVideo": 1}  # the only other value shrunk
 SIZED = ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo", "LingBotWorldFastLongVideo")
-RUN = sorted(name for name in TEMPLATES if name not in LIVE_TEMPLATES)
+RUN = sorted(name for name in TEMPLATES if name not in LIVE_TEMPLATES + REPLAY_TEMPLATES)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def run_to_video(server: ComfyServer, graph: dict, what: str) -> None:
 
 def test_every_shipped_workflow_is_run_here() -> None:
     assert sorted(p.stem for p in (ROOT / "workflows" / "api").glob("*.json")) == sorted(TEMPLATES)
-    assert set(RUN) | set(LIVE_TEMPLATES) == set(TEMPLATES)
+    assert set(RUN) | set(LIVE_TEMPLATES) | set(REPLAY_TEMPLATES) == set(TEMPLATES)
 
 
 def api_prompt(graph: dict) -> dict:

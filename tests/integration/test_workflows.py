@@ -18,16 +18,16 @@ import pytest
 import tiny_package
 from comfy_host import ROOT
 from comfy_server import ComfyServer, PromptRejected, video_info
-from shipped_workflows import FAST_WORKFLOWS
+from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, REPLAY_TEMPLATES
 
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
 # The one-pass graphs (sampler, decode, Save Video); the long walk and the LingBot-World
-# Fast graphs (frames in whole chunks) have their own test files, and the Play session (live:
-# it waits for keys) test_play_server.py.
-ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS
-                      if p.stem not in ("lingbot_long_walk", "lingbot_play") and p.stem not in FAST_WORKFLOWS]
+# Fast graphs (frames in whole chunks) have their own test files, the Play session (live:
+# it waits for keys) test_play_server.py, and its replay test_play_replay.py.
+ELSEWHERE = FAST_WORKFLOWS + LIVE_TEMPLATES + REPLAY_TEMPLATES
+ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem not in ELSEWHERE and p.stem != "lingbot_long_walk"]
 LEGACY_API_WORKFLOWS = sorted(p for p in (ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json")
-                              if p.stem not in FAST_WORKFLOWS and p.stem != "lingbot_play")
+                              if p.stem not in ELSEWHERE)
 PACK_NODES = {
     # type: (required inputs in order, optional inputs, outputs)
     "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
@@ -60,6 +60,8 @@ PACK_NODES = {
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
                          ["text", "positive", "vae_model", "precision"], ["VIDEO", "STRING", "LATENT"]),
+    "LingBotWorldPlayLog": (["log"], ["image"], ["IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT",
+                                                 "FLOAT", "INT", "INT", "COMBO", "COMBO"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
@@ -112,7 +114,8 @@ def test_object_info_lists_every_pack_node_with_its_inputs(comfy_server: ComfySe
         assert schema["output"] == outputs, node_type
         assert schema["display_name"].startswith("LingBot"), node_type
 
-    # The combos list the files the shipped workflows name (the tiny package stands in).
+    # The combos list the files the shipped workflows name (the tiny package stands in; a Play
+    # session's log exists once a session ran: test_play_replay.py).
     for path in API_WORKFLOWS:
         for node_id, node in json.loads(path.read_text()).items():
             schema = info[node["class_type"]]["input"]
@@ -120,7 +123,8 @@ def test_object_info_lists_every_pack_node_with_its_inputs(comfy_server: ComfySe
                 spec = schema.get("required", {}).get(name) or schema.get("optional", {}).get(name)
                 assert spec is not None, f"{path.name} node {node_id}: unknown input {name}"
                 options = spec[0] if isinstance(spec[0], list) else spec[1].get("options") if spec[0] == "COMBO" else None
-                if options is not None and node["class_type"] != "LoadImage":
+                if options is not None and node["class_type"] not in ("LoadImage", "LingBotWorldPlayLog") \
+                        and not isinstance(value, list):  # a link: its value comes from another node
                     assert value in options, f"{path.name} node {node_id}: {name}={value!r} not offered"
 
 
@@ -168,7 +172,7 @@ def test_an_api_prompt_saved_before_still_runs(comfy_server: ComfyServer, workfl
     """Queued as saved (only shrunk like every graph here): it validates, runs, saves a video."""
     # every one-pass graph shipped has its saved copy (the Fast graphs' and Play's: their own test files)
     assert len(LEGACY_API_WORKFLOWS) == len([p for p in API_WORKFLOWS
-                                             if p.stem not in FAST_WORKFLOWS and p.stem != "lingbot_play"])
+                                             if p.stem not in ELSEWHERE])
     graph = tiny_package.small_workflow(json.loads(workflow.read_text()), frames=5, width=WIDTH, height=HEIGHT,
                                         steps=2)
     comfy_server.free()  # drop cached outputs: the same graph may have run above

@@ -53,6 +53,7 @@ EXPECTED_INPUTS = {
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
                          ["text", "positive", "vae_model", "precision"]),
+    "LingBotWorldPlayLog": (["log"], ["image"]),  # issue 27: replay a session from its log
 }
 
 EXPECTED_OUTPUTS = {
@@ -68,6 +69,9 @@ EXPECTED_OUTPUTS = {
     "LingBotWorldFastSampler": ("LATENT",),
     "LingBotWorldFastLongVideo": ("VIDEO",),
     "LingBotWorldPlay": ("VIDEO", "STRING", "LATENT"),
+    # what the Fast clip nodes take: kv_dtype and precision link into their combo widgets
+    "LingBotWorldPlayLog": ("IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT", "FLOAT", "INT", "INT",
+                            "COMBO", "COMBO"),
 }
 
 
@@ -76,6 +80,7 @@ NODE_CATEGORIES = {
     "LingBotWorldLongVideo": "LingBot-World/Base", "LingBotWorldLoraLoader": "LingBot-World/Base",
     "LingBotWorldFastDiTLoader": "LingBot-World/Fast", "LingBotWorldFastSampler": "LingBot-World/Fast",
     "LingBotWorldFastLongVideo": "LingBot-World/Fast", "LingBotWorldPlay": "LingBot-World/Play",
+    "LingBotWorldPlayLog": "LingBot-World/Play",
     "LingBotWorldCamera": "LingBot-World/Camera and Act", "LingBotWorldTextEncode": "LingBot-World/Text and VAE",
     "LingBotWorldVAEEncode": "LingBot-World/Text and VAE", "LingBotWorldVAEDecode": "LingBot-World/Text and VAE",
 }
@@ -90,7 +95,7 @@ def test_search_aliases_only_where_the_host_has_them(monkeypatch):
     has_field = "search_aliases" in io.Schema.__dataclass_fields__
     schemas = {name: cls.GET_SCHEMA() for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items()}
     for query, nodes in {"lingbot act": ("LingBotWorldCamera", "LingBotWorldDiTLoader", "LingBotWorldSampler"),
-                         "lingbot play": ("LingBotWorldPlay",),
+                         "lingbot play": ("LingBotWorldPlay", "LingBotWorldPlayLog"),
                          "lingbot fast": ("LingBotWorldFastDiTLoader", "LingBotWorldFastSampler",
                                           "LingBotWorldFastLongVideo")}.items():
         word = query.split()[1]

@@ -13,18 +13,18 @@ from PIL import Image
 from comfy_host import use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
-from shipped_workflows import TEMPLATES  # noqa: E402
+from shipped_workflows import MAX_TITLE, SHIPPED_BEFORE, TEMPLATES  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_workflows"
-# Combos that list the user's files: what the old graphs name is checked in a real server
+# Combos that list the user's files (and a Play session's log): what the old graphs name is checked in a real server
 # with the tiny package installed under those names (tests/integration/test_workflows.py).
 FILE_COMBOS = {"t5_file", "tokenizer", "vae", "high_noise", "low_noise", "poses_file", "intrinsics_file",
-               "pose_export", "lora_high_noise", "lora_low_noise", "fast_model"}
+               "pose_export", "lora_high_noise", "lora_low_noise", "fast_model", "log"}
 
 
-WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_fast", "lingbot_no_camera",
+WORKFLOWS = ("lingbot_camera_files", "lingbot_camera_preset", "lingbot_step_cache", "lingbot_no_camera",
              "lingbot_act2cam")  # one pass
 
 # Widget values the frontend stores right after an input's own value.
@@ -60,7 +60,7 @@ def test_api_workflow_matches_node_schemas(name, comfy_dirs):
     classes = [node["class_type"] for node in graph.values()]
     assert classes.count("LingBotWorldSampler") == 1 and "SaveVideo" in classes and "CreateVideo" in classes
     assert ("LingBotWorldCamera" in classes) == (name != "lingbot_no_camera")
-    if name == "lingbot_fast":
+    if name == "lingbot_step_cache":
         fast = next(n for n in graph.values() if n["class_type"] == "LingBotWorldSampler")["inputs"]
         assert {k: fast[k] for k in ("cache_threshold", "cfg_truncate", "attention", "preset")} == \
             {"cache_threshold": 0.05, "cfg_truncate": 0.2, "attention": "auto", "preset": "none"}
@@ -209,7 +209,9 @@ def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
         for input_name in names:
             if not values and input_name in optional and input_name not in expected["inputs"]:
                 continue  # a widget added after the graph was saved: the frontend and the node use its default
-            assert values.pop(0) == expected["inputs"][input_name], f"{node_id}.{input_name}"
+            value, wanted = values.pop(0), expected["inputs"][input_name]
+            # a widget linked to another node's output keeps a value the link overrides
+            assert isinstance(wanted, list) or value == wanted, f"{node_id}.{input_name}"
             for _ in range(EXTRA_WIDGETS.get((node["type"], input_name), 0)):
                 values.pop(0)
         assert values == []
@@ -220,7 +222,7 @@ def assert_ui_is_the_api_graph(ui: dict, api: dict) -> None:
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_shipped_api_workflow_gives_every_widget_input_of_the_pack_nodes(name, comfy_dirs):
     """The shipped API prompts name every widget input of the pack's nodes, optional ones
-    included, as the page's own export of the template does (lingbot_fast.json's Camera
+    included, as the page's own export of the template does (lingbot_step_cache.json's Camera
     lacked five); older prompts without them still validate (the legacy tests below)."""
     graph = json.loads((REPO / "workflows" / "api" / f"{name}.json").read_text(encoding="utf-8"))
     missing = {f"{node_id} {node['class_type']}": sorted(set(names) - set(node["inputs"]))
@@ -258,16 +260,40 @@ def test_templates_are_the_workflows_with_distinct_thumbnails():
 
 
 def test_the_legacy_copies_are_the_shipped_set():
-    """tests/data/legacy_workflows/ holds every shipped graph as it was: saved workflows and
-    API prompts of users, which must keep loading whatever the nodes become."""
-    assert sorted(p.stem for p in (LEGACY / "api").glob("*.json")) == sorted(TEMPLATES)
-    assert sorted(p.stem for p in (LEGACY / "ui").glob("*.json")) == sorted(TEMPLATES.values())
+    """tests/data/legacy_workflows/ holds every shipped graph as it was, under the names it was
+    shipped as: saved workflows and API prompts of users, which must keep loading whatever the
+    nodes and the templates' names become."""
+    assert sorted(p.stem for p in (LEGACY / "api").glob("*.json")) == sorted(SHIPPED_BEFORE)
+    assert sorted(p.stem for p in (LEGACY / "ui").glob("*.json")) == sorted(t for t, _ in SHIPPED_BEFORE.values())
+    assert sorted(now for _, now in SHIPPED_BEFORE.values()) == sorted(TEMPLATES)
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_template_names_fit_a_card_and_keep_the_fast_model_apart():
+    """Issue 27: the cards cut long titles (the browser test measures them on the page), and
+    "fast mode" (the Base model's step cache) shared a word with the LingBot-World Fast model."""
+    assert all(len(title) <= MAX_TITLE for title in TEMPLATES.values()), TEMPLATES
+    assert [name for name, title in TEMPLATES.items() if "fast" in title.lower() and "_fast_" not in name] == []
+
+
+def test_the_dialog_order_is_the_readme_order():
+    """web/js/lingbot_templates.js orders the dialog's cards; the README lists the templates in
+    the same order (its first one first: the Quick start's camera preset)."""
+    import re
+
+    script = (REPO / "web" / "js" / "lingbot_templates.js").read_text(encoding="utf-8")
+    order = re.findall(r'^    "([^"]+)",$', script.split("export const ORDER = [", 1)[1].split("];", 1)[0], re.M)
+    assert order == list(TEMPLATES.values())
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    listed = readme.split("\nTemplates: ", 1)[1].split("; the dialog shows them in this order", 1)[0]
+    assert re.findall(r"\*\*([^*]+)\*\*", listed) == [t.removeprefix("LingBot-World ") for t in TEMPLATES.values()]
+    table = (REPO / "workflows" / "README.md").read_text(encoding="utf-8")
+    assert re.findall(r"^\| `(\w+)\.json` \| `([^`]+)` \|", table, re.M) == list(TEMPLATES.items())
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_BEFORE))
 def test_a_legacy_ui_workflow_converts_to_its_api_prompt(name, comfy_dirs):
     """Read with today's node schemas, the old UI file gives the old API prompt, value for value."""
-    ui = json.loads((LEGACY / "ui" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
+    ui = json.loads((LEGACY / "ui" / f"{SHIPPED_BEFORE[name][0]}.json").read_text(encoding="utf-8"))
     api = json.loads((LEGACY / "api" / f"{name}.json").read_text(encoding="utf-8"))
     assert_ui_is_the_api_graph(ui, api)
 
@@ -277,7 +303,7 @@ def _offered(spec) -> list | None:
     return kind if isinstance(kind, list) else spec[1].get("options") if kind == "COMBO" and len(spec) > 1 else None
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@pytest.mark.parametrize("name", sorted(SHIPPED_BEFORE))
 def test_a_legacy_api_prompt_validates_against_the_node_schemas(name, comfy_dirs):
     """Every input of the old prompt exists, every required one is given, numbers sit in
     their ranges and fixed choices are still offered (file combos list the user's files)."""
