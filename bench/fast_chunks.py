@@ -124,11 +124,13 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
     record: dict = {}
     with watch.phase("chunks") as phase:
         started = time.perf_counter()
-        vae = open_vae(vae_file, device, vae_dtype(device))
+        # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
+        vae_device = device if getattr(args, "vae_on_gpu", True) else torch.device("cpu")
+        vae = open_vae(vae_file, vae_device, vae_dtype(vae_device))
         decoder = vae.stream_decoder(tile=args.decode_tile or None) if args.stream_decode else None
         # Without streaming decode the VAE goes once the image condition is proven constant.
         release = None if decoder is not None else (lambda: release_module(vae))
-        source = StreamedI2V(vae, pixels.to(device), latent_frames, release_vae=release)
+        source = StreamedI2V(vae, pixels.to(vae_device), latent_frames, release_vae=release)
         if args.prefetch_y:  # encode the condition up to its fixed point now: the encoder's state goes first
             source.prefetch()
         with FastGenerator(model, text, source, params, latent_frames=latent_frames) as session:
@@ -144,7 +146,7 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
                     record["time_to_first_chunk_s"] = t1 - started
                 if decoder is not None:
                     with torch.inference_mode():
-                        video = decoder.decode_next(x0[None].to(vae.dtype))
+                        video = decoder.decode_next(x0[None].to(vae_device, vae.dtype))
                     sync(device)
                     decode_s.append(time.perf_counter() - t1)
                     if c == 0:

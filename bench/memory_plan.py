@@ -49,6 +49,7 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
     args.kv_dtype = plan.kv_dtype
     args.blocks_on_gpu = plan.blocks_on_gpu or 0
     args.overlap = getattr(args, "overlap", True) and plan.overlap  # an asked-for sequential run stays one
+    args.vae_on_gpu = plan.vae_on_gpu
     print(f"memory auto for {card_bytes(args, device) / GIB:.0f} GiB: {plan.describe()}"
           + ("" if plan.fits else " (does not fit: the smallest plan)"))
     return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,

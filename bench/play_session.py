@@ -140,7 +140,9 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
                             attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001)
     record: dict = {"mode": mode, "chunks_asked": chunks}
     with watch.phase(f"session_{mode}") as phase:
-        vae = open_vae(vae_file, device, vae_dtype(device, args.vae_precision))
+        # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
+        vae_device = device if getattr(args, "vae_on_gpu", True) else torch.device("cpu")
+        vae = open_vae(vae_file, vae_device, vae_dtype(vae_device, args.vae_precision))
         session = None
         try:
             with VideoWriter(folder / f"play_{mode}.mp4", fps=args.fps) as writer:

@@ -69,6 +69,8 @@ for what in "$@"; do
                   tail -45 "$OUT/sp_2gpu_profile.log" ;;
         sp2_fp8_terms_p2p_off) NCCL_P2P_DISABLE=1 python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 \
                   --camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_p2p_off.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        sp4_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --camera-terms 40 --skip-exact \
+                  --out "$OUT/sp_4gpu_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \
                   --out "$OUT/sp_4gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
@@ -131,7 +133,7 @@ EOF
         # loop with the transformer in fp8 / int8 (converted on load from the NF4 package; ~18.5 GB) beside the
         # bf16 and fp8 floors of the same run, under a 24 GiB cap with 20 blocks on the GPU (fp8 needs block swap
         # there) and uncapped.
-        attn) python3 bench/attention_backends.py --out "$OUT/attention_backends.json" 2>&1 | grep -v "^Failed to load" | tail -6 ;;
+        attn_backends) python3 bench/attention_backends.py --out "$OUT/attention_backends.json" 2>&1 | grep -v "^Failed to load" | tail -6 ;;
         gemm8) python3 bench/gemm8.py --out "$OUT/gemm8_4680.json" 2>&1 | grep -v "^Failed to load" ;;
         fast81_fp8) fast --frames 81 --prefetch-y --no-clip --weights fp8 --out "$OUT/fast_81_w9s3_bf16_fp8w.json" ;;
         # Kept camera terms (wan/runtime/camera_terms.py): each block's camera scale/shift once a chunk, not per
