@@ -71,6 +71,8 @@ for what in "$@"; do
                   --camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_p2p_off.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --camera-terms 40 --skip-exact \
                   --out "$OUT/sp_4gpu_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
+        sp4only_fp8_terms) python3 bench/multi_gpu.py --mode sp --ranks 4 --weights fp8 --camera-terms 40 --skip-exact \
+                  --fast-chunks 5 --warmup 1 --out "$OUT/sp_4gpu_only_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \
                   --out "$OUT/sp_4gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
