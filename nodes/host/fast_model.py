@@ -167,6 +167,12 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
         log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
         load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
                                   fast.config, fast.identity, fast.devices)
+    if vae and not plan.vae_on_gpu and device.type == "cuda":
+        # Measured on an H100 under a 12 GiB cap: the float32 VAE on the CPU took 278 s to encode
+        # the start frame's condition before the first chunk (bench/RESULTS.md, fifth wave).
+        log.warning("LingBot Fast: no room for the VAE beside the transformer on %s (%s): it runs on the CPU, "
+                    "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
+                    "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())
     run = dataclasses.replace(run, camera_terms=plan.camera_terms)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
                         (vae if plan.vae_on_gpu else 0)
