@@ -347,3 +347,113 @@ def test_play_in_continuous_mode_keeps_the_keys_through_continue_and_pause(displ
     link = page.evaluate(_JS_LINK_CLIPPED)
     assert link["text"].startswith("video: ") and not link["clipped"], link
     frontend.screenshot(artifacts_dir("browser") / "play_after_session.png")
+
+
+# The Play node's box on screen and the boxes of what it must hold (screen pixels): with Nodes
+# 2.0 the node is a DOM element of its own; on the classic canvas its box is node.pos/size (the
+# title bar above pos) through the canvas' transform. Every <video> on the page is listed: in
+# this graph only the Play node has a video output, so a player the frontend adds for it is one.
+_JS_PLAY_LAYOUT = f"""(nodeId) => {{
+    const canvas = window.app.canvas;
+    const node = window.app.graph.getNodeById(Number(nodeId));
+    const box = (e) => {{ const r = e.getBoundingClientRect();
+        return {{left: r.left, top: r.top, right: r.right, bottom: r.bottom}}; }};
+    const element = document.querySelector(`[data-node-id="${{nodeId}}"]`);
+    let nodeBox;
+    if (element) nodeBox = box(element);
+    else {{
+        const c = canvas.canvas.getBoundingClientRect();
+        const [x0, y0] = canvas.ds.convertOffsetToCanvas([node.pos[0], node.pos[1] - window.LiteGraph.NODE_TITLE_HEIGHT]);
+        const [x1, y1] = canvas.ds.convertOffsetToCanvas([node.pos[0] + node.size[0], node.pos[1] + node.size[1]]);
+        nodeBox = {{left: c.left + x0, top: c.top + y0, right: c.left + x1, bottom: c.top + y1}};
+    }}
+    const panel = document.querySelector('{PANEL}');
+    const part = (s) => panel.querySelector(s);
+    // What a person sees at a line's middle: the line itself, or what covers it.
+    const seen = (e) => {{ const b = box(e); const hit = document.elementFromPoint(
+        (b.left + Math.min(b.right, b.left + 40)) / 2, (b.top + b.bottom) / 2);
+        return !!hit && e.contains(hit); }};
+    return {{
+        vue: !!element, node: nodeBox, size: [...node.size],
+        parts: {{panel: box(panel), top: box(part('.lbp-top')), screen: box(part('.lbp-screen')),
+                 buttons: box(part('.lbp-buttons')), info: box(part('.lbp-info')), link: box(part('.lbp-video'))}},
+        videos: [...document.querySelectorAll('video')].filter(v => v.offsetParent !== null).map(box),
+        // The frontend's own preview of the node's output: a widget of the classic canvas, or
+        // a picture or player of Nodes 2.0 in the node's element, outside the panel.
+        previews: element
+            ? [...element.querySelectorAll('img, video, .image-preview')].filter(e => !panel.contains(e))
+                .map(e => e.className || e.tagName)
+            : node.widgets.filter(w => /preview/i.test(w.name)).map(w => w.name),
+        overflow: panel.scrollHeight - panel.clientHeight,
+        seen: {{top: seen(part('.lbp-state')), link: seen(part('.lbp-video'))}},
+        link: part('.lbp-video').textContent,
+    }};
+}}"""
+
+
+# The Play node at ``scale``, its top-left corner at (x, y) on screen; toasts (Nodes 2.0's
+# "Prefer the legacy design?") removed so that nothing covers the node.
+_JS_FRAME_NODE = """([nodeId, scale, x, y]) => {
+    document.querySelectorAll('.p-toast-message').forEach(e => e.remove());
+    const canvas = window.app.canvas;
+    const node = window.app.graph.getNodeById(Number(nodeId));
+    canvas.ds.scale = scale;
+    canvas.ds.offset[0] = x / scale - node.pos[0];
+    canvas.ds.offset[1] = y / scale - node.pos[1];
+    canvas.setDirty(true, true);
+}"""
+
+
+def outside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
+    return (inner["left"] < outer["left"] - slack or inner["top"] < outer["top"] - slack
+            or inner["right"] > outer["right"] + slack or inner["bottom"] > outer["bottom"] + slack)
+
+
+@pytest.mark.parametrize("nodes_2", [False, True], ids=["classic", "nodes_2"])
+def test_play_node_holds_its_panel_and_video_after_a_session(display: ComfyFrontend, frontend: ComfyFrontend,
+                                                            comfy_server: ComfyServer, nodes_2: bool) -> None:
+    """Issue 27: after a session the Play node grew past the window (a video player under the
+    panel, the file name half hidden, the panel's top line clipped). A one-chunk session, then
+    Stop: the node's box on screen holds the panel, its top line, picture, buttons and file
+    name line, and any video player of the node; nothing overflows the panel and its top line
+    and file name are not covered. On the classic canvas and with Nodes 2.0 (the frontend's
+    DOM nodes, ComfyUI's "Modern Node Design")."""
+    page = frontend.page
+    page.evaluate("(on) => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on)", nodes_2)
+    try:
+        open_template(frontend, comfy_server)
+        wait_panel(frontend, "d.state === 'idle'", "its idle state before the run")
+        page.evaluate(_JS_SET_WIDGETS, [PLAY, {"width": WIDTH, "height": HEIGHT, "chunk_budget": 4, "mode": "turn"}])
+        page.evaluate("() => window.app.canvas.deselectAll()")
+        page.evaluate(_JS_FRAME_NODE, [PLAY, 0.5, 120, 120])
+        page.wait_for_timeout(500)  # Nodes 2.0 lays the DOM nodes out on the next frames
+        before = page.evaluate(_JS_PLAY_LAYOUT, PLAY)
+        assert before["vue"] == nodes_2, before
+        prompt_id = frontend.queue_current()
+        wait_panel(frontend, "d.state === 'waiting' && d.role === 'controller'", "the session waiting for its controller")
+        page.click(f"{PANEL} button.lbp-step")
+        wait_panel(frontend, f"d.chunks === '1' && d.state === 'waiting' && d.last === '{FIRST_CHUNK - 1}'",
+                   "the first chunk's frames")
+        page.click(f"{PANEL} button.lbp-stop")
+        result = comfy_server.wait(prompt_id, timeout=120)
+        assert result.ok, f"{result.describe()}\n{comfy_server.log_tail()}"
+        wait_panel(frontend, "d.state === 'ended'", "the session's end", timeout=30)
+        page.wait_for_timeout(1000)  # the frontend handles the executed message (its output preview) on its next frames
+        page.evaluate(_JS_FRAME_NODE, [PLAY, 0.5, 120, 120])
+        page.wait_for_timeout(300)
+        after = page.evaluate(_JS_PLAY_LAYOUT, PLAY)
+        frontend.screenshot(artifacts_dir("browser") / f"play_node_after_session-{'nodes2' if nodes_2 else 'classic'}.png")
+    finally:
+        page.evaluate("() => window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false)")
+
+    assert after["link"].startswith("video: "), after
+    assert after["previews"] == [], f"a player or picture of the frontend's in the Play node: {after['previews']}"
+    spilled = {name: b for name, b in after["parts"].items() if outside(b, after["node"])}
+    spilled.update({f"video {i}": b for i, b in enumerate(after["videos"]) if outside(b, after["node"])})
+    assert not spilled, f"outside the Play node {after['node']}: {spilled}"
+    assert after["overflow"] <= 1, f"the panel's content is {after['overflow']} px taller than the panel"
+    assert outside(after["parts"]["top"], after["parts"]["panel"]) is False, after["parts"]
+    assert after["seen"] == {"top": True, "link": True}, after
+    # The node keeps the size it had (it does not grow past the window).
+    height = lambda b: b["bottom"] - b["top"]  # noqa: E731
+    assert height(after["node"]) <= height(before["node"]) + 2, (before["node"], after["node"])

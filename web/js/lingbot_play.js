@@ -119,15 +119,30 @@ function attach(node) {
             if (result.ok && result.data?.mode) entry.panel.showMode(result.data.mode);
         },
     });
+    // Nodes 2.0 (the frontend's DOM nodes) sizes a widget by its content unless it is marked
+    // to take the node's remaining height, as its own text areas and 3-D viewers are.
+    entry.panel.element.classList.add("widget-expands");
     const widget = node.addDOMWidget("play", "lingbot_play", entry.panel.element, {
         serialize: false,
         getMinHeight: () => MIN_HEIGHT,
     });
     widget.serialize = false;  // neither in the saved workflow nor in the prompt
     // The session's video is the panel's (its link). The frontend's own player for a node's
-    // video output (added from the class's onDrawBackground) would sit under the panel and
-    // grow the node past it: this node draws no output preview of its own.
+    // video output would sit under the panel and grow the node past it (past the window):
+    // this node draws no output preview of its own. On the classic canvas the player comes
+    // from the class's onDrawBackground; with Nodes 2.0 the node shows what the page's node
+    // output store holds for it, which is the very object handed to onExecuted. So the
+    // page's copy of the output loses its media (the video stays in /history: the queue, the
+    // assets) before anything draws it.
     node.onDrawBackground = function () {};
+    const executed = node.onExecuted;
+    node.onExecuted = function (output) {
+        if (output && typeof output === "object") {
+            delete output.images;
+            delete output.animated;
+        }
+        return executed?.apply(this, arguments);
+    };
     node.lingbotPlay = entry.panel;  // for people poking at it from the console, and tests
     attached.add(entry);
 

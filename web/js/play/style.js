@@ -9,8 +9,13 @@ const CSS = `
     color: var(--input-text, #ddd); background: var(--comfy-input-bg, #222);
 }
 .lingbot-play.lbp-capturing { border-color: var(--p-primary-color, #4a9eff); }
+/* Only the picture gives when the panel is short: the other rows keep their height (a row with
+   overflow: hidden would otherwise shrink to nothing: the top line clipped), and the file name
+   line has its height before there is a file, so the session's end moves nothing. */
+.lingbot-play > * { flex: none; }
 .lingbot-play .lbp-top, .lingbot-play .lbp-info { display: flex; gap: 8px; align-items: center;
     white-space: nowrap; overflow: hidden; }
+.lingbot-play .lbp-info { min-height: 1.3em; }
 .lingbot-play .lbp-state { font-weight: bold; text-transform: uppercase; letter-spacing: 0.04em; }
 .lingbot-play[data-state="running"] .lbp-state { color: #5c5; }
 .lingbot-play[data-state="paused"] .lbp-state, .lingbot-play[data-state="waiting"] .lbp-state { color: #fc4; }
@@ -22,9 +27,13 @@ const CSS = `
 .lingbot-play .lbp-keyboard { opacity: 0.75; }
 .lingbot-play .lbp-keyboard:empty { display: none; }
 .lingbot-play.lbp-capturing .lbp-keyboard { opacity: 1; color: var(--p-primary-color, #4a9eff); font-weight: bold; }
-.lingbot-play .lbp-screen { position: relative; flex: 1 1 auto; min-height: 60px; background: #000;
+/* The picture fills the room the node leaves it and asks for none: the canvas is laid out out of
+   flow, so its picture's shape (832x480 before a session, the session's size after) never
+   makes the panel, and the node around it, taller. */
+.lingbot-play .lbp-screen { position: relative; flex: 1 1 0; min-height: 60px; background: #000;
     border-radius: 4px; overflow: hidden; cursor: pointer; }
-.lingbot-play .lbp-screen canvas { width: 100%; height: 100%; object-fit: contain; display: block; }
+.lingbot-play .lbp-screen canvas { position: absolute; inset: 0; width: 100%; height: 100%;
+    object-fit: contain; display: block; }
 .lingbot-play .lbp-overlay { position: absolute; inset: auto 0 0 0; display: flex; align-items: center;
     justify-content: center; text-align: center; padding: 4px 8px; color: #eee;
     background: rgba(0, 0, 0, 0.6); pointer-events: none; }
