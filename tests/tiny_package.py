@@ -97,7 +97,8 @@ def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 
         if node["class_type"] in ("LingBotWorldVAEEncode", "LingBotWorldCamera", "LingBotWorldLongVideo",
                                   "LingBotWorldFastLongVideo"):
             inputs.update(width=width, height=height, frames=frames)
-        if node["class_type"] == "LingBotWorldCamera" and inputs.get("source") == "actions":
+        if (node["class_type"] == "LingBotWorldCamera" and inputs.get("source") == "actions"
+                and isinstance(inputs.get("actions"), str)):  # a link (the Play Log's keys) is cut by its source
             inputs["actions"] = cut_actions(inputs["actions"], frames)
         if window is not None and node["class_type"] in ("LingBotWorldCamera", "LingBotWorldLongVideo"):
             inputs["window"] = window
