@@ -256,6 +256,31 @@ def test_templates_are_the_workflows_with_distinct_thumbnails():
         assert changed > 0.002, f"{first} and {second} have the same thumbnail ({changed:.4%} differs)"
 
 
+# How frontend 1.58.1 (with ComfyUI 0.28.0) opens a template from the dialog: it fits the graph
+# to the window, ignoring the saved extra.ds (1.32.9, the CI's, opens at extra.ds, so the browser
+# test cannot catch a template grown too tall there). LiteGraph's fitToBounds:
+# 0.75 of the window over the nodes' bounds (title bars included) padded by 10 on each side.
+FIT_WINDOW, FIT_ZOOM, FIT_PAD, TITLE_HEIGHT = (1280, 800), 0.75, 10, 30
+LOW_QUALITY_SCALE = 8 / 14  # below it the page draws every node as a grey box
+
+
+def fitted_scale(ui: dict) -> float:
+    nodes = ui["nodes"]
+    left = min(n["pos"][0] for n in nodes) - FIT_PAD
+    top = min(n["pos"][1] - TITLE_HEIGHT for n in nodes) - FIT_PAD
+    right = max(n["pos"][0] + n["size"][0] for n in nodes) + FIT_PAD
+    bottom = max(n["pos"][1] + n["size"][1] for n in nodes) + FIT_PAD
+    return FIT_ZOOM * min(FIT_WINDOW[0] / (right - left), FIT_WINDOW[1] / (bottom - top))
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_template_fitted_to_the_window_stays_readable(name):
+    """Frontend 1.58.1 opened the Fast clip, Fast walk and Play replay templates at 0.565-0.567
+    (the Fast DiT Loader's new widgets had made them 1038-1042 units tall): grey boxes."""
+    ui = json.loads((REPO / "example_workflows" / f"{TEMPLATES[name]}.json").read_text(encoding="utf-8"))
+    assert fitted_scale(ui) >= LOW_QUALITY_SCALE + 0.01, fitted_scale(ui)
+
+
 # --------------------------------------------------------------------------- workflows saved before
 
 

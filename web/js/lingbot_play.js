@@ -133,7 +133,11 @@ function attach(node) {
     // from the class's onDrawBackground; with Nodes 2.0 the node shows what the page's node
     // output store holds for it, which is the very object handed to onExecuted. So the
     // page's copy of the output loses its media (the video stays in /history: the queue, the
-    // assets) before anything draws it.
+    // assets) before anything draws it. Newer frontends (1.58.1, with ComfyUI 0.28) fill the
+    // store before onExecuted and draw from it at once (a player under the panel, the node
+    // grown): they skip the media of a node whose hideOutputImages is set, as their own
+    // Image Crop and Painter nodes do.
+    node.hideOutputImages = true;
     node.onDrawBackground = function () {};
     const executed = node.onExecuted;
     node.onExecuted = function (output) {
