@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.wan.runtime.attention import ATTENTION_BACKENDS  # noqa: E402
+from kernel_floor import _time_ms as time_ms  # noqa: E402  (CUDA events, median of repeats)
 
 SHAPES = {  # name: (query tokens, key tokens, heads)
     "fast_chunk_1gpu": (4680, 14040, 40),
@@ -32,20 +32,6 @@ SHAPES = {  # name: (query tokens, key tokens, heads)
 }
 FORCED = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
           "efficient": SDPBackend.EFFICIENT_ATTENTION}
-
-
-def time_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:

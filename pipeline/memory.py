@@ -3,7 +3,7 @@
 Estimates: the working room of the text encoder and the one-pass VAE stages
 (``TEXT_WORKSPACE``, ``VAE_WORKSPACE``), a transformer's activations per token
 (``activation_bytes``), a Fast run beside its transformer (``fast_run_bytes``: KV cache +
-a chunk's activations), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
+a chunk's activations; ``camera_terms_bytes``: a block's kept camera terms), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
 one budget for both), what fits a card (``fits``, ``plan_fast_memory``), and the host's
 room (``host_room_bytes``, ``vae_workspace_bytes``, ``check_video_fits``). ``nodes/host/``
 only asks ComfyUI for the room these name.

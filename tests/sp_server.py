@@ -20,7 +20,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 import tiny_package  # noqa: E402
 from comfy_host import ROOT  # noqa: E402
-from comfy_server import ComfyServer, RunResult, video_info  # noqa: E402
+from comfy_server import ComfyServer, RunResult, video_info, wait_for  # noqa: E402
 from shipped_workflows import TEMPLATES, template_prompt  # noqa: E402
 
 WIDTH, HEIGHT = 48, 32
@@ -83,16 +83,6 @@ def error_message(result: RunResult) -> str:
 def play_events(server: ComfyServer, kind: str, session_id: str | None = None) -> list[dict]:
     return [data for event, data in server._events.all_events if event == f"lingbot.play.{kind}"
             and (session_id is None or data.get("session_id") == session_id)]
-
-
-def wait_for(condition, what: str, server: ComfyServer, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{server.log_tail()}"
-        time.sleep(0.05)
 
 
 def start_play(server: ComfyServer, mode: str, chunk_budget: int) -> tuple[str, str]:

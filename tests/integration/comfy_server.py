@@ -637,6 +637,18 @@ _PDEATHSIG_LAUNCHER = (
 )
 
 
+def wait_for(condition, what: str, server: ComfyServer, timeout: float = 120.0):
+    """``condition()``'s first truthy value, polled every 50 ms; a failed assertion naming
+    ``what`` with the server's log tail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{server.log_tail()}"
+        time.sleep(0.05)
+
+
 def _dies_with_parent(command: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return command

@@ -25,7 +25,7 @@ import requests
 
 import tiny_package
 from comfy_host import ROOT
-from comfy_server import ComfyServer, _EventCollector, video_info
+from comfy_server import ComfyServer, _EventCollector, video_info, wait_for
 
 PLAY = "6"
 WIDTH, HEIGHT = 48, 32
@@ -52,16 +52,6 @@ def play_events(server: ComfyServer, session_id: str | None = None, kind: str | 
     return [data for event, data in events if event.startswith("lingbot.play.")
             and (kind is None or event == f"lingbot.play.{kind}")
             and (session_id is None or data.get("session_id") == session_id)]
-
-
-def wait_for(condition, what: str, server: ComfyServer, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{server.log_tail()}"
-        time.sleep(0.05)
 
 
 def start_session(server: ComfyServer, client_id: str | None = None, **changes) -> tuple[str, str]:
