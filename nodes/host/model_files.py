@@ -278,19 +278,27 @@ def list_input_files(suffix: str) -> list[str]:
     return sorted(found, key=str.lower)
 
 
-def resolve_input_file(name: str, field: str, suffix: str) -> Path:
-    """The input-folder file a combo value names; refuses anything outside the input folder."""
+def _resolve_in(root: Path, where: str, name: str, field: str, suffix: str, choose: str) -> Path:
+    """The ``suffix`` file a combo value ``name`` names inside ``root`` (``where`` names the
+    folder in messages); refuses an empty choice (``choose`` says what to do), anything
+    outside ``root``, another suffix and a missing file."""
     if not isinstance(name, str) or not name.strip() or name == NO_FILE:
-        raise ValueError(f"{field}: choose a {suffix} file from ComfyUI's input folder")
-    root = input_root().resolve()
+        raise ValueError(f"{field}: {choose}")
     path = (root / name).resolve()
     if not path.is_relative_to(root):
-        raise ValueError(f"{field}: {name!r} is outside ComfyUI's input folder {root}")
+        raise ValueError(f"{field}: {name!r} is outside {where}")
     if path.suffix.lower() != suffix:
         raise ValueError(f"{field}: {name!r} is not a {suffix} file")
     if not path.is_file():
-        raise ValueError(f"{field}: {name!r} not found in ComfyUI's input folder {root}")
+        raise ValueError(f"{field}: {name!r} not found in {where}")
     return path
+
+
+def resolve_input_file(name: str, field: str, suffix: str) -> Path:
+    """The input-folder file a combo value names; refuses anything outside the input folder."""
+    root = input_root().resolve()
+    return _resolve_in(root, f"ComfyUI's input folder {root}", name, field, suffix,
+                       f"choose a {suffix} file from ComfyUI's input folder")
 
 
 def list_pose_exports() -> list[str]:
@@ -353,18 +361,9 @@ def list_play_logs() -> list[str]:
 
 def resolve_play_log(name: str, field: str = "log") -> Path:
     """The output-folder .json a log combo value names; refuses anything outside the output folder."""
-    if not isinstance(name, str) or not name.strip() or name == NO_FILE:
-        raise ValueError(f"{field}: choose the action log of a LingBot-World Play session (the .json beside its "
-                         "video in ComfyUI's output folder); run the Play template first")
-    root = output_root().resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"{field}: {name!r} is outside ComfyUI's output folder")
-    if path.suffix.lower() != PLAY_LOG_SUFFIX:
-        raise ValueError(f"{field}: {name!r} is not a .json file")
-    if not path.is_file():
-        raise ValueError(f"{field}: {name!r} not found in ComfyUI's output folder")
-    return path
+    return _resolve_in(output_root().resolve(), "ComfyUI's output folder", name, field, PLAY_LOG_SUFFIX,
+                       "choose the action log of a LingBot-World Play session (the .json beside its video in "
+                       "ComfyUI's output folder); run the Play template first")
 
 
 def file_stamp(path: Path) -> str:
