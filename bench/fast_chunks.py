@@ -119,7 +119,7 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
     camera = stream_camera(args, frames, height, width)
     pixels = image_to_tensor(as_pil(image), height, width)
     params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms)
+                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
     chunk_s, decode_s = [], []
     record: dict = {}
     with watch.phase("chunks") as phase:
@@ -154,6 +154,9 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
                     del video
                 del x0
             record["cache_bytes"] = session.cache.nbytes()
+            graphs = session.cache.graphs
+            record["cuda_graphs"] = None if graphs is None else {
+                "captures": graphs.captures, "replays": graphs.replays, "disabled": graphs.disabled}
         record["y_encoded_latent_frames"] = source.encoded
         record["y_constant_from"] = source.constant_from
         if decoder is not None:
@@ -164,8 +167,10 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
         sync(device)
         loop_s = time.perf_counter() - started
     record.update({
+        # tail: the second half of the chunks (with CUDA graphs: replays only, the captures are
+        # in chunks 2 and 3).
         "chunk_s": {"median": statistics.median(chunk_s), "steady_median": statistics.median(chunk_s[1:] or chunk_s),
-                    "per_chunk": chunk_s},
+                    "tail_median": statistics.median(chunk_s[len(chunk_s) // 2:]), "per_chunk": chunk_s},
         "chunks": len(chunk_s),
         "loop_s": loop_s,
         "fps": frames / loop_s,
@@ -187,7 +192,7 @@ def run_pipelined(args, model, text: torch.Tensor, vae_file: Path, image, policy
     frames = args.frames
     camera = stream_camera(args, frames, height, width)
     params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms)
+                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
     ends, written = [], []
 
     def chunk_done(_done: int, _total: int, _x0: torch.Tensor) -> None:
@@ -221,7 +226,7 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
     height, width = (int(v) for v in args.size.lower().split("x"))
     frames = 81
     params = FastParams(seed=1, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms)
+                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
     phases = {}
     sync(device)
     started = time.perf_counter()
@@ -287,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
     p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the chunk's passes from CUDA graphs once the cache is full (FastParams.cuda_graphs)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0, help="blocks kept on the GPU (0: all)")
     p.add_argument("--quantize", default=None, help="nf4: quantize a bf16 DiT folder on load (as --weights nf4)")
@@ -338,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_dtype": policy.dtype, "cap_gb": args.vram_cap_gb, "blocks_on_gpu": args.blocks_on_gpu or None,
         "stream_decode": args.stream_decode, "prefetch_y": args.prefetch_y, "dit": str(dit),
         "pipeline": args.pipeline, "memory_plan": plan, "camera_terms": args.camera_terms,
+        "cuda_graphs_requested": args.cuda_graphs,
         "weights": args.weights or layout_of(dit).stored_kind,
     }
     image = load_image(args.image, height, width)

@@ -11,7 +11,7 @@ import torch
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.expert_size import expert_memory  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
-from comfyui_lingbot_world.pipeline.memory import (GIB, camera_terms_bytes, decode_chunk_bytes,  # noqa: E402
+from comfyui_lingbot_world.pipeline.memory import (GIB, camera_terms_bytes, decode_chunk_bytes, graph_pool_bytes,  # noqa: E402
                                                    fast_run_bytes, plan_fast_memory, vae_stream_budget)
 from comfyui_lingbot_world.wan.geometry import latent_size  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
@@ -41,9 +41,13 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
            for d in KV_DTYPES}
     vae = 0 if vae_file is None else vae_stream_budget(Path(vae_file).stat().st_size, height, width, precision)
     terms = camera_terms_bytes(config, *latent_size(height, width), CachePolicy().chunk)
+    graphs = getattr(args, "cuda_graphs", False)
     plan = plan_fast_memory(card_bytes(args, device), on_gpu, config.num_layers, run, vae,
                             decode_chunk_bytes(height, width, precision), RESERVE_BYTES,
-                            terms_bytes=terms if getattr(args, "camera_terms", None) is None else 0)
+                            terms_bytes=terms if getattr(args, "camera_terms", None) is None else 0,
+                            graph_bytes=graph_pool_bytes(config, *latent_size(height, width), CachePolicy().chunk)
+                            if graphs else 0)
+    args.cuda_graphs = graphs and plan.cuda_graphs  # asked for, and room for the pool
     if getattr(args, "camera_terms", None) is None:
         args.camera_terms = plan.camera_terms
     args.kv_dtype = plan.kv_dtype
@@ -53,5 +57,6 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
     print(f"memory auto for {card_bytes(args, device) / GIB:.0f} GiB: {plan.describe()}"
           + ("" if plan.fits else " (does not fit: the smallest plan)"))
     return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,
-            "overlap": plan.overlap, "camera_terms": plan.camera_terms, "estimate_gb": plan.need / GIB,
+            "overlap": plan.overlap, "camera_terms": plan.camera_terms, "cuda_graphs": plan.cuda_graphs,
+            "estimate_gb": plan.need / GIB,
             "fits": plan.fits}

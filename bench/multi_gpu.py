@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--camera-terms", type=int, default=0,
                    help="sp: blocks whose camera terms a Fast chunk keeps (40: all; FastParams.camera_terms)")
     p.add_argument("--profile", action="store_true", help="sp: profile two Fast chunks on rank 0 of each group")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="sp: Fast passes replayed from CUDA graphs once the cache is full (one GPU timed both ways)")
     p.add_argument("--skip-exact", action="store_true")
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
@@ -258,17 +260,19 @@ def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, 
 
 
 def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
-              device: torch.device, camera_terms: int = 0) -> tuple[dict, torch.Tensor]:
+              device: torch.device, camera_terms: int = 0, graphs: bool = False) -> tuple[dict, torch.Tensor]:
     """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each;
-    ``camera_terms`` blocks keep their camera terms for the chunk (``CameraTerms``)."""
+    ``camera_terms`` blocks keep their camera terms for the chunk (``CameraTerms``);
+    ``graphs``: the passes replayed from CUDA graphs once the cache is full (chunk 2 on).
+    Returns the timings and the first and last chunks' last outputs (stacked)."""
     from comfyui_lingbot_world.wan.runtime.kv_cache import CHUNK_FRAMES, CachePolicy
     from comfyui_lingbot_world.wan.scheduler import fast_schedule
 
     lat_h, lat_w = _latent_grid(config, height, width)
     g = torch.Generator().manual_seed(7)
-    cache = model.new_kv_cache(CachePolicy(window=9, sink=3), lat_h, lat_w)
+    cache = model.new_kv_cache(CachePolicy(window=9, sink=3), lat_h, lat_w, graphs=graphs)
     text = [torch.randn(config.text_len, config.text_dim, generator=g).to(device)]
-    times, first = [], None
+    times, first, last, stats = [], None, None, None
     schedule = fast_schedule()
     try:
         for chunk in range(chunks):
@@ -283,19 +287,25 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
                             camera_tokens=tokens, kv_cache=cache)
                 if first is None:
                     first = out.float().cpu()
+                last = out
                 x = out.to(x.dtype) * 0.5 + x * 0.5
             model(x, torch.tensor([0.0], device=device), None, y=y, camera_tokens=tokens, kv_cache=cache, commit=True)
             _sync_all(device)
             times.append(time.perf_counter() - started)
+        if cache.graphs is not None:
+            stats = {"captures": cache.graphs.captures, "replays": cache.graphs.replays,
+                     "disabled": cache.graphs.disabled}
     finally:
         cache.close()
     steady = times[warmup:] or times
     chunk_s = statistics.median(steady)
     return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": 4 * CHUNK_FRAMES / chunk_s,
-            "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms}, first
+            "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms,
+            "cuda_graphs": stats}, torch.stack([first, last.float().cpu()])
 
 
-def profile_fast(model, config, height: int, width: int, device: torch.device, camera_terms: int) -> dict:
+def profile_fast(model, config, height: int, width: int, device: torch.device, camera_terms: int,
+                 graphs: bool = False) -> dict:
     """Two Fast chunks on rank 0 under torch.profiler: the kernels' GPU time against the
     wall time (what the GPU sat idle for), and the kernels that took the most."""
     from torch.profiler import ProfilerActivity, profile
@@ -303,7 +313,8 @@ def profile_fast(model, config, height: int, width: int, device: torch.device, c
     time_fast(model, config, height, width, 1, 0, device, camera_terms)  # warm
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         started = time.perf_counter()
-        time_fast(model, config, height, width, 2, 0, device, camera_terms)
+        # with graphs: chunks 0-1 fill the cache, 2-3 capture, 4-5 replay only
+        time_fast(model, config, height, width, 6 if graphs else 2, 0, device, camera_terms, graphs)
         wall = time.perf_counter() - started
     events = prof.key_averages()
     device_us = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
@@ -378,7 +389,12 @@ def run_sp(args) -> int:
     with torch.no_grad():
         if not args.skip_fast:
             baseline["fast"], fast_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
-                                                       args.camera_terms)
+                                                       args.camera_terms, args.cuda_graphs)
+            if args.cuda_graphs:  # the same chunks eagerly, in the same process: the speed-up and bit equality
+                baseline["fast_eager"], eager_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup,
+                                                              devices[0], args.camera_terms)
+                baseline["fast"]["graphs_speedup"] = baseline["fast_eager"]["chunk_s"] / baseline["fast"]["chunk_s"]
+                baseline["fast"]["graphs_equal_eager"] = bool(torch.equal(fast_ref, eager_ref))
         if not args.skip_exact:
             baseline["exact"], exact_ref = time_exact(model, config, eh, ew, frames, args.exact_steps, args.warmup,
                                                       devices[0])
@@ -393,11 +409,12 @@ def run_sp(args) -> int:
             with torch.no_grad():
                 if not args.skip_fast:
                     record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
-                                                    args.camera_terms)
+                                                    args.camera_terms, args.cuda_graphs)
                     record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
                     record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
                     if args.profile:
-                        record["fast"]["profile"] = profile_fast(parallel, config, fh, fw, devices[0], args.camera_terms)
+                        record["fast"]["profile"] = profile_fast(parallel, config, fh, fw, devices[0], args.camera_terms,
+                                                                 args.cuda_graphs)
                 if not args.skip_exact:
                     # Ulysses over all ranks; with 4+ (even) ranks also Ulysses x CFG split (half the GPUs per branch)
                     for key, split in (("exact", False), ("exact_cfg_split", True)):
@@ -424,7 +441,8 @@ def _summary(record: dict) -> dict:
     out = {"ranks": record["ranks"]}
     if "link" in record:
         out["link_gbps"], out["auto_picks"] = round(record["link"]["gbps"], 2), record["link"]["auto_picks"]
-    for key, figure in (("fast", "chunk_s"), ("exact", "s_per_step"), ("exact_cfg_split", "s_per_step")):
+    for key, figure in (("fast", "chunk_s"), ("fast_eager", "chunk_s"), ("exact", "s_per_step"),
+                        ("exact_cfg_split", "s_per_step")):
         if key in record:
             out[f"{key}_{figure}"] = round(record[key][figure], 4)
             if "speedup_vs_1gpu" in record[key]:

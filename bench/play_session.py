@@ -137,7 +137,8 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
     chunks = session_chunks(args.seconds, args.fps)
     settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
                             idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
-                            attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001)
+                            attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001,
+                            cuda_graphs=args.cuda_graphs)
     record: dict = {"mode": mode, "chunks_asked": chunks}
     with watch.phase(f"session_{mode}") as phase:
         # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
@@ -198,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
     p.add_argument("--attention", default=None)
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each chunk's passes from CUDA graphs once the cache is full (with --memory auto: "
+                        "where the plan has room for their pool)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0)
     p.add_argument("--quantize", default=None)
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
         "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
+        "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs,
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:

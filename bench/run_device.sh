@@ -145,6 +145,27 @@ EOF
         fast81_terms) fast --frames 81 --prefetch-y --no-clip --camera-terms 40 --out "$OUT/fast_81_w9s3_bf16_nf4_terms.json" ;;
         play60_fp8_terms) play --size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 \
                      --camera-terms 40 --pipeline overlap --out "$OUT/play60_${PLAY_MODES:-both}_bf16kv_bf16vae_fp8w_terms.json" ;;
+        # CUDA graphs of the Fast passes (FastParams.cuda_graphs): the GPU tests, a 201-frame walk (17 chunks:
+        # 2 fill the cache, 2 capture, 13 replay) with and without, Play with them; several GPUs below
+        fp8gemm) python3 bench/fp8_gemm.py --out "$OUT/fp8_gemm.json" 2>&1 | grep -v "^Failed to load" | tail -9 ;;
+        cgraphs) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_cuda_graphs.py 2>&1 | tail -15 ;;
+        fast201_fp8_terms) fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 \
+                     --out "$OUT/fast_201_w9s3_bf16_fp8w_terms.json" ;;
+        fast201_fp8_terms_graphs) fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 --cuda-graphs \
+                     --out "$OUT/fast_201_w9s3_bf16_fp8w_terms_graphs.json" ;;
+        play60_fp8_terms_graphs) play --size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 \
+                     --camera-terms 40 --cuda-graphs --pipeline overlap \
+                     --out "$OUT/play60_${PLAY_MODES:-both}_bf16kv_bf16vae_fp8w_terms_graphs.json" ;;
+        sp2_fp8_terms_graphs) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
+                  --cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_2gpu_fp8_terms_graphs.json" 2>&1 \
+                  | grep -v "^Failed to load" | tail -4 ;;
+        sp4_fp8_terms_graphs) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --camera-terms 40 \
+                  --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_4gpu_fp8_terms_graphs.json" 2>&1 \
+                  | grep -v "^Failed to load" | tail -5 ;;
+        sp2_fp8_terms_graphs_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \
+                  --skip-exact --cuda-graphs --fast-chunks 6 --warmup 4 --profile \
+                  --out "$OUT/sp_2gpu_fp8_terms_graphs_profile.json" >"$OUT/sp_2gpu_graphs_profile.log" 2>&1
+                  tail -45 "$OUT/sp_2gpu_graphs_profile.log" ;;
         gpu8) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_weights8_cuda.py 2>&1 | tail -15 ;;
         fast81_int8w) fast --frames 81 --prefetch-y --no-clip --weights int8 --out "$OUT/fast_81_w9s3_bf16_int8w.json" ;;
         fast81_fp8_cap24) fast --frames 81 --prefetch-y --no-clip --weights fp8 --kv-dtype int8 --vram-cap-gb 24 \

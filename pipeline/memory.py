@@ -3,7 +3,8 @@
 Estimates: the working room of the text encoder and the one-pass VAE stages
 (``TEXT_WORKSPACE``, ``VAE_WORKSPACE``), a transformer's activations per token
 (``activation_bytes``), a Fast run beside its transformer (``fast_run_bytes``: KV cache +
-a chunk's activations; ``camera_terms_bytes``: a block's kept camera terms), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
+a chunk's activations; ``camera_terms_bytes``: a block's kept camera terms; ``graph_pool_bytes``:
+the CUDA graphs' pool), the VAE streams of Fast Long Video and Play (``vae_stream_bytes``,
 one budget for both), what fits a card (``fits``, ``plan_fast_memory``), and the host's
 room (``host_room_bytes``, ``vae_workspace_bytes``, ``check_video_fits``). ``nodes/host/``
 only asks ComfyUI for the room these name.
@@ -106,6 +107,14 @@ def camera_terms_bytes(config: DiTConfig, latent_height: int, latent_width: int,
     _, ph, pw = config.patch_size
     tokens = chunk * (latent_height // ph) * (latent_width // pw)
     return CameraTerms.estimate_bytes(-(-tokens // max(int(ranks), 1)), config.dim, 1)
+
+
+def graph_pool_bytes(config: DiTConfig, latent_height: int, latent_width: int, chunk: int, ranks: int = 1) -> int:
+    """The CUDA graphs' memory pool of a Fast session on each GPU: one more chunk forward's
+    working memory (the graphs' own, beside the eager passes' in PyTorch's cache)."""
+    _, ph, pw = config.patch_size
+    tokens = -(-chunk * (latent_height // ph) * (latent_width // pw) // max(int(ranks), 1))
+    return activation_bytes(tokens, config.dim)
 
 
 def fits(need: int, total: int, slack: int = 0) -> bool:
@@ -355,17 +364,19 @@ class FastMemoryPlan:
     need: int  # the estimate on the card, bytes
     fits: bool  # False: even the smallest plan exceeds the card (it is still the best try)
     camera_terms: int = 0  # blocks whose camera scale/shift are kept for the chunk's forwards
+    cuda_graphs: bool = False  # the chunk's passes captured and replayed (FastParams.cuda_graphs)
 
     def describe(self) -> str:
         blocks = "all blocks" if self.blocks_on_gpu is None else f"{self.blocks_on_gpu} blocks"
         terms = f", camera terms of {self.camera_terms} blocks kept per chunk" if self.camera_terms else ""
+        graphs = ", CUDA graphs" if self.cuda_graphs else ""
         return (f"{self.kv_dtype} cache, {blocks} on the GPU, VAE on the {'GPU' if self.vae_on_gpu else 'CPU'}, "
-                f"decode {'overlapped' if self.overlap else 'sequential'}{terms}, ~{self.need / GIB:.1f} GiB")
+                f"decode {'overlapped' if self.overlap else 'sequential'}{terms}{graphs}, ~{self.need / GIB:.1f} GiB")
 
 
 def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_bytes: Mapping[str, int],
                      vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
-                     kv_dtype: str | None = None, terms_bytes: int = 0) -> FastMemoryPlan:
+                     kv_dtype: str | None = None, terms_bytes: int = 0, graph_bytes: int = 0) -> FastMemoryPlan:
     """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
     the kv_dtype, block swap, where the VAE runs, and the decode overlap).
 
@@ -380,7 +391,9 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
     also fits (a VAE on the CPU: always, its memory is the host's). Last, the camera terms of
     as many blocks as fit beside the rest are kept per chunk (``terms_bytes``: one block's,
-    ``camera_terms_bytes``; 0: not offered). Each fit keeps ``ALLOCATOR_SLACK`` free."""
+    ``camera_terms_bytes``; 0: not offered), after the CUDA graphs' memory pool when it fits
+    (``graph_bytes``: ``graph_pool_bytes``; 0: not offered); both only with every block on
+    the GPU. Each fit keeps ``ALLOCATOR_SLACK`` free."""
     per_block = transformer_bytes / max(int(blocks), 1)
     dtypes = [kv_dtype] if kv_dtype is not None else list(KV_DTYPES)
 
@@ -395,9 +408,11 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
             return None
         overlap = not vae_gpu or fits(base + decode_bytes, card_bytes, ALLOCATOR_SLACK)
         total = base + (decode_bytes if overlap and vae_gpu else 0)
+        graphs = graph_bytes > 0 and on_gpu is None and fits(total + graph_bytes, card_bytes, ALLOCATOR_SLACK)
+        total += int(graph_bytes) if graphs else 0
         room = AUTO_FIT_SHARE * card_bytes - ALLOCATOR_SLACK - total
         terms = 0 if terms_bytes <= 0 or on_gpu is not None else min(int(room // terms_bytes), int(blocks))
-        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, total + terms * int(terms_bytes), True, terms)
+        return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, total + terms * int(terms_bytes), True, terms, graphs)
 
     swaps = range(max(blocks - SWAP_BLOCKS_IN_FLIGHT - 1, MIN_BLOCKS_ON_GPU), MIN_BLOCKS_ON_GPU - 1, -1)
     steps = [(dtype, None) for dtype in dtypes] + [(dtypes[-1], on_gpu) for on_gpu in swaps]

@@ -284,8 +284,9 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
             elif op == "drop_camera":
                 cameras.pop(payload, None)
             elif op == "new_cache":
-                key, ident, policy, height, width, frames = payload
-                caches[ident] = models[key].new_kv_cache(policy, height, width, frames, device=device, parallel=sp)
+                key, ident, policy, height, width, frames, graphs = payload
+                caches[ident] = models[key].new_kv_cache(policy, height, width, frames, device=device, parallel=sp,
+                                                         graphs=graphs)
             elif op == "close_cache":
                 cache = caches.pop(payload, None)
                 if cache is not None:
@@ -652,12 +653,14 @@ class ParallelModel(nn.Module):
         return tokens
 
     def new_kv_cache(self, policy: CachePolicy, latent_height: int, latent_width: int,
-                     latent_frames: int | None = None, device: torch.device | str | None = None) -> KVCache:
+                     latent_frames: int | None = None, device: torch.device | str | None = None,
+                     graphs: bool = False) -> KVCache:
+        """``graphs``: every rank captures and replays the same passes (NCCL inside the graphs)."""
         self._collect_caches()
         ident = next(_ids)
-        self.pool._send("new_cache", (self.key, ident, policy, latent_height, latent_width, latent_frames))
+        self.pool._send("new_cache", (self.key, ident, policy, latent_height, latent_width, latent_frames, graphs))
         cache = self.inner.new_kv_cache(policy, latent_height, latent_width, latent_frames, device=self.pool.device,
-                                        parallel=self.pool.sp)
+                                        parallel=self.pool.sp, graphs=graphs)
         self._caches[id(cache)] = (cache, ident)
         return cache
 

@@ -38,9 +38,10 @@ import torch.nn.functional as F
 
 from .runtime import fused
 from .runtime import parallel as sequence_parallel
-from .runtime.attention import attention
+from .runtime.attention import attention, backend_name
 from .runtime.camera_terms import CameraTerms
-from .runtime.dense import Dense, dense
+from .runtime.cuda_graphs import ForwardGraphs, graphs_supported
+from .runtime.dense import Dense, dense, shared_input
 from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
 from .runtime.parallel import SequenceParallel
 from .config import CONTROL_CHANNELS, CONTROL_NAMES, FOLD_PIXELS, DiTConfig
@@ -210,7 +211,7 @@ class SelfAttention(_Attention):
         wq, wk, wv = weights
         q = k = v = None
         for start, stop in spans:
-            h = inputs(start, stop)[0]
+            h = shared_input(inputs(start, stop)[0], wq, wk, wv)
             if q is None:
                 q, k, v = (torch.empty(length, h.shape[-1], dtype=wq.dtype, device=h.device) for _ in range(3))
             self._project_norm_(wq, self.norm_q, h, q[start:stop], rope, start)
@@ -237,7 +238,7 @@ class SelfAttention(_Attention):
             raise ValueError(f"the chunk has {length} tokens, the cache's chunk slots hold {k.shape[0]}")
         q = None if cache.kv_only else torch.empty(length, k.shape[-1], dtype=wq.dtype, device=k.device)
         for start, stop in spans:
-            h = inputs(start, stop)[0]
+            h = shared_input(inputs(start, stop)[0], wq, wk, wv)
             if q is not None:
                 self._project_norm_(wq, self.norm_q, h, q[start:stop], rope, start)
             self._project_norm_(wk, self.norm_k, h, k[start:stop], rope, start)
@@ -262,7 +263,7 @@ class SelfAttention(_Attention):
         parts = [torch.empty(length, dim, dtype=dst_k.dtype, device=dst_k.device)
                  for _ in range(2 if cache.kv_only else 3)]
         for start, stop in spans:
-            h = inputs(start, stop)[0]
+            h = shared_input(inputs(start, stop)[0], wq, wk, wv)
             self._project_norm_(wk, self.norm_k, h, parts[0][start:stop], rope, start)
             wv(h, out=parts[1][start:stop])
             if len(parts) == 3:
@@ -440,6 +441,14 @@ class DiTBlock(nn.Module):
                     scale, shift = camera_scale_shift(camera[:, start:stop])
                 fused.run(fused.gate_camera_, x[:, start:stop], y, gate, scale, shift)
             del y
+
+    def keep_camera_terms(self, terms: CameraTerms, length: int) -> None:
+        """Compute this block's camera scale and shift of ``terms.tokens`` ahead of a forward,
+        per token span as the forward cuts them, into ``terms`` (the graphed Fast path)."""
+        cam = [dense(layer) for layer in (self.cam_injector_layer1, self.cam_injector_layer2,
+                                          self.cam_scale_layer, self.cam_shift_layer)]
+        for start, stop in token_spans(length, self.token_chunk):
+            terms.keep(self, start, stop, self._camera_scale_shift(cam, terms.tokens[:, start:stop]))
 
     @staticmethod
     def _camera_scale_shift(cam: list[Dense], camera: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -637,12 +646,15 @@ class LingBotDiT(nn.Module):
 
     def new_kv_cache(self, policy: CachePolicy, latent_height: int, latent_width: int,
                      latent_frames: int | None = None, device: torch.device | str | None = None,
-                     parallel: SequenceParallel | None = None) -> KVCache:
+                     parallel: SequenceParallel | None = None, graphs: bool = False) -> KVCache:
         """A causal KV cache for this model at a latent of ``latent_height`` x ``latent_width``,
         in the self-attention's compute dtype (bf16 for NF4 or bf16 weights), on the device of
         the model's resident weights unless ``device`` is given. ``latent_frames``: the
         video's length (needed by the full cache; None for an open-ended session).
-        ``parallel``: this rank's head shard of the cache (heads / group size, every token)."""
+        ``parallel``: this rank's head shard of the cache (heads / group size, every token).
+        ``graphs``: the session's passes, once their shapes repeat, are captured as CUDA
+        graphs and replayed (``runtime/cuda_graphs.py``; bit for bit the eager result; a
+        no-op off CUDA)."""
         pt, ph, pw = self.config.patch_size
         if pt != 1:
             raise ValueError(f"the causal cache needs a temporal patch of 1, the model has {pt}")
@@ -653,10 +665,13 @@ class LingBotDiT(nn.Module):
         if parallel is not None:
             parallel.check_heads(heads)
             heads //= parallel.size
-        return KVCache(policy, layers=self.config.num_layers, heads=heads,
-                       head_dim=self.config.head_dim, frame_tokens=(latent_height // ph) * (latent_width // pw),
-                       dtype=dtype, device=device if device is not None else self.patch_embedding.weight.device,
-                       latent_frames=latent_frames)
+        cache = KVCache(policy, layers=self.config.num_layers, heads=heads,
+                        head_dim=self.config.head_dim, frame_tokens=(latent_height // ph) * (latent_width // pw),
+                        dtype=dtype, device=device if device is not None else self.patch_embedding.weight.device,
+                        latent_frames=latent_frames)
+        if graphs and graphs_supported(cache.device):
+            cache.graphs = ForwardGraphs(cache.device)
+        return cache
 
     # ------------------------------------------------------------------ forward
     def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
@@ -718,17 +733,14 @@ class LingBotDiT(nn.Module):
         if x.dim() != 5:
             raise ValueError(f"x: expected [B, C, F, H, W], got shape {tuple(x.shape)}")
         batch, device = x.shape[0], x.device
-        conv_dtype = self.patch_embedding.weight.dtype
-        inputs = x.to(conv_dtype) if y is None else torch.cat([x.to(conv_dtype), y.to(device, conv_dtype)], dim=1)
-        if inputs.shape[1] != self.config.in_dim:
+        channels = x.shape[1] + (0 if y is None else y.shape[1])
+        if channels != self.config.in_dim:
             hint = " (I2V needs y with the mask and image latent)" if y is None else ""
-            raise ValueError(f"x/y: {inputs.shape[1]} input channels, the checkpoint expects "
-                             f"{self.config.in_dim}{hint}")
+            raise ValueError(f"x/y: {channels} input channels, the checkpoint expects {self.config.in_dim}{hint}")
         grid = self._patch_grid(x.shape[2:], "x")
-        # A contiguous float32 stream (the fused kernels read rows); .to() alone keeps the
-        # transposed view when the weights already are float32.
-        tokens = self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(torch.float32).contiguous()
-        del inputs
+        if kv_cache is not None and self._graphed(kv_cache, context, cancel):
+            return self._forward_graphed(x, t, y, grid, camera_tokens, cancel, kv_cache, commit, parallel)
+        tokens = self._embed_patches(x, y)
         if camera_tokens is not None and (camera_tokens.dim() != 3 or camera_tokens.shape[0] not in (1, batch)
                                           or camera_tokens.shape[1:] != tokens.shape[1:]):
             raise ValueError(f"camera_tokens: expected [{batch} or 1, {tokens.shape[1]}, {tokens.shape[2]}] "
@@ -761,11 +773,123 @@ class LingBotDiT(nn.Module):
         del text
         return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
 
+    def _embed_patches(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        """x (and y) -> the token stream [B, L, dim]: contiguous float32 (the fused kernels
+        read rows; .to() alone keeps the transposed view when the weights are float32)."""
+        conv_dtype = self.patch_embedding.weight.dtype
+        inputs = x.to(conv_dtype) if y is None else torch.cat([x.to(conv_dtype), y.to(x.device, conv_dtype)], dim=1)
+        return self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(torch.float32).contiguous()
+
     def _head_gathered(self, tokens: torch.Tensor, e: torch.Tensor, parallel: SequenceParallel | None,
                        length: int) -> torch.Tensor:
         """The head's output [B, length, patch values]; sequence parallel: every rank's slice gathered."""
         out = self.head(tokens, e)
         return out if parallel is None else parallel.gather(out, length)
+
+    # ------------------------------------------------------------ CUDA graphs
+    def _graphed(self, kv_cache: KVCache, context: object, cancel: object) -> bool:
+        """Does this causal pass run through the session's CUDA graphs? Only where its shapes
+        repeat (the cache full, the text's keys cached) and the weights stay put (no block
+        swap: a swapped block's weights arrive at new addresses every forward)."""
+        graphs = kv_cache.graphs
+        if graphs is None or graphs.disabled is not None or not kv_cache.full or not kv_cache.cross_ready:
+            return False
+        if "run_blocks" in vars(self):  # block swap (or another wrapper) owns the loop
+            return False
+        # Weights moved since the capture (unloaded and loaded again): capture anew.
+        where = tuple(next(block.parameters()).data_ptr() for block in self.blocks)
+        if graphs.state.get("weights") != where:
+            graphs.reset()
+            graphs.state["weights"] = where
+        return True
+
+    def _forward_graphed(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None, grid: Sequence[int],
+                         camera_tokens: torch.Tensor | CameraTerms | None, cancel: Callable[[], None] | None,
+                         kv_cache: KVCache, commit: bool, parallel: SequenceParallel | None) -> torch.Tensor | None:
+        """A causal pass replayed from (or captured into) the cache's ``ForwardGraphs``. What a
+        replay reads besides x, t and y sits at addresses the session keeps: the cache, the
+        RoPE tables and the camera terms of ``_graph_rope`` / ``_graph_camera``, refreshed in
+        place here. Cancel is checked once before the pass (a graph cannot stop part way)."""
+        cfg, device = self.config, x.device
+        heads = cfg.num_heads if parallel is None else cfg.num_heads // parallel.size
+        kv_cache.check_geometry(grid[0], grid[1] * grid[2], heads, cfg.head_dim, cfg.num_layers, device)
+        if x.shape[0] != 1:
+            raise ValueError(f"x: causal execution runs one sample (no CFG), got a batch of {x.shape[0]}")
+        if parallel is not None:
+            parallel.check_heads(cfg.num_heads)
+        graphs = kv_cache.graphs
+        length = math.prod(grid)
+        rope = self._graph_rope(graphs, grid, device, kv_cache.frame_start)
+        camera = self._graph_camera(graphs, camera_tokens, parallel, length)
+        t = torch.as_tensor(t, device=device).reshape(-1)
+        if cancel is not None:
+            cancel()
+        inputs = {"x": x, "t": t} if y is None else {"x": x, "t": t, "y": y}
+        kv_cache.begin_pass(commit)
+        key = (tuple(x.shape), x.dtype, None if y is None else (tuple(y.shape), y.dtype), (tuple(t.shape), t.dtype), commit,
+               kv_cache.committed, kv_cache.commit_slots, camera is None,
+               None if parallel is None else (parallel.rank, parallel.size), backend_name(device))
+
+        def body(static: dict[str, torch.Tensor]) -> torch.Tensor | None:
+            tokens = self._embed_patches(static["x"], static.get("y"))
+            table = rope
+            if parallel is not None:
+                tokens, table = parallel.shard(tokens), parallel.shard_rope(rope)
+            e, e0 = self._embed_time(static["t"], 1, device)
+            with sequence_parallel.active(parallel, length):
+                tokens = self.run_blocks(tokens, e0, table, None, camera, kv_cache=kv_cache)
+            if commit:
+                return None
+            return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
+
+        try:
+            out = graphs.run(key, inputs, body)
+        except BaseException as exc:
+            kv_cache.abort_pass(type(exc).__name__)
+            raise
+        kv_cache.end_pass()
+        return out
+
+    def _graph_rope(self, graphs: ForwardGraphs, grid: Sequence[int], device: torch.device, frame_start: int) -> Rope:
+        """The session's RoPE tables (one pair, kept at fixed addresses), holding ``frame_start``'s."""
+        kept = graphs.state.get("rope")
+        if kept is None or kept[0] != tuple(grid):
+            graphs.reset()  # graphs read the old tables
+            with torch.inference_mode(False):
+                tables = tuple(torch.empty_like(table, memory_format=torch.contiguous_format)
+                               for table in self.rope_tables(grid, device, frame_start))
+            kept = graphs.state["rope"] = (tuple(grid), tables, None)
+        if kept[2] != frame_start:
+            for table, new in zip(kept[1], self.rope_tables(grid, device, frame_start)):
+                table.copy_(new)
+            graphs.state["rope"] = kept = (kept[0], kept[1], frame_start)
+        return kept[1]
+
+    def _graph_camera(self, graphs: ForwardGraphs, camera_tokens: torch.Tensor | CameraTerms | None,
+                      parallel: SequenceParallel | None, length: int) -> CameraTerms | None:
+        """The session's camera terms (one ``CameraTerms`` at fixed addresses): when a new
+        chunk's camera arrives, its tokens (this rank's shard) are copied in and the kept
+        blocks' terms computed ahead of the forward."""
+        if camera_tokens is None:
+            return None
+        source = camera_tokens.tokens if isinstance(camera_tokens, CameraTerms) else camera_tokens
+        keep = camera_tokens.max_blocks if isinstance(camera_tokens, CameraTerms) else 0
+        keep = len(self.blocks) if keep is None else min(int(keep), len(self.blocks))
+        if parallel is not None:
+            source = parallel.shard(source)
+        kept: CameraTerms | None = graphs.state.get("camera")
+        if kept is None or kept.tokens.shape != source.shape or kept.tokens.dtype != source.dtype \
+                or kept.max_blocks != keep:
+            graphs.reset()  # graphs read the old terms
+            with torch.inference_mode(False):
+                kept = CameraTerms(torch.empty_like(source, memory_format=torch.contiguous_format), keep)
+            graphs.state["camera"], graphs.state["camera_source"] = kept, None
+        if graphs.state.get("camera_source") is not camera_tokens:
+            kept.refresh(source)
+            for block in self.blocks[:keep]:
+                block.keep_camera_terms(kept, kept.tokens.shape[1])
+            graphs.state["camera_source"] = camera_tokens  # held: its id is not reused while compared
+        return kept
 
     def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],
                         context: torch.Tensor | Sequence[torch.Tensor] | None,

@@ -35,8 +35,9 @@ import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
 from ...pipeline.memory import (AUTO_FIT_SHARE, FastMemoryPlan, camera_terms_bytes, fast_run_bytes, fits,
-                                plan_fast_memory)
+                                graph_pool_bytes, plan_fast_memory)
 from ...wan.config import DiTConfig
+from ...wan.runtime.cuda_graphs import graphs_supported
 from ...wan.runtime.kv_cache import CachePolicy
 from ...pipeline.parallel_pool import ParallelModel
 from .expert_patcher import ExpertLoadOptions, ExpertPatcher, unload_patcher
@@ -139,12 +140,20 @@ def memory_plan(fast: FastDiT, policy: CachePolicy, auto_dtype: bool, latent_hei
     return plan_fast_memory(mm.get_total_memory(fast.patcher.load_device), fast.patcher.model_size(),
                             fast.config.num_layers, run, vae, decode, mm.minimum_inference_memory(),
                             kv_dtype=None if auto_dtype else policy.dtype,
-                            terms_bytes=terms_memory(fast, policy, latent_height, latent_width))
+                            terms_bytes=terms_memory(fast, policy, latent_height, latent_width),
+                            graph_bytes=graph_memory(fast, policy, latent_height, latent_width))
 
 
 def terms_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int) -> int:
     """One block's kept camera terms on each GPU of the run (``camera_terms_bytes``)."""
     return camera_terms_bytes(fast.config, latent_height, latent_width, policy.chunk, max(len(fast.devices or ()), 1))
+
+
+def graph_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int) -> int:
+    """The CUDA graphs' pool on each GPU of the run (0: no graphs on its device)."""
+    if not graphs_supported(fast.patcher.load_device):
+        return 0
+    return graph_pool_bytes(fast.config, latent_height, latent_width, policy.chunk, max(len(fast.devices or ()), 1))
 
 
 @contextlib.contextmanager
@@ -173,10 +182,12 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
         log.warning("LingBot Fast: no room for the VAE beside the transformer on %s (%s): it runs on the CPU, "
                     "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
                     "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())
-    run = dataclasses.replace(run, camera_terms=plan.camera_terms)
+    graphs = plan.cuda_graphs and device.type == "cuda"
+    run = dataclasses.replace(run, camera_terms=plan.camera_terms, cuda_graphs=graphs)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
                         (vae if plan.vae_on_gpu else 0)
-                        + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width))
+                        + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width)
+                        + (graph_memory(fast, run.policy, latent_height, latent_width) if graphs else 0))
     with loaded_fast_model(load, memory) as model:
         yield PreparedRun(model, run, plan, model.patch_embedding.weight.device)
 

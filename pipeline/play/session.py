@@ -65,6 +65,7 @@ class PlaySettings:
     vae_precision: str = "fp32"  # recorded in the log: the replay's VAE Encode must use the same
     attention: str | None = None
     camera_terms: int = 0  # FastParams.camera_terms: blocks whose camera terms a chunk keeps
+    cuda_graphs: bool = False  # FastParams.cuda_graphs: the chunk's passes replayed from CUDA graphs
     poll_s: float = 0.1  # how often a waiting session looks at the interrupt flag and the page
 
     def __post_init__(self) -> None:
@@ -204,7 +205,8 @@ class PlaySession:
         # decoder's exists; bounded, as an open-ended session has no length to stop at.
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
-                            attention=settings.attention, camera_terms=settings.camera_terms)
+                            attention=settings.attention, camera_terms=settings.camera_terms,
+                            cuda_graphs=settings.cuda_graphs)
         self._decoder = self.vae.stream_decoder()
         device = self.model.patch_embedding.weight.device
         overlap = device.type == "cuda" if self._overlap is None else self._overlap

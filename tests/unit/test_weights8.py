@@ -383,3 +383,29 @@ def test_fp8_dense_writes_its_product_into_out(monkeypatch: pytest.MonkeyPatch) 
     assert (buffer[:5] == 0).all() and (buffer[25:] == 0).all()
     with pytest.raises(ValueError, match="contiguous"):
         fp8_linear(x, d.weight, d.scale, d.bias, out=torch.empty(48, 20, dtype=torch.bfloat16).t())
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+def test_q_k_v_quantize_their_shared_input_once_with_the_same_products(folders, kind: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's q, k and v read the same normalized tokens: ``shared_input`` quantizes them
+    once (two activation quantizations fewer per block and forward) and the products are the
+    same bytes, so the output is bit for bit the one that quantizes per product."""
+    from comfyui_lingbot_world.wan import model as model_module
+    from comfyui_lingbot_world.wan.runtime import weights8
+
+    model = load_expert(folders["bf16"], "cpu", quantize=kind)
+    calls = []
+    quantize = weights8.quantize_activation
+    monkeypatch.setattr(weights8, "quantize_activation", lambda x, k: calls.append(k) or quantize(x, k))
+
+    def run() -> tuple[torch.Tensor, int]:
+        calls.clear()
+        with torch.no_grad():
+            return model(**_inputs()), len(calls)
+
+    shared, shared_calls = run()
+    monkeypatch.setattr(model_module, "shared_input", lambda x, *weights: x)
+    separate, separate_calls = run()
+    assert separate_calls - shared_calls == 2 * TINY.num_layers
+    assert torch.equal(shared, separate)

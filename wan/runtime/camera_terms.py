@@ -16,6 +16,11 @@ room for (``max_blocks``; ``pipeline.memory.plan_fast_memory``). The exact path'
 480x832x81: it keeps computing them per forward.
 
 Sequence parallel: each rank keeps the terms of its own token shard (``shard``).
+
+CUDA graphs (``runtime/cuda_graphs.py``): a captured forward reads the terms at fixed
+addresses, so the graphed Fast path keeps one ``CameraTerms`` for the whole session and,
+when a chunk's camera arrives, copies its tokens in (``refresh``) and computes the kept
+blocks' terms ahead of the forward into the same tensors (``keep``).
 """
 from __future__ import annotations
 
@@ -61,6 +66,25 @@ class CameraTerms:
                 self._blocks.add(id(block))
                 self._terms[key] = found
         return found
+
+    def keep(self, block: object, start: int, stop: int, terms: ScaleShift) -> None:
+        """Store ``block``'s (scale, shift) of tokens [start, stop), computed ahead of the
+        forward; terms kept before are overwritten in place (their addresses do not change)."""
+        key = (id(block), start, stop)
+        found = self._terms.get(key)
+        if found is None:
+            self._blocks.add(id(block))
+            self._terms[key] = terms
+            return
+        for kept, new in zip(found, terms):
+            kept.copy_(new)
+
+    def refresh(self, tokens: torch.Tensor) -> None:
+        """New camera tokens of the same shape, copied into the kept tokens tensor (the kept
+        terms are stale until ``keep`` rewrites them)."""
+        if tokens.shape != self.tokens.shape:
+            raise ValueError(f"camera terms: new tokens {tuple(tokens.shape)} for kept ones {tuple(self.tokens.shape)}")
+        self.tokens.copy_(tokens)
 
     def shard(self, parallel) -> "CameraTerms":
         """This rank's token shard (``SequenceParallel.shard``), with its own kept terms."""

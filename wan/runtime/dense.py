@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .lora import LORA_ATTR, add_lora_delta
-from .weights8 import PRODUCTS, Linear8bit, fp8_linear, kind_of_dtype
+from .weights8 import PRODUCTS, Linear8bit, QuantizedRows, fp8_linear, kind_of_dtype, quantize_once
 
 
 @dataclass
@@ -81,18 +81,21 @@ class Dense8:
     dtype: torch.dtype
     adapters: tuple = ()
 
-    def _product(self, x2d: torch.Tensor) -> torch.Tensor:
+    def _product(self, x2d: "torch.Tensor | QuantizedRows") -> torch.Tensor:
         y = PRODUCTS[self.kind](x2d, self.weight, self.scale, self.bias, self.dtype)
+        plain = x2d.x if isinstance(x2d, QuantizedRows) else x2d
         for f in self.adapters:
-            down, up = f.down.to(x2d.device, self.dtype), f.up.to(x2d.device, self.dtype)
-            y = torch.addmm(y, x2d.to(self.dtype) @ down.t(), up.t(), alpha=f.scale)
+            down, up = f.down.to(plain.device, self.dtype), f.up.to(plain.device, self.dtype)
+            y = torch.addmm(y, plain.to(self.dtype) @ down.t(), up.t(), alpha=f.scale)
         return y
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+    def __call__(self, x: "torch.Tensor | QuantizedRows", out: torch.Tensor | None = None,
+                 gelu: bool = False) -> torch.Tensor:
+        """As ``Dense.__call__``; ``x`` may also be ``QuantizedRows`` (``shared_input``)."""
         if gelu and out is not None:
             raise ValueError("Dense: gelu and out cannot be combined")
         lead = x.shape[:-1]
-        x2d = x.reshape(-1, x.shape[-1])
+        x2d = x if isinstance(x, QuantizedRows) else x.reshape(-1, x.shape[-1])
         if out is not None and self.kind == "fp8" and not self.adapters and out.is_contiguous() \
                 and out.dtype == self.dtype:
             # The fp8 kernel writes into out's rows itself (no product tensor and copy).
@@ -220,6 +223,15 @@ def runs_on(kind: str, capability: tuple[int, int] | None) -> bool:
 def weight_bytes(kind: str, shape: tuple[int, int]) -> int:
     """Bytes an [out, in] linear weight of kind ``kind`` occupies once loaded."""
     return GEMM_KINDS[kind].weight_bytes(*shape)
+
+
+def shared_input(x: torch.Tensor, *weights: "Dense | Dense8 | None") -> "torch.Tensor | QuantizedRows":
+    """``x`` [M, K] for several products (a block's q, k and v read the same normalized
+    tokens): quantized once when every given weight is 8-bit of one kind, else as it is."""
+    kinds = {w.kind if isinstance(w, Dense8) else None for w in weights if w is not None}
+    if len(kinds) != 1 or None in kinds or x.dim() != 2:
+        return x
+    return quantize_once(x, kinds.pop())
 
 
 def dense(layer: nn.Module) -> "Dense | Dense8":

@@ -53,6 +53,7 @@ from typing import Sequence
 import torch
 
 from ..geometry import CHUNK_FRAMES, MAX_TOKENS
+from .cuda_graphs import ForwardGraphs
 
 KV_DTYPES = ("bf16", "int8")
 INT8_MAX = 127
@@ -256,6 +257,9 @@ class KVCache:
         self._in_pass = False
         self._broken: str | None = None
         self.closed = False
+        # The session's captured forwards (runtime/cuda_graphs.py); they read this cache's
+        # buffers, so they live and die with it. None: every pass runs eagerly.
+        self.graphs: ForwardGraphs | None = None
 
     # ------------------------------------------------------------------ accounting
     def nbytes(self) -> int:
@@ -281,6 +285,17 @@ class KVCache:
     @property
     def committed(self) -> int:
         return len(self.slot_frames)
+
+    @property
+    def full(self) -> bool:
+        """Every committed slot holds a frame: from here on each chunk's passes have the same
+        shapes (what a captured graph needs)."""
+        return self.committed == self.capacity
+
+    @property
+    def commit_slots(self) -> tuple[int | None, ...] | None:
+        """During a commit pass, where the chunk's frames go (``CommitPlan.dest``); else None."""
+        return None if self._plan is None else self._plan.dest
 
     @property
     def cross_ready(self) -> bool:
@@ -350,6 +365,9 @@ class KVCache:
         for name in ("_k", "_v", "_k8", "_v8", "_k_scale", "_v_scale"):
             if hasattr(self, name):
                 setattr(self, name, None)
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
         self._cross = [None] * self.layers
         self.slot_frames = []
         self.closed = True

@@ -24,6 +24,9 @@ back to the dequantized bf16 weight: same weights, no activation rounding.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,6 +104,56 @@ def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch
     return fused.run(quantize_activation_pytorch, x, kind)
 
 
+@dataclass(frozen=True)
+class QuantizedRows:
+    """An activation [M, K] quantized once for several products that read it (a block's q, k
+    and v): ``fp8_linear`` / ``int8_linear`` take it in place of ``x`` and skip their own
+    quantization (the same bytes, so the same products)."""
+
+    x: torch.Tensor
+    values: torch.Tensor
+    scales: torch.Tensor
+    kind: str
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.x.is_cuda
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+
+def quantize_once(x: torch.Tensor, kind: str) -> QuantizedRows:
+    """``x`` [M, K] with its per-token quantization for ``kind``, for several products."""
+    return QuantizedRows(x, *quantize_activation(x, kind), kind)
+
+
+def _quantized(x: "torch.Tensor | QuantizedRows", kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(x, QuantizedRows):
+        if x.kind != kind:
+            raise ValueError(f"an activation quantized for {x.kind} given to an {kind} product")
+        return x.values, x.scales
+    return quantize_activation(x, kind)
+
+
+# Hopper's fp8 tensor cores can skip the periodic promotion of their partial sums to float32
+# (``use_fast_accum``). Measured on an H200 at a Fast chunk's shapes (bench/fp8_gemm.py,
+# bench/RESULTS.md): the 5120² linears and the FFN's up projection 5-10 % faster, the error
+# against the float32 product of the same 8-bit operands 0.0017 -> 0.0022 (0.0033 for the
+# FFN's down projection, K = 13,824), against the ~0.036 the fp8 rounding of the operands
+# costs. "0" keeps the promoted accumulation.
+FAST_ACCUM_ENV = "LINGBOT_FP8_FAST_ACCUM"
+
+
+def _fast_accum(x: torch.Tensor) -> bool:
+    return x.is_cuda and os.environ.get(FAST_ACCUM_ENV, "1").strip() != "0"
+
+
 def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``values.float() * scales[:, None]`` in ``dtype``."""
     return (values.float() * scales.float()[:, None]).to(dtype)
@@ -130,6 +183,8 @@ _ROWWISE: dict[str, bool] = {}  # device type -> whether _scaled_mm took row-wis
 def _scaled_mm_rowwise(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
                        bias: torch.Tensor | None, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
     scales = {"scale_a": x_scale[:, None], "scale_b": weight_scale[None, :], "out_dtype": out_dtype}
+    if _fast_accum(xq):
+        scales["use_fast_accum"] = True
     if out is not None:
         scales["out"] = out
     if bias is None:
@@ -157,20 +212,22 @@ def _scaled_mm_unit(xq: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tenso
     return y.to(out_dtype)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-               out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (any float) times the fp8 weight [N, K]ᵀ with per-token × per-channel scales,
-    plus bias, in ``out_dtype`` [M, N]. ``weight_scale`` float32 [N] (as ``Linear8bit``
-    holds it; other dtypes are converted per call). ``out``: a contiguous [M, N] tensor of
-    ``out_dtype`` the kernel writes into (no copy); returned."""
+def fp8_linear(x: "torch.Tensor | QuantizedRows", weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None, out_dtype: torch.dtype = torch.bfloat16,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (any float, or ``QuantizedRows``) times the fp8 weight [N, K]ᵀ with per-token
+    × per-channel scales, plus bias, in ``out_dtype`` [M, N]. ``weight_scale`` float32 [N] (as
+    ``Linear8bit`` holds it; other dtypes are converted per call). ``out``: a contiguous
+    [M, N] tensor of ``out_dtype`` the kernel writes into (no copy); returned."""
     if out is not None and (not out.is_contiguous() or out.dtype != out_dtype
                             or tuple(out.shape) != (x.shape[0], weight.shape[0])):
         raise ValueError(f"fp8_linear: out must be a contiguous {out_dtype} [{x.shape[0]}, {weight.shape[0]}] "
                          f"tensor, got {tuple(out.shape)} {out.dtype}")
     if not _fp8_kernel_fits(x, weight):
-        y = F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        plain = x.x if isinstance(x, QuantizedRows) else x
+        y = F.linear(plain.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
         return y if out is None else out.copy_(y)
-    xq, x_scale = quantize_activation(x, "fp8")
+    xq, x_scale = _quantized(x, "fp8")
     weight_scale = weight_scale if weight_scale.dtype == torch.float32 else weight_scale.float()
     bias = None if bias is None else bias.to(out_dtype)
     device = x.device.type
@@ -185,13 +242,14 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return y if out is None else out.copy_(y)
 
 
-def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """x [M, K] times the int8 weight [N, K]ᵀ (int32 accumulation), scaled per token and
-    per channel, plus bias, in ``out_dtype`` [M, N]."""
+def int8_linear(x: "torch.Tensor | QuantizedRows", weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] (or ``QuantizedRows``) times the int8 weight [N, K]ᵀ (int32 accumulation),
+    scaled per token and per channel, plus bias, in ``out_dtype`` [M, N]."""
     if not _int8_kernel_fits(x, weight):
-        return F.linear(x.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
-    xq, x_scale = quantize_activation(x, "int8")
+        plain = x.x if isinstance(x, QuantizedRows) else x
+        return F.linear(plain.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+    xq, x_scale = _quantized(x, "int8")
     acc = torch._int_mm(xq, weight.t())
     y = acc.float().mul_(x_scale[:, None]).mul_(weight_scale.float()[None, :])
     if bias is not None:

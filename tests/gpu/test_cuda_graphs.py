@@ -1,0 +1,155 @@
+"""CUDA graphs of LingBot-World Fast's passes (wan/runtime/cuda_graphs.py, LingBotDiT's graphed
+path): a session whose passes are captured and replayed gives the eager session's output bit
+for bit, chunk after chunk (new cameras, new timesteps, the commit's slot moves, bf16 and
+int8 caches, fp8 and bf16 weights, kept or computed camera terms); block swap and a session
+off CUDA stay eager; the same on two GPUs with NCCL inside the graphs. The CPU side (graphs
+off, the cache's bookkeeping): tests/unit/test_cuda_graphs.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
+from comfyui_lingbot_world.pipeline.experts import load_expert
+from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
+from comfyui_lingbot_world.wan.config import DiTConfig
+from comfyui_lingbot_world.wan.runtime.dense import runs_on
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+SHAPED = DiTConfig(dim=256, ffn_dim=512, freq_dim=256, text_dim=64, num_heads=2, num_layers=4)
+STEPS = (999.0, 978.0, 947.0, 825.0)
+# window 9, sink 3 (the default): chunks 0 and 1 fill the cache eagerly; from chunk 2 on the
+# passes repeat, the denoising ones captured at the chunk's second pass, the commit at the
+# second full chunk's.
+POLICY = dict(window=9, sink=3)
+CHUNKS = 6
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    root = tmp_path_factory.mktemp("cuda_graphs")
+    bf16 = write_synthetic_bf16_expert(root / "lingbot_world_fast", SHAPED, seed=5)
+    return {"bf16": bf16, "fp8": convert_to_fp8(bf16, root / "lingbot_world_fast_fp8", "cuda")}
+
+
+def session(model, graphs: bool, keep: int | str, camera: bool, kv_dtype: str = "bf16",
+            latent: tuple[int, int] = (8, 8), frames: int = 3) -> tuple[torch.Tensor, object]:
+    """Every pass's output of a CHUNKS-chunk session (a new camera and new noise per chunk),
+    and the cache's graphs (None when not made)."""
+    g = torch.Generator().manual_seed(11)
+    h, w = latent
+    device = model.patch_embedding.weight.device
+    text = [torch.randn(7, model.config.text_dim, generator=g).to(device)]
+    cache = model.new_kv_cache(CachePolicy(**POLICY, dtype=kv_dtype), h, w, graphs=graphs)
+    outs = []
+    with torch.inference_mode():
+        for chunk in range(CHUNKS):
+            x = torch.randn(1, 16, frames, h, w, generator=g).to(device)
+            y = torch.randn(1, 20, frames, h, w, generator=g).to(device)
+            tokens = None
+            if camera:
+                tokens = model.prepare_camera(torch.randn(1, 384, frames, h, w, generator=g).to(device),
+                                              keep_terms=model.config.num_layers if keep == "all" else keep)
+            for t in STEPS:
+                out = model(x, torch.tensor([t], device=device), text if not outs else None, y=y,
+                            camera_tokens=tokens, kv_cache=cache)
+                outs.append(out)
+                x = (x - 0.1 * out).contiguous()
+            assert model(x, torch.tensor([0.0], device=device), None, y=y, camera_tokens=tokens, kv_cache=cache,
+                         commit=True) is None
+    found = cache.graphs
+    stats = None if found is None else (found.captures, found.replays, found.disabled)
+    cache.close()
+    return torch.stack(outs), stats
+
+
+def _need(kind: str) -> None:
+    if kind != "bf16" and not runs_on(kind, torch.cuda.get_device_capability()):
+        pytest.skip(f"{kind} does not run on this card")
+
+
+@pytest.mark.parametrize("kind, kv_dtype, keep, camera", [
+    ("bf16", "bf16", "all", True),   # every block's camera terms kept
+    ("bf16", "int8", 2, True),      # half kept, half computed inside the graph
+    ("bf16", "bf16", 0, False),     # no camera
+    ("fp8", "bf16", "all", True),    # the Play default: fp8 weights, bf16 cache, terms kept
+    ("fp8", "int8", 0, True),       # the 16 GB plan's cache, terms computed per pass
+])
+def test_graphed_session_equals_eager_bit_for_bit(folders, kind, kv_dtype, keep, camera) -> None:
+    _need(kind)
+    model = load_expert(folders["fp8" if kind == "fp8" else "bf16"], CUDA, quantize=None if kind == "bf16" else kind)
+    eager, none = session(model, False, keep, camera, kv_dtype)
+    graphed, (captures, replays, disabled) = session(model, True, keep, camera, kv_dtype)
+    assert none is None and disabled is None
+    # Chunks 2..5 run through the graphs: one denoising graph (captured at chunk 2's second
+    # pass), one commit graph (captured at chunk 3's commit).
+    assert captures == 2, captures
+    # 16 denoising passes in chunks 2..5: 1 warm-up + 15 replays (the capture's included); 4
+    # commits: 1 warm-up + 3 replays.
+    assert replays == 15 + 3, replays
+    assert torch.equal(graphed, eager), (
+        f"first differing pass {int((graphed != eager).flatten(1).any(1).nonzero()[0])}, "
+        f"max |diff| {float((graphed - eager).abs().max())}")
+
+
+def test_block_swap_runs_eagerly_and_the_same(folders) -> None:
+    model = load_expert(folders["bf16"], CUDA, blocks_on_gpu=1)
+    eager, _ = session(model, False, "all", True)
+    graphed, (captures, replays, disabled) = session(model, True, "all", True)
+    assert (captures, replays) == (0, 0) and disabled is None
+    assert torch.equal(graphed, eager)
+
+
+def test_weights_moved_mid_session_capture_again(folders) -> None:
+    """ComfyUI may unload the transformer and load it again between prompts: graphs captured
+    on the old addresses must not be replayed (they would read freed memory)."""
+    model = load_expert(folders["bf16"], CUDA)
+    g = torch.Generator().manual_seed(2)
+    cache = model.new_kv_cache(CachePolicy(**POLICY), 8, 8, graphs=True)
+    text = [torch.randn(7, SHAPED.text_dim, generator=g).cuda()]
+    x, y = torch.randn(1, 16, 3, 8, 8, generator=g).cuda(), torch.randn(1, 20, 3, 8, 8, generator=g).cuda()
+    t = torch.tensor([999.0], device=CUDA)
+    with torch.inference_mode():
+        for chunk in range(4):
+            for _ in range(2):
+                model(x, t, text if chunk == 0 else None, y=y, kv_cache=cache)
+            model(x, torch.tensor([0.0], device=CUDA), None, y=y, kv_cache=cache, commit=True)
+        want = model(x, t, None, y=y, kv_cache=cache)
+        replays = cache.graphs.replays
+        assert cache.graphs.captures == 2 and replays >= 1 and cache.graphs.keys
+        model.cpu(), model.to(CUDA)  # every weight at a new address
+        got = model(x, t, None, y=y, kv_cache=cache)
+    # The graphs were dropped: this pass ran eagerly (the first sighting of its key again).
+    assert not cache.graphs.keys and cache.graphs.replays == replays
+    assert torch.equal(got, want)
+    cache.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_sequence_parallel_graphs_equal_eager_on_two_gpus() -> None:
+    """Every rank captures and replays the same passes; the all-to-alls and the gather are
+    NCCL kernels inside the graphs."""
+    import parallel_ranks
+    from comfyui_lingbot_world.pipeline.parallel_pool import ParallelModel, RankPool
+
+    devices = [torch.device("cuda", i) for i in range(2)]
+    reference = parallel_ranks.build(devices[0])
+    pool = RankPool(devices).start()
+    try:
+        parallel = ParallelModel(pool, "tiny", pool.load("tiny", parallel_ranks.build, local=reference))
+        shape = (parallel_ranks.LAT_H, parallel_ranks.LAT_W)
+        eager, _ = session(parallel, False, "all", True, latent=shape, frames=parallel_ranks.FRAMES)
+        graphed, (captures, replays, disabled) = session(parallel, True, "all", True, latent=shape,
+                                                         frames=parallel_ranks.FRAMES)
+        assert disabled is None and captures == 2 and replays > 0
+        assert torch.equal(graphed, eager)
+        one, _ = session(reference, False, "all", True, latent=shape, frames=parallel_ranks.FRAMES)
+        assert float((graphed - one).norm() / one.norm()) < 1e-4  # the split itself: float32 rounding
+    finally:
+        pool.close()
