@@ -13,13 +13,14 @@ runs one whole session (its own KV cache, VAE and streams; the .mp4 written to a
 folder and the frames encoded as JPEG for the page, as in ComfyUI):
 
 * turn: the driver releases the keys and presses the next ones of a walking script as soon
-  as the previous chunk's frames arrive (no thinking time): one chunk per press.
+  as the previous chunk's last frames arrive (no thinking time): one chunk per press.
 * continuous: chunks back to back; the driver changes the keys every ``--change-s``
   seconds of wall time, whenever that falls, as a player does.
 
-Recorded per mode: ``key_to_frame_s`` (median, p90, all: the input's arrival → the frames
-of the chunk it steers decoded, written and encoded for the page; a change during a chunk
-steers the next one), ``fps`` (video frames generated per second of the session),
+Recorded per mode: ``key_to_frame_s`` (median, p90, all: the input's arrival → the first
+frames of the chunk it steers decoded, written and encoded for the page — its first latent
+frame's, sent before the rest of the chunk decodes; a change during a chunk steers the next
+one), ``fps`` (video frames generated per second of the session),
 ``chunk_s`` (the transformer's time per chunk), ``decode_s`` per chunk,
 ``peak_vram_allocated_gb``; for the run ``peak_rss_anon_gb``, the cache settings and
 ``cap_gb``. Checked on the CPU with a tiny package:
@@ -88,7 +89,8 @@ class Driver:
         self.presses = 0
 
     def on_event(self, event: str, data: dict) -> None:
-        if event == "lingbot.play.frames":
+        # A chunk arrives in parts (one per latent frame): the next press waits for its last.
+        if event == "lingbot.play.frames" and data.get("last", True):
             self.frames_events.release()
         elif event == "lingbot.play.started":
             self.started.set()

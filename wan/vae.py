@@ -564,6 +564,8 @@ class StreamDecoder:
     concatenation of all calls is bitwise ``WanVAE.decode`` of the whole latent with the same
     ``tile`` (each spatial tile keeps its own state and the tiles are blended in the same
     order). Memory holds the state and one call's frames, whatever the video's length.
+    Fed one latent frame a call, it gives each latent frame's frames as soon as they are
+    decoded (what Play sends the page), bitwise the same.
     """
 
     def __init__(self, vae: WanVAE, tile: int | None = None, tile_overlap: int | None = None) -> None:

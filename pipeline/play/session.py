@@ -4,8 +4,9 @@
 session is one queued prompt). It makes one Fast chunk at a time with ``FastGenerator``
 (open-ended: a window cache policy), the image condition encoded lazily
 (``StreamedI2V``), the chunk's camera from the keys held when it starts (``PlayCamera``,
-the Play law), decodes each chunk with the VAE's causal stream decoder, appends the frames
-to the video file and sends them to the page. What starts a chunk comes from
+the Play law), decodes each chunk with the VAE's causal stream decoder one latent frame at
+a time, and appends each latent frame's frames to the video file and sends them to the
+page as soon as they are decoded. What starts a chunk comes from
 ``PlayControls``, which the server's routes feed (docs/play_protocol.md).
 
 The session ends on Stop, when ``chunk_budget`` chunks are done, after ``idle_timeout_s``
@@ -29,7 +30,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from ...wan.geometry import LATENT_CHANNELS, latent_size
+from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_size, video_frames
 from ...wan.play_camera import format_actions
 from ...wan.runtime.kv_cache import CachePolicy
 from ...wan.vae import WanVAE
@@ -95,7 +96,7 @@ class PlayResult:
     log: dict  # the action log and the settings a replay needs
     chunks: int
     frames: int
-    latency_s: list[float] = field(default_factory=list)  # input → the frames of the chunk it asked for, sent
+    latency_s: list[float] = field(default_factory=list)  # input → the first frames of the chunk it asked for, sent
     chunk_s: list[float] = field(default_factory=list)  # the transformer's time per chunk
     decode_s: list[float] = field(default_factory=list)  # the VAE's per chunk
 
@@ -272,26 +273,40 @@ class PlaySession:
 
     def _deliver(self, c: int, x0: torch.Tensor) -> None:
         """Decode chunk ``c``, write it to the file and send it to the page (on the decode
-        worker when overlapped: in order, one chunk at a time)."""
+        worker when overlapped: in order, one chunk at a time), one latent frame at a time:
+        each latent frame's frames (1 for the video's first, 4 after) are written and sent
+        as soon as they are decoded, so the chunk's first frame does not wait for its last
+        (the stream decoder's pieces together are bitwise the whole chunk's decode)."""
         request, started, generated = self._jobs.pop(c)
-        begun = self.clock()
         latent = x0[None].to(device=self.vae.device, dtype=self.vae.dtype)  # the VAE may be on the CPU
-        video = self._decoder.decode_next(latent, cancel=self._check)[0].float().cpu()
-        self.decode_s.append(self.clock() - begun)
-        frames = jpeg_frames(video)
-        if self.writer is not None:
-            self.writer.write(video)
-        first_frame = self.frames_done
+        parts = int(latent.shape[2])
+        first = self.frames_done == 0
+        chunk_frames = video_frames(parts) if first else VAE_STRIDE_T * parts
+        keys, chunk_s = keys_text(request.keys), generated - started
+        decode_s, sent, latency = 0.0, 0, None
+        for part in range(parts):
+            begun = self.clock()
+            # Cancel only before a chunk's first frames: once some are out the chunk is
+            # finished (two latent frames more), so the file and the log hold whole chunks.
+            video = self._decoder.decode_next(latent[:, :, part:part + 1],
+                                              cancel=self._check if part == 0 else None)[0].float().cpu()
+            decode_s += self.clock() - begun
+            if self.writer is not None:
+                self.writer.write(video)
+            frames = jpeg_frames(video)
+            if part == 0 and request.asked_at is not None:
+                # Key to the chunk's first frame as the page meets it: decoded, written to
+                # the file and encoded for it (every part carries the chunk's figure).
+                latency = self.clock() - request.asked_at
+                self.latency_s.append(latency)
+            self._emit(EVENT_FRAMES, {"chunk": c, "first_frame": self.frames_done + sent, "frames": frames,
+                                      "part": part, "last": part == parts - 1, "chunk_frames": chunk_frames,
+                                      "keys": keys, "latency_s": latency, "chunk_s": chunk_s})
+            sent += len(frames)
+        self.decode_s.append(decode_s)
+        self.chunk_s.append(chunk_s)
         self.chunks_done += 1
-        self.frames_done += int(video.shape[1])
-        self.chunk_s.append(generated - started)
-        # Key to frame as the page meets it: decoded, written to the file and encoded for it.
-        latency = None if request.asked_at is None else self.clock() - request.asked_at
-        if latency is not None:
-            self.latency_s.append(latency)
-        self._emit(EVENT_FRAMES, {"chunk": c, "first_frame": first_frame, "frames": frames,
-                                  "keys": keys_text(request.keys), "latency_s": latency,
-                                  "chunk_s": generated - started})
+        self.frames_done += sent
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason

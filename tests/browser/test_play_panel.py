@@ -9,7 +9,8 @@ is where ComfyUI's keybinding handler listens: a play key must never get there.
 - panel.js: focus gives the keys to the session, Escape / a click elsewhere / the window
   losing focus releases them (the server is sent ""), other plain keys stay in the panel,
   the buttons follow the state, a viewer gets no keys and no buttons
-- frame_player.js: frames drawn one per 1/fps, not all at once; behind, the latest chunk
+- frame_player.js: frames drawn one per 1/fps, not all at once; behind, the latest chunk;
+  a chunk arriving in parts (one per latent frame) plays in video order on one beat
 """
 from __future__ import annotations
 
@@ -363,3 +364,47 @@ def test_frames_are_drawn_one_per_frame_period(page) -> None:
 def test_a_player_behind_skips_to_the_latest_chunk(page) -> None:
     out = page.evaluate(_JS_PLAYER, {"chunks": [9, 12, 12], "steps": 40, "fps": 16})
     assert out["dropped"] == 21 and out["shown"] == 12 and out["last"] == 9 + 12 + 11
+
+
+# A chunk in parts, as the server sends it (one part per latent frame: 1 + 4 + 4 frames for
+# the first chunk, 4 + 4 + 4 after). ``parts``: [paint, first, n, chunkFrames], pushed just
+# before that paint; every frame drawn is recorded.
+_JS_PLAYER_PARTS = """async ({parts, steps, fps}) => {
+    const canvas = document.createElement("canvas");
+    let now = 0, pending = [];
+    const drawn = [], shownAt = [];
+    const player = new window.play.FramePlayer(canvas, {fps, now: () => now, schedule: (cb) => pending.push(cb),
+                                                        onDraw: (p) => drawn.push(p.lastFrameIndex)});
+    for (let i = 0; i < steps; i++) {
+        const due = parts.filter((part) => part[0] === i);
+        for (const [, first, n, chunkFrames] of due) player.push(window.jpegFrames(n), first, chunkFrames);
+        if (due.length) await Promise.all(player._queue.map((img) => img.decode()));
+        const run = pending; pending = [];
+        run.forEach((cb) => cb());
+        shownAt.push(player.shown);
+        now += 1000 / fps / 2;  // two paints per frame period
+    }
+    return {drawn, shownAt, dropped: player.dropped, waiting: player.waiting};
+}"""
+
+
+def test_parts_of_chunks_play_in_order_on_one_beat(page) -> None:
+    # Each part arrives while the frames before it still play (as a decode of ~0.1 s per
+    # latent frame does against 4 frames of 62.5 ms): no frame waits, none is dropped.
+    parts = [[0, 0, 1, 9], [1, 1, 4, 9], [4, 5, 4, 9], [12, 9, 4, 12], [16, 13, 4, 12], [20, 17, 4, 12]]
+    out = page.evaluate(_JS_PLAYER_PARTS, {"parts": parts, "steps": 44, "fps": 16})
+    assert out["drawn"] == list(range(21)) and out["dropped"] == 0 and out["waiting"] == 0
+    assert out["shownAt"][::2][:21] == list(range(1, 22)), out["shownAt"]  # a new frame every period
+
+
+def test_parts_arriving_out_of_order_play_in_video_order_and_never_jump_back(page) -> None:
+    parts = [[0, 0, 1, 9], [0, 5, 4, 9], [0, 1, 4, 9], [30, 2, 1, 9]]  # the last: a frame long shown
+    out = page.evaluate(_JS_PLAYER_PARTS, {"parts": parts, "steps": 40, "fps": 16})
+    assert out["drawn"] == list(range(9)) and out["dropped"] == 1
+
+
+def test_a_player_behind_skips_to_the_latest_chunk_sent_in_parts(page) -> None:
+    # Three chunks in parts at once: as when each came whole, only the newest plays, all of it.
+    parts = [[0, 0, 1, 9], [0, 1, 4, 9], [0, 5, 4, 9]] + [[0, f, 4, 12] for f in range(9, 33, 4)]
+    out = page.evaluate(_JS_PLAYER_PARTS, {"parts": parts, "steps": 40, "fps": 16})
+    assert out["drawn"] == list(range(21, 33)) and out["dropped"] == 21

@@ -76,6 +76,13 @@ _JS_SET_WIDGETS = """([nodeId, values]) => {
 }"""
 # The graph as "Save" would write it, minus what drawing and running change (the view, the
 # order of execution).
+# Every frame the Play node's panel draws, by its video frame index.
+_JS_RECORD_DRAWN = """(nodeId) => {
+    const player = window.app.graph.getNodeById(Number(nodeId)).lingbotPlay.player;
+    const onDraw = player.onDraw;
+    window.__lingbotDrawn = [];
+    player.onDraw = (p) => { window.__lingbotDrawn.push(p.lastFrameIndex); onDraw(p); };
+}"""
 _JS_GRAPH_SNAPSHOT = """() => {
     const g = window.app.graph.serialize();
     delete g.extra;
@@ -200,6 +207,7 @@ def test_play_session_from_the_template_with_real_keys(display: ComfyFrontend, f
 
     page.evaluate(_JS_SET_WIDGETS, [PLAY, {"width": WIDTH, "height": HEIGHT, "chunk_budget": CHUNK_BUDGET,
                                            "mode": "turn"}])
+    page.evaluate(_JS_RECORD_DRAWN, PLAY)
     prompt_id = frontend.queue_current()
     wait_panel(frontend, "d.state === 'waiting' && d.role === 'controller'", "the session waiting for its controller")
 
@@ -264,6 +272,11 @@ def test_play_session_from_the_template_with_real_keys(display: ComfyFrontend, f
     (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
     info = video_info(video)
     assert (info.frames, info.width, info.height) == (frames, WIDTH, HEIGHT), info
+    # Each chunk came in parts (one per latent frame): the panel drew the frames in video
+    # order, every one of them but those skipped to catch up, the last one last.
+    drawn = page.evaluate("() => window.__lingbotDrawn")
+    dropped = page.evaluate(f"() => window.app.graph.getNodeById({PLAY}).lingbotPlay.player.dropped")
+    assert drawn == sorted(set(drawn)) and drawn[-1] == frames - 1 and len(drawn) + dropped == frames, drawn
     wait_panel(second_tab, "d.state === 'ended'", "the session's end, in the viewer", timeout=20)
     assert not frontend.page_errors and not second_tab.page_errors, (frontend.page_errors, second_tab.page_errors)
 

@@ -72,6 +72,25 @@ def post(server: ComfyServer, session_id: str, what: str, body=None, raw: bytes 
                          headers={"Content-Type": "application/json"}, timeout=30)
 
 
+def whole_chunk(parts: list[dict]) -> dict:
+    """A chunk's frames events (one per latent frame, in order) as one: its first part's
+    fields, every frame, and ``parts``: (first_frame, frames) of each."""
+    assert [p["part"] for p in parts] == list(range(len(parts))) and parts[-1]["last"], parts
+    assert all(p["chunk"] == parts[0]["chunk"] and p["latency_s"] == parts[0]["latency_s"] for p in parts)
+    return {**parts[0], "frames": [f for p in parts for f in p["frames"]],
+            "parts": [(p["first_frame"], len(p["frames"])) for p in parts]}
+
+
+def chunk_events(server: ComfyServer, session_id: str, done: int, what: str,
+                 collector: _EventCollector | None = None) -> dict:
+    """The first chunk whose frames events come after the first ``done``, once its last part is in."""
+    def complete():
+        new = play_events(server, session_id, "frames", collector=collector)[done:]
+        ends = [i for i, d in enumerate(new) if d["last"]]
+        return new[:ends[0] + 1] if ends else None
+    return whole_chunk(wait_for(complete, what, server))
+
+
 def press(server: ComfyServer, session_id: str, keys: str, client_id: str | None = None) -> dict:
     """Release, then hold ``keys`` (a press in turn mode); the frames of the chunk it starts."""
     done = len(play_events(server, session_id, "frames"))
@@ -79,8 +98,7 @@ def press(server: ComfyServer, session_id: str, keys: str, client_id: str | None
     assert post(server, session_id, "keys", {"keys": ""}, client_id=client_id).status_code == 200
     reply = post(server, session_id, "keys", {"keys": keys}, client_id=client_id)
     assert reply.status_code == 200, reply.text
-    frames = wait_for(lambda: play_events(server, session_id, "frames")[done:], f"the chunk of {keys!r}", server)
-    return frames[0]
+    return chunk_events(server, session_id, done, f"the chunk of {keys!r}")
 
 
 def stop(server: ComfyServer, session_id: str, prompt_id: str, client_id: str | None = None):
@@ -125,6 +143,8 @@ def test_a_session_steered_over_http_saves_the_video_and_its_action_log(comfy_se
     second = press(comfy_server, session_id, "wj")
     assert (first["chunk"], first["first_frame"], len(first["frames"]), first["keys"]) == (0, 0, 9, "w")
     assert (second["chunk"], second["first_frame"], len(second["frames"]), second["keys"]) == (1, 9, 12, "wj")
+    # each chunk in parts over the websocket, one per latent frame, in order
+    assert first["parts"] == [(0, 1), (1, 4), (5, 4)] and second["parts"] == [(9, 4), (13, 4), (17, 4)]
     assert first["latency_s"] is not None and second["chunk_s"] > 0
     result = stop(comfy_server, session_id, prompt_id)
     assert result.ok, result.describe()
@@ -206,9 +226,7 @@ def test_a_second_client_sees_the_frames_and_is_refused_as_view_only(comfy_serve
         reply = post(comfy_server, session_id, "control", {"action": "stop"}, client_id=viewer.client_id)
         assert reply.status_code == 409
         press(comfy_server, session_id, "s")
-        wait_for(lambda: play_events(comfy_server, session_id, "frames", collector=viewer), "the viewer's frames",
-                 comfy_server)
-        seen = play_events(comfy_server, session_id, "frames", collector=viewer)[0]
+        seen = chunk_events(comfy_server, session_id, 0, "the viewer's frames", collector=viewer)
         assert seen["keys"] == "s" and len(seen["frames"]) == 9
         assert stop(comfy_server, session_id, prompt_id).ok
     finally:

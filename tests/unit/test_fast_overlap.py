@@ -165,11 +165,12 @@ def test_a_play_session_overlapped_makes_the_sequential_sessions_latent_and_fram
         frames = [d for e, d in events if e == "lingbot.play.frames"]
         made[overlap] = (result, writer.pieces, frames)
         assert result.reason == "budget" and result.chunks == 3 and result.frames == 33
-        assert [(f["chunk"], f["first_frame"]) for f in frames] == [(0, 0), (1, 9), (2, 21)]
+        assert [(f["chunk"], f["part"], f["first_frame"]) for f in frames] == [
+            (0, 0, 0), (0, 1, 1), (0, 2, 5), (1, 0, 9), (1, 1, 13), (1, 2, 17), (2, 0, 21), (2, 1, 25), (2, 2, 29)]
         assert events[-1][1]["state"] == "ended" and events[-1][1]["chunks_done"] == 3
     (seq, seq_pieces, seq_frames), (ovl, ovl_pieces, ovl_frames) = made[False], made[True]
     assert torch.equal(seq.latent, ovl.latent)
-    assert len(seq_pieces) == len(ovl_pieces) == 3
+    assert len(seq_pieces) == len(ovl_pieces) == 9  # one piece per latent frame
     assert all(torch.equal(a, b) for a, b in zip(seq_pieces, ovl_pieces))
     assert [f["frames"] for f in seq_frames] == [f["frames"] for f in ovl_frames]  # the page's JPEGs too
     assert not worker_thread_alive()
@@ -213,7 +214,7 @@ def test_turn_based_the_next_chunk_starts_when_its_key_arrives_not_after_the_dec
     session.controls.act("stop")
     thread.join(60)
     result = out["result"]
-    assert result.reason == "stop" and result.chunks == 2 and [p.shape[1] for p in writer.pieces] == [9, 12]
+    assert result.reason == "stop" and result.chunks == 2 and [p.shape[1] for p in writer.pieces] == [1, 4, 4, 4, 4, 4]
     frames = [d for e, d in events if e == "lingbot.play.frames"]
-    assert [(f["chunk"], f["keys"]) for f in frames] == [(0, "w"), (1, "wd")]
+    assert [(f["chunk"], f["keys"]) for f in frames] == [(0, "w")] * 3 + [(1, "wd")] * 3
     assert not worker_thread_alive()

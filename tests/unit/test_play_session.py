@@ -1,6 +1,7 @@
 """A Play session (pipeline/play/session.py, registry.py, frames.py) on a tiny Fast model:
 its latents replayed through the Fast clip path bit for bit (sliding window with
-eviction, bf16 and int8 caches), the frames written and sent, every way it ends (budget,
+eviction, bf16 and int8 caches), the frames written and sent (each chunk in parts, one
+per latent frame, bit for bit its whole decode), every way it ends (budget,
 Stop, idle, an interrupt while waiting or mid-chunk, an error) closing the file and
 freeing the cache, and one session at a time."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from PIL import Image
 from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_play_actions
 from comfyui_lingbot_world.pipeline.fast import FastParams, WholeI2V, sample_fast
 from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
+from comfyui_lingbot_world.pipeline.play.frames import jpeg_frames
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
 from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
@@ -51,9 +53,9 @@ def make_session(model, vae, registry=None, **kwargs) -> tuple[PlaySession, Writ
     events: list = []
     writer = Writer()
     options = {k: kwargs.pop(k) for k in list(kwargs) if k in PlaySettings.__dataclass_fields__}
-    session = PlaySession(model, prompt(), vae, image(), settings(**options), writer=writer,
-                          emit=lambda event, data: events.append((event, data)), controller="tab-1", node_id="7",
-                          registry=registry or SessionRegistry(), **kwargs)
+    emit = kwargs.pop("emit", lambda event, data: events.append((event, data)))
+    session = PlaySession(model, prompt(), vae, image(), settings(**options), writer=writer, emit=emit,
+                          controller="tab-1", node_id="7", registry=registry or SessionRegistry(), **kwargs)
     return session, writer, events
 
 
@@ -120,8 +122,8 @@ def test_the_action_log_replays_through_the_clip_path_bit_for_bit(model, vae, kv
     again = replay(model, vae, result.log)
     assert again.shape == result.latent.shape == (16, 12, HEIGHT // 8, WIDTH // 8)
     assert torch.equal(again, result.latent)
-    # the frames written are the stream decode of the session's latent, i.e. its whole decode
-    assert [p.shape[1] for p in writer.pieces] == [9, 12, 12, 12]
+    # the frames written (one piece per latent frame) are the session's latent decoded whole
+    assert [p.shape[1] for p in writer.pieces] == [1] + [4] * 11
     with torch.inference_mode():
         decoded = vae.decode(result.latent[None])[0].float()
     assert torch.equal(torch.cat(writer.pieces, dim=1), decoded)
@@ -142,15 +144,110 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     started = events[0][1]
     assert started["controller"] == "tab-1" and started["mode"] == "turn" and started["keys"] == "wasdijkl"
     frames = [data for event, data in events if event == "lingbot.play.frames"]
-    assert [(f["chunk"], f["first_frame"], len(f["frames"]), f["keys"]) for f in frames] == [
-        (0, 0, 9, "w"), (1, 9, 12, "wl")]
+    # each chunk in parts, one per latent frame: 1 + 4 + 4 frames, then 4 + 4 + 4
+    assert [(f["chunk"], f["part"], f["first_frame"], len(f["frames"]), f["last"], f["chunk_frames"], f["keys"])
+            for f in frames] == [(0, 0, 0, 1, False, 9, "w"), (0, 1, 1, 4, False, 9, "w"), (0, 2, 5, 4, True, 9, "w"),
+                                 (1, 0, 9, 4, False, 12, "wl"), (1, 1, 13, 4, False, 12, "wl"),
+                                 (1, 2, 17, 4, True, 12, "wl")]
     assert all(f["latency_s"] is not None and 0 <= f["latency_s"] < 60 and f["chunk_s"] > 0 for f in frames)
-    picture = Image.open(io.BytesIO(base64.b64decode(frames[1]["frames"][0])))
+    # one latency per chunk: the key to the chunk's first part, carried by all its parts
+    assert [f["latency_s"] for f in frames] == [out["result"].latency_s[0]] * 3 + [out["result"].latency_s[1]] * 3
+    picture = Image.open(io.BytesIO(base64.b64decode(frames[3]["frames"][0])))
     assert picture.format == "JPEG" and picture.size == (WIDTH, HEIGHT)
     states = [data["state"] for event, data in events if event == "lingbot.play.state"]
     assert states[0] == "waiting" and "running" in states and states[-1] == "ended"
     assert events[-1][1]["reason"] == "stop" and events[-1][1]["chunks_done"] == 2
     assert session.status()["state"] == "ended" and out["result"].latency_s and len(out["result"].chunk_s) == 2
+
+
+# --------------------------------------------------------------------------- a chunk in parts
+
+def chunk_decodes(vae, latent: torch.Tensor) -> list[torch.Tensor]:
+    """Each chunk of the session's latent decoded whole (3 latent frames a call), as the
+    session decoded it before it sent chunks in parts."""
+    decoder = vae.stream_decoder()
+    with torch.inference_mode():
+        out = [decoder.decode_next(latent[None, :, a:a + 3])[0].float() for a in range(0, latent.shape[1], 3)]
+    decoder.close()
+    return out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_chunk_sent_per_latent_frame_is_bit_for_bit_the_whole_chunk_decode(model, vae, overlap):
+    """Chunk 0's first latent frame gives 1 frame, every other one 4; the pieces written and
+    the JPEGs sent are the whole-chunk decode's, also decoded on the worker thread."""
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=3, overlap=overlap)
+    threads = set()
+    write = writer.write
+    writer.write = lambda video: (threads.add(threading.current_thread().name), write(video))
+    result = session.run()
+    assert result.reason == "budget" and result.chunks == 3 and result.frames == 33
+    if overlap:
+        assert threads and all(name.startswith("lingbot-decode") for name in threads)
+    else:
+        assert threads == {"MainThread"}
+    whole = chunk_decodes(vae, result.latent)
+    assert [p.shape[1] for p in writer.pieces] == [1, 4, 4] + [4, 4, 4] * 2
+    for c in range(3):
+        assert torch.equal(torch.cat(writer.pieces[3 * c:3 * c + 3], dim=1), whole[c])
+    with torch.inference_mode():
+        assert torch.equal(torch.cat(whole, dim=1), vae.decode(result.latent[None])[0].float())
+    frames = [d for e, d in events if e == "lingbot.play.frames"]
+    assert [f["first_frame"] for f in frames] == [0, 1, 5, 9, 13, 17, 21, 25, 29]
+    assert [jpeg for f in frames for jpeg in f["frames"]] == jpeg_frames(torch.cat(whole, dim=1))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_chunks_first_frames_are_written_and_sent_before_its_last_latent_frame_is_decoded(model, vae, overlap):
+    order: list[tuple] = []
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=2, overlap=overlap,
+                                           emit=lambda event, data: order.append(
+                                               ("sent", data["chunk"], data["part"], data["first_frame"]))
+                                           if event == "lingbot.play.frames" else None)
+    writer.write = lambda video: order.append(("written", video.shape[1]))
+    real_open = session._open
+
+    def open_instrumented() -> None:  # the session's stream decoder, recording each call
+        real_open()
+        decoder = session._decoder
+        decode_next = decoder.decode_next
+
+        def recorded(latent, cancel=None):
+            order.append(("decode", decoder.latent_frames_done, latent.shape[2]))
+            return decode_next(latent, cancel=cancel)
+
+        decoder.decode_next = recorded
+
+    session._open = open_instrumented
+    assert session.run().chunks == 2
+    expected = []
+    for c, sizes in enumerate(([1, 4, 4], [4, 4, 4])):
+        first = 0 if c == 0 else 9
+        for part, n in enumerate(sizes):
+            expected += [("decode", 3 * c + part, 1), ("written", n), ("sent", c, part, first)]
+            first += n
+    assert order == expected
+    # the chunk's first frames are out before its last latent frame is decoded
+    assert order.index(("sent", 1, 0, 9)) < order.index(("decode", 5, 1))
+
+
+def test_a_cancel_in_a_chunks_later_parts_finishes_the_chunk_first(model, vae):
+    """An interrupt seen once a chunk's first frames are out ends the session after that
+    chunk: the file and the action log hold whole chunks."""
+    holder: dict = {}
+
+    def check() -> None:
+        decoder = holder["session"]._decoder
+        if decoder is not None and decoder.latent_frames_done >= 1:
+            raise Interrupted("cancelled while chunk 0 decodes")
+
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=3, check_interrupt=check,
+                                           interrupt_types=(Interrupted,))
+    holder["session"] = session
+    with pytest.raises(Interrupted):
+        session.run()
+    assert session.chunks_done == 1 and [p.shape[1] for p in writer.pieces] == [1, 4, 4]
+    assert session.action_log()["frames"] == 9 and session.end_reason == "interrupt"
 
 
 # --------------------------------------------------------------------------- endings
@@ -215,7 +312,7 @@ def test_an_interrupt_mid_chunk_keeps_the_finished_chunks_and_frees_everything(m
     session.controls.set_keys(frozenset("wd"))
     thread.join(30)
     assert isinstance(out["error"], Interrupted) and seen["in_second_chunk"] == 4
-    assert session.chunks_done == 1 and len(writer.pieces) == 1 and writer.closed == 1
+    assert session.chunks_done == 1 and [p.shape[1] for p in writer.pieces] == [1, 4, 4] and writer.closed == 1
     assert session.end_reason == "interrupt" and session._generator is None and session._decoder is None
     assert session.action_log()["actions"] == "w-8"  # only what the finished chunk used
 

@@ -23,6 +23,19 @@ def test_streaming_decode_equals_the_whole_decode(vae, tile):
     stream.close()
 
 
+def test_streaming_decode_one_latent_frame_at_a_time_equals_the_chunk_decode(vae):
+    """Play's parts: a chunk's latent frames decoded one at a time (the first gives 1 frame,
+    each after 4) are bitwise the chunks decoded 3 latent frames a call."""
+    latent = torch.randn(1, 16, 6, LAT_H, LAT_W, generator=torch.Generator().manual_seed(1))
+    chunks, frames = vae.stream_decoder(), vae.stream_decoder()
+    whole = torch.cat([chunks.decode_next(latent[:, :, a:a + 3]) for a in (0, 3)], dim=2)
+    pieces = [frames.decode_next(latent[:, :, i:i + 1]) for i in range(6)]
+    assert [p.shape[2] for p in pieces] == [1, 4, 4, 4, 4, 4]
+    assert torch.equal(torch.cat(pieces, dim=2), whole)
+    chunks.close()
+    frames.close()
+
+
 def test_stream_decoder_and_encoder_refuse_a_second_video_or_wrong_groups(vae):
     stream = vae.stream_decoder()
     stream.decode_next(torch.zeros(1, 16, 1, LAT_H, LAT_W))

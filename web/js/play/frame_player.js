@@ -1,12 +1,14 @@
 // Plays the frames of a session on a canvas at the video's frame rate.
 // Pure module (no ComfyUI imports).
 //
-// Chunks arrive as bursts (9 or 12 JPEG frames at once, seconds apart on a consumer
-// card); showing them as they come would flash the chunk by in one paint. The player
-// queues them and draws one per 1/fps s, so the page shows the motion the video will
-// have. When it falls behind (a background tab, a slow decode) and more than the newest
+// Chunks arrive as bursts (9 or 12 JPEG frames, seconds apart on a consumer card), each
+// in parts as the VAE decodes it (1 or 4 frames per latent frame, a part every ~0.1 s);
+// showing them as they come would flash the chunk by in one paint. The player queues
+// them in video order and draws one per 1/fps s, so the page shows the motion the video
+// will have; a part that arrives while the one before still plays continues on the same
+// beat. When it falls behind (a background tab, a slow decode) and more than the newest
 // chunk is waiting, the older frames are dropped: the picture shows the latest chunk
-// rather than an ever-growing delay.
+// rather than an ever-growing delay. A chunk's own frames are never dropped for its parts.
 
 export class FramePlayer {
     /**
@@ -32,17 +34,28 @@ export class FramePlayer {
         this.lastFrameIndex = -1;   // video frame index of the frame on screen
     }
 
-    /** Queue a chunk: ``frames`` are base64 JPEG strings, the first is video frame ``first``. */
-    push(frames, first = 0) {
+    /**
+     * Queue a chunk or a part of one: ``frames`` are base64 JPEG strings, the first is video
+     * frame ``first``; ``chunkFrames``: the frames of the whole chunk they belong to (what
+     * may wait; default: these frames, a chunk sent whole).
+     */
+    push(frames, first = 0, chunkFrames = frames.length) {
         if (this._stopped || !frames.length) return;
         frames.forEach((data, i) => {
+            if (first + i <= this.lastFrameIndex) {  // drawn past already: showing it would jump back
+                this.dropped += 1;
+                return;
+            }
             const image = new Image();
             image.decoding = "async";
             image.src = `data:image/jpeg;base64,${data}`;
             image.lingbotIndex = first + i;
-            this._queue.push(image);
+            // In video order, whatever order the parts came in (appended when in order).
+            let at = this._queue.length;
+            while (at > 0 && this._queue[at - 1].lingbotIndex > image.lingbotIndex) at -= 1;
+            this._queue.splice(at, 0, image);
         });
-        this._backlog = frames.length;
+        this._backlog = Math.max(chunkFrames, frames.length);
         if (this._queue.length > this._backlog) {
             const excess = this._queue.length - this._backlog;
             this._queue.splice(0, excess);

@@ -179,9 +179,9 @@ export class PlayPanel {
     }
 
     /** A ``lingbot.play.frames`` event of this panel's session. */
-    showFrames({ chunk, first_frame: first = 0, frames = [], keys = "", latency_s: latency = null,
-                 chunk_s: chunkSeconds = null }) {
-        this.player.push(frames, first);
+    showFrames({ chunk, first_frame: first = 0, frames = [], chunk_frames: chunkFrames = frames.length, keys = "",
+                 latency_s: latency = null, chunk_s: chunkSeconds = null }) {
+        this.player.push(frames, first, chunkFrames);  // a part of a chunk, or a whole one
         this.chunks = Math.max(this.chunks ?? 0, chunk + 1);
         this.framesDone = Math.max(this.framesDone ?? 0, first + frames.length);
         if (latency !== null && latency !== undefined) this.latency = latency;
