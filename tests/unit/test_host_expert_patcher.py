@@ -15,6 +15,7 @@ from comfy_host import use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
+from comfy.model_patcher import ModelPatcher  # noqa: E402
 
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
 from comfyui_lingbot_world.nodes.host import expert_patcher as patcher_mod  # noqa: E402
@@ -300,3 +301,89 @@ def test_interrupt_unloads_every_copy(folders, mode):
         sample(source, text, condition, None, PARAMS, check_interrupt=interrupt)
     assert not any(p.is_resident() for p in dit.copies.values())
     assert not any(_loaded(dit).values())
+
+
+# --------------------------------------------------------------------------- POST /free with expert_per_gpu
+
+# A second device that ComfyUI's unload_all_models() never frees, as cuda:1 on hosts before 0.28 (they free
+# only the GPU ComfyUI computes on); on the CPU host both 0.3.75 and 0.28.0 free the CPU alone. Tensors
+# "on" cpu:1 live on the CPU; safetensors refuses the name, so the expert is read to "cpu" (``other_gpu``).
+OTHER = torch.device("cpu", 1)
+
+
+@pytest.fixture
+def other_gpu(monkeypatch, loads):
+    counting_load = patcher_mod.load_expert
+
+    def load(folder, device, quantize=None, blocks_on_gpu=None):
+        return counting_load(folder, CPU if device == OTHER else device, quantize, blocks_on_gpu=blocks_on_gpu)
+
+    monkeypatch.setattr(patcher_mod, "load_expert", load)
+    yield OTHER
+    mm.free_memory(1e30, OTHER)  # what a failed test left there (the autouse fixture frees the CPU)
+
+
+class Bystander(ModelPatcher):
+    """Another model in ComfyUI's list (a small Linear) that counts how often ComfyUI detaches it."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(torch.nn.Linear(4, 4), device, CPU)
+        self.detached: list[bool] = []
+
+    def detach(self, unpatch_all=True):
+        self.detached.append(unpatch_all)
+        return super().detach(unpatch_all)
+
+
+def _registered(p) -> bool:
+    return any(m.model is p for m in mm.current_loaded_models)
+
+
+@pytest.mark.parametrize("free", ["unload_all_models", "free_memory"])
+def test_free_unloads_the_expert_on_the_second_gpu_too(folders, loads, other_gpu, free):
+    """``expert_per_gpu``: ``POST /free`` / Unload Models (``unload_all_models``), or ComfyUI freeing
+    all of its GPU, drops the low-noise expert on the other GPU with the high-noise one, and
+    ComfyUI's loop over its models skips and repeats nothing."""
+    dit = experts_for_placement(folders, ExpertLoadOptions(), read_config(folders["high"]),
+                                placement_on("expert_per_gpu", (CPU, OTHER)))
+    first, last, elsewhere = Bystander(CPU), Bystander(CPU), Bystander(OTHER)
+    mm.load_models_gpu([first, elsewhere])
+    text, condition = _inputs()
+    source = ComfyExpertSource(dit)
+    want = sample(source, text, condition, None, PARAMS)
+    source.close()
+    mm.load_models_gpu([last])
+    assert _loaded(dit) == {("high", 0): True, ("low", 1): True} and dit.low.current_loaded_device() == OTHER
+    low_weight = weakref.ref(next(dit.low.expert.parameters()))
+
+    if free == "unload_all_models":
+        mm.unload_all_models()  # what POST /free {"unload_models": true} and Unload Models run
+    else:
+        mm.free_memory(1e30, CPU)  # ComfyUI evicting everything from the device it computes on
+    gc.collect()
+    assert not dit.high.is_resident() and not dit.low.is_resident()
+    assert low_weight() is None and dit.low.loaded_size() == 0  # dropped, not kept anywhere
+    assert not _registered(dit.high) and not _registered(first) and not _registered(last)
+    assert first.detached == [True] and last.detached == [True]  # each unloaded once, none skipped
+    assert _registered(elsewhere) and elsewhere.detached == []  # ComfyUI's own choice: not its device
+    # The low-noise expert's entry may stay in ComfyUI's list (not removed inside ComfyUI's loop),
+    # holding nothing: ComfyUI drops it when it next frees or loads on that device.
+    assert all(m.model_loaded_memory() == 0 for m in mm.current_loaded_models if m.model is dit.low)
+
+    # The next run loads both again and gives the same latent.
+    again = ComfyExpertSource(dit)
+    assert torch.equal(sample(again, text, condition, None, PARAMS), want)
+    again.close()
+    assert _loaded(dit) == {("high", 0): True, ("low", 1): True} and loads == ["high", "low", "high", "low"]
+
+
+def test_a_run_of_the_low_noise_expert_alone_keeps_nothing_free_cannot_reach(folders, other_gpu):
+    """boundary 1: every step on the low-noise expert, nothing on ComfyUI's GPU to take it along
+    on POST /free; the run ends with it unloaded."""
+    dit = experts_for_placement(folders, ExpertLoadOptions(), read_config(folders["high"]),
+                                placement_on("expert_per_gpu", (CPU, OTHER)))
+    text, condition = _inputs()
+    source = ComfyExpertSource(dit)
+    sample(source, text, condition, None, SamplingParams(steps=4, shift=5.0, seed=3, boundary=1.0))
+    source.close()
+    assert not dit.high.is_resident() and not dit.low.is_resident() and not _registered(dit.low)
