@@ -86,3 +86,20 @@ def test_fast_long_video_and_play_budget_the_vae_streams_alike():
     assert memory.vae_budgets(100, 480, 832, "fp32") == (100 + memory.vae_stream_bytes(480, 832, "fp32"),
                                                          memory.decode_chunk_bytes(480, 832, "fp32"))
     assert memory.vae_stream_bytes(480, 832, "bf16") * 2 == pytest.approx(memory.vae_stream_bytes(480, 832), abs=2)
+
+
+def test_cuda_graphs_where_their_pool_fits_beside_everything_and_never_with_block_swap():
+    graph = memory.graph_pool_bytes(A14B, 60, 104, 3)
+    assert graph == memory.activation_bytes(3 * 30 * 52, A14B.dim)  # one more chunk forward's working memory
+    assert memory.graph_pool_bytes(A14B, 60, 104, 3, ranks=2) == memory.activation_bytes(3 * 30 * 52 // 2, A14B.dim)
+    terms = memory.camera_terms_bytes(A14B, 60, 104, 3)
+    roomy = plan(80, graph_bytes=graph, terms_bytes=terms)
+    without = plan(80, terms_bytes=terms)
+    assert roomy.cuda_graphs and not without.cuda_graphs
+    assert roomy.camera_terms == without.camera_terms == 40 and roomy.need - without.need == graph  # counted
+    assert "CUDA graphs" in roomy.describe()
+    small = plan(16, graph_bytes=graph, terms_bytes=terms)
+    assert small.blocks_on_gpu is not None and not small.cuda_graphs  # block swap runs eagerly
+    # Where only the graphs or nothing fits beside the rest, the graphs go first.
+    edge = plan(24, 0, graph_bytes=graph)
+    assert edge.cuda_graphs == memory.fits(plan(24, 0).need + graph, 24 * GIB, memory.ALLOCATOR_SLACK)
