@@ -148,7 +148,7 @@ EOF
         # CUDA graphs of the Fast passes (FastParams.cuda_graphs): the GPU tests, a 201-frame walk (17 chunks:
         # 2 fill the cache, 2 capture, 13 replay) with and without, Play with them; several GPUs below
         fp8gemm) python3 bench/fp8_gemm.py --out "$OUT/fp8_gemm.json" 2>&1 | grep -v "^Failed to load" | tail -9 ;;
-        cgraphs) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_cuda_graphs.py 2>&1 | tail -15 ;;
+        cgraphs) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_cuda_graphs_cuda.py 2>&1 | tail -15 ;;
         fast201_fp8_terms) fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 \
                      --out "$OUT/fast_201_w9s3_bf16_fp8w_terms.json" ;;
         fast201_fp8_terms_graphs) fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 --cuda-graphs \

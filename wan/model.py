@@ -738,7 +738,7 @@ class LingBotDiT(nn.Module):
             hint = " (I2V needs y with the mask and image latent)" if y is None else ""
             raise ValueError(f"x/y: {channels} input channels, the checkpoint expects {self.config.in_dim}{hint}")
         grid = self._patch_grid(x.shape[2:], "x")
-        if kv_cache is not None and self._graphed(kv_cache, context, cancel):
+        if kv_cache is not None and self._graphed(kv_cache):
             return self._forward_graphed(x, t, y, grid, camera_tokens, cancel, kv_cache, commit, parallel)
         tokens = self._embed_patches(x, y)
         if camera_tokens is not None and (camera_tokens.dim() != 3 or camera_tokens.shape[0] not in (1, batch)
@@ -787,7 +787,7 @@ class LingBotDiT(nn.Module):
         return out if parallel is None else parallel.gather(out, length)
 
     # ------------------------------------------------------------ CUDA graphs
-    def _graphed(self, kv_cache: KVCache, context: object, cancel: object) -> bool:
+    def _graphed(self, kv_cache: KVCache) -> bool:
         """Does this causal pass run through the session's CUDA graphs? Only where its shapes
         repeat (the cache full, the text's keys cached) and the weights stay put (no block
         swap: a swapped block's weights arrive at new addresses every forward)."""
@@ -872,23 +872,27 @@ class LingBotDiT(nn.Module):
         blocks' terms computed ahead of the forward."""
         if camera_tokens is None:
             return None
+        kept: CameraTerms | None = graphs.state.get("camera")
+        if kept is not None and graphs.state.get("camera_source") is camera_tokens:
+            return kept  # the chunk's camera, already in
         source = camera_tokens.tokens if isinstance(camera_tokens, CameraTerms) else camera_tokens
+        if source.dim() != 3 or source.shape[0] != 1 or source.shape[1] != length or source.shape[2] != self.config.dim:
+            raise ValueError(f"camera_tokens: expected [1, {length}, {self.config.dim}] for this latent, got "
+                             f"{tuple(source.shape)}")
         keep = camera_tokens.max_blocks if isinstance(camera_tokens, CameraTerms) else 0
         keep = len(self.blocks) if keep is None else min(int(keep), len(self.blocks))
         if parallel is not None:
             source = parallel.shard(source)
-        kept: CameraTerms | None = graphs.state.get("camera")
         if kept is None or kept.tokens.shape != source.shape or kept.tokens.dtype != source.dtype \
                 or kept.max_blocks != keep:
             graphs.reset()  # graphs read the old terms
             with torch.inference_mode(False):
                 kept = CameraTerms(torch.empty_like(source, memory_format=torch.contiguous_format), keep)
-            graphs.state["camera"], graphs.state["camera_source"] = kept, None
-        if graphs.state.get("camera_source") is not camera_tokens:
-            kept.refresh(source)
-            for block in self.blocks[:keep]:
-                block.keep_camera_terms(kept, kept.tokens.shape[1])
-            graphs.state["camera_source"] = camera_tokens  # held: its id is not reused while compared
+            graphs.state["camera"] = kept
+        kept.refresh(source)
+        for block in self.blocks[:keep]:
+            block.keep_camera_terms(kept, kept.tokens.shape[1])
+        graphs.state["camera_source"] = camera_tokens  # held: its id is not reused while compared
         return kept
 
     def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],

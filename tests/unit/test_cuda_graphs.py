@@ -2,7 +2,7 @@
 forward (the session's RoPE tables and camera terms at fixed addresses, refreshed in place
 per chunk, the cache's bookkeeping outside the body) gives the eager forward's output bit for
 bit; when graphs are not possible nothing changes. The capture and replay themselves need
-CUDA: tests/gpu/test_cuda_graphs.py."""
+CUDA: tests/gpu/test_cuda_graphs_cuda.py."""
 from __future__ import annotations
 
 import pytest
@@ -99,3 +99,19 @@ def test_fast_params_cuda_graphs_on_the_cpu_change_nothing(model) -> None:
     runs = [sample_fast(model, prompt(), WholeI2V(y), None, FastParams(seed=4, cuda_graphs=on), video_frames(9))
             for on in (False, True)]
     assert torch.equal(runs[0], runs[1])
+
+
+def test_a_camera_of_the_wrong_size_is_refused_on_the_graphed_path_too(model) -> None:
+    graphs = _eager_graphs()
+    cache = model.new_kv_cache(CachePolicy(window=6, sink=3), LAT_H, LAT_W)  # full from chunk 1
+    cache.graphs = graphs
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(1, 16, 3, LAT_H, LAT_W, generator=g), torch.randn(1, 20, 3, LAT_H, LAT_W, generator=g)
+    with torch.inference_mode():
+        model(x, torch.tensor([999.0]), [prompt()], y=y, kv_cache=cache)
+        model(x, torch.tensor([0.0]), None, y=y, kv_cache=cache, commit=True)
+        assert cache.full and cache.cross_ready
+        wrong = torch.randn(1, 5, model.config.dim)
+        with pytest.raises(ValueError, match="camera_tokens"):
+            model(x, torch.tensor([999.0]), None, y=y, camera_tokens=wrong, kv_cache=cache)
+    cache.close()

@@ -14,7 +14,7 @@ eagerly (the warm-up: Triton compiles, cuDNN and cuBLAS pick their plans, lazy b
 made), the second captures the body into a graph on fresh copies of the inputs (the
 *static* inputs) and replays it, later calls copy their inputs into the static ones and
 replay. The kernels are the eager ones, so a replay gives the eager result bit for bit
-(``tests/gpu/test_cuda_graphs.py``).
+(``tests/gpu/test_cuda_graphs_cuda.py``).
 
 What the caller must keep true: every tensor the body reads that is not one of ``inputs``
 keeps its address and is refreshed in place before a replay (the cache's buffers, the RoPE
