@@ -59,12 +59,18 @@ def test_graphed_path_equals_the_eager_forward(model, keep, camera, kv_dtype) ->
     assert graphs.state == {}  # closed with the cache
 
 
-def test_the_session_keeps_one_table_and_one_terms_object_refreshed_in_place(model) -> None:
+def _full_soon(model, seed: int):
+    """A cache with eager-graphs that is full from chunk 1 (window 6, sink 3), a generator, x and y."""
     graphs = _eager_graphs()
-    cache = model.new_kv_cache(CachePolicy(window=6, sink=3), LAT_H, LAT_W)  # full from chunk 1
+    cache = model.new_kv_cache(CachePolicy(window=6, sink=3), LAT_H, LAT_W)
     cache.graphs = graphs
-    g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(1, 16, 3, LAT_H, LAT_W, generator=g), torch.randn(1, 20, 3, LAT_H, LAT_W, generator=g)
+    g = torch.Generator().manual_seed(seed)
+    return graphs, cache, g, torch.randn(1, 16, 3, LAT_H, LAT_W, generator=g), torch.randn(1, 20, 3, LAT_H, LAT_W,
+                                                                                            generator=g)
+
+
+def test_the_session_keeps_one_table_and_one_terms_object_refreshed_in_place(model) -> None:
+    graphs, cache, g, x, y = _full_soon(model, 3)
     seen = []
     with torch.inference_mode():
         for chunk in range(3):
@@ -102,11 +108,7 @@ def test_fast_params_cuda_graphs_on_the_cpu_change_nothing(model) -> None:
 
 
 def test_a_camera_of_the_wrong_size_is_refused_on_the_graphed_path_too(model) -> None:
-    graphs = _eager_graphs()
-    cache = model.new_kv_cache(CachePolicy(window=6, sink=3), LAT_H, LAT_W)  # full from chunk 1
-    cache.graphs = graphs
-    g = torch.Generator().manual_seed(5)
-    x, y = torch.randn(1, 16, 3, LAT_H, LAT_W, generator=g), torch.randn(1, 20, 3, LAT_H, LAT_W, generator=g)
+    _, cache, _, x, y = _full_soon(model, 5)
     with torch.inference_mode():
         model(x, torch.tensor([999.0]), [prompt()], y=y, kv_cache=cache)
         model(x, torch.tensor([0.0]), None, y=y, kv_cache=cache, commit=True)
