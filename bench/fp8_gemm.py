@@ -27,7 +27,6 @@ def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, tuple]:
     """name -> (callable, its product as float32 for the error)."""
     wq, ws = quantize_rows(w, "fp8")
     xq, xs = quantize_activation(x, "fp8")
-    one = torch.ones((), device=x.device)
     x_max = (x.float().abs().amax() / 448.0).reshape(())
     xq_t = (x.float() / x_max).to(torch.float8_e4m3fn)
     w_max = ws.max().reshape(())
@@ -43,7 +42,6 @@ def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, tuple]:
     exact_row = (xq.float() * xs[:, None]) @ (wq.float() * ws[:, None]).t()
     exact_tensor = (xq_t.float() * x_max) @ (wq_t.float() * w_max).t()
     reference = F.linear(x.float(), w.float())
-    del one
     return {name: (fn, exact_row if name.startswith("rowwise") else exact_tensor if name.startswith("tensor")
                    else reference) for name, fn in out.items()}
 

@@ -94,29 +94,27 @@ def _start_image(server: ComfyServer) -> None:
     Image.fromarray(pixels).save(server.input_dir / tiny_package.START_IMAGE)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def _gpu_server(tmp_path_factory: pytest.TempPathFactory, name: str, **package):
+    """A ComfyUI server on the GPUs with its package (``_write_package(**package)``) and start image."""
     host = require_host()
-    base = tmp_path_factory.mktemp("server_two_gpus")
-    gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name("server_two_gpus"), cpu=False,
+    base = tmp_path_factory.mktemp(name)
+    gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name(name), cpu=False,
                              start_timeout=START_TIMEOUT, extra_args=["--preview-method", "none"])
-    _write_package(gpu_server.models_dir / "lingbot" / PACKAGE)
+    _write_package(gpu_server.models_dir / "lingbot" / PACKAGE, **package)
     _start_image(gpu_server)
     with gpu_server:
         yield gpu_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    yield from _gpu_server(tmp_path_factory, "server_two_gpus")
 
 
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory: pytest.TempPathFactory):
     """A server of its own with the Base package of two 3.8 GiB bf16 experts."""
-    host = require_host()
-    base = tmp_path_factory.mktemp("server_expert_per_gpu")
-    gpu_server = ComfyServer(base / "comfy", host_root=host, name=safe_name("server_expert_per_gpu"), cpu=False,
-                             start_timeout=START_TIMEOUT, extra_args=["--preview-method", "none"])
-    _write_package(gpu_server.models_dir / "lingbot" / PACKAGE, model="base")
-    _start_image(gpu_server)
-    with gpu_server:
-        yield gpu_server
+    yield from _gpu_server(tmp_path_factory, "server_expert_per_gpu", model="base")
 
 
 def _check(result, server: ComfyServer, frames: int | None = None) -> None:

@@ -82,12 +82,11 @@ class ForwardGraphs:
     def keys(self) -> list[Hashable]:
         return list(self._graphs)
 
-    def run(self, key: Hashable, inputs: Mapping[str, torch.Tensor], body: Body, capture: bool = True) -> torch.Tensor | None:
-        """``body(inputs)``, replayed from the graph of ``key`` when there is one; ``capture``
-        False: eager (and nothing counted), for shapes that will not repeat."""
+    def run(self, key: Hashable, inputs: Mapping[str, torch.Tensor], body: Body) -> torch.Tensor | None:
+        """``body(inputs)``, replayed from the graph of ``key`` when there is one."""
         entry = self._graphs.get(key)
         if entry is None:
-            if self.disabled is not None or not capture:
+            if self.disabled is not None:
                 return body(inputs)
             self._seen[key] += 1
             if self._seen[key] <= self.warmup:
