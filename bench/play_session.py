@@ -23,7 +23,21 @@ frame's, sent before the rest of the chunk decodes; a change during a chunk stee
 one), ``fps`` (video frames generated per second of the session),
 ``chunk_s`` (the transformer's time per chunk), ``decode_s`` per chunk,
 ``peak_vram_allocated_gb``; for the run ``peak_rss_anon_gb``, the cache settings and
-``cap_gb``. Checked on the CPU with a tiny package:
+``cap_gb``. Several GPUs and the live decoder (no package needed but a VAE file):
+
+    python bench/play_session.py --synthetic a14b --weights fp8 --ranks 2 --vae VAE.safetensors \
+        --decoder tiny --comfy .bench_host --seconds 60 --out $OUT/play60_sp2_tiny.json
+
+``--synthetic``: the Fast transformer is built on each GPU from seeded random weights of the
+A14B shapes (bench/_synthetic.py) and the prompt's states are random (no T5); ``--ranks N``:
+sequence parallel over cuda:0..N-1 (``pipeline.parallel_pool``, as the Fast DiT Loader's
+``devices sequence_parallel`` runs it); ``--vae-device``: where the VAE (and the decode) goes;
+``--decoder tiny``: the chunks decoded by ComfyUI's tiny video VAE (TAEHV, 16 latent channels,
+random weights: its speed, not its pictures) through ``nodes/host/tiny_vae.py``, the Play
+node's ``live_decoder``. ``--decoders wan,tiny`` and ``--modes`` run every combination on the
+same loaded model.
+
+Checked on the CPU with a tiny package:
 
     python . make_checkpoint --preset tiny --layout nf4 --out /tmp/tiny
     python bench/play_session.py --package /tmp/tiny --device cpu --size 32x48 --seconds 2 --out /tmp/play.json
@@ -45,7 +59,6 @@ import torch
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
-from comfyui_lingbot_world.pipeline.experts import load_expert  # noqa: E402
 from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import as_pil, open_vae, vae_dtype  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
@@ -87,10 +100,12 @@ class Driver:
         self.started = threading.Event()
         self._stop = threading.Event()
         self.presses = 0
+        self.delivered: list[tuple[float, int]] = []  # (time, frames sent so far) at each chunk's last part
 
     def on_event(self, event: str, data: dict) -> None:
         # A chunk arrives in parts (one per latent frame): the next press waits for its last.
         if event == "lingbot.play.frames" and data.get("last", True):
+            self.delivered.append((time.perf_counter(), data["first_frame"] + len(data["frames"])))
             self.frames_events.release()
         elif event == "lingbot.play.started":
             self.started.set()
@@ -132,27 +147,70 @@ class Driver:
     def stop(self) -> None:
         self._stop.set()
 
+    def steady_fps(self) -> float | None:
+        """Frames per second over the session's last three quarters of chunks (after the cache
+        filled and the graphs were captured): the rate a player sees once the walk is going."""
+        marks = self.delivered
+        if len(marks) < 5:
+            return None
+        (t0, f0), (t1, f1) = marks[len(marks) // 4], marks[-1]
+        return (f1 - f0) / (t1 - t0) if t1 > t0 else None
+
+
+def tiny_decoder_factory(comfy: str, device: torch.device, dtype: torch.dtype):
+    """ComfyUI's TAEHV for 16-channel (Wan 2.1) latents, seeded random weights, behind the
+    Play node's live decoder (``nodes/host/tiny_vae.py``, imported without the node registry)."""
+    import importlib
+    import types
+
+    sys.path.append(comfy)
+    root = Path(__file__).resolve().parents[1]
+    for name, folder in (("comfyui_lingbot_world.nodes", root / "nodes"),
+                         ("comfyui_lingbot_world.nodes.host", root / "nodes" / "host")):
+        if name not in sys.modules:  # bare packages: nodes/__init__.py would register every node
+            package = types.ModuleType(name)
+            package.__path__ = [str(folder)]
+            sys.modules[name] = package
+    from comfy.cli_args import args as comfy_args
+
+    comfy_args.cpu = device.type == "cpu"  # before comfy.model_management looks for a GPU
+    tiny = importlib.import_module("comfyui_lingbot_world.nodes.host.tiny_vae")
+    from comfy.taesd.taehv import TAEHV
+
+    model = TAEHV(latent_channels=16)
+    generator = torch.Generator().manual_seed(5)
+    for param in model.parameters():  # ComfyUI's layers skip init (its loaders fill them)
+        param.data = torch.randn(param.shape, generator=generator) * 0.02
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return lambda: tiny.TinyStreamDecoder(model, device, dtype)
+
 
 def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels: torch.Tensor,
-             policy: CachePolicy, device: torch.device, watch: MemoryWatch, folder: Path) -> dict:
+             policy: CachePolicy, device: torch.device, watch: MemoryWatch, folder: Path,
+             decoder_name: str = "wan") -> dict:
     height, width = pixels.shape[1:]
     chunks = session_chunks(args.seconds, args.fps)
     settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
                             idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
                             attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001,
                             cuda_graphs=args.cuda_graphs)
-    record: dict = {"mode": mode, "chunks_asked": chunks}
-    with watch.phase(f"session_{mode}") as phase:
+    record: dict = {"mode": mode, "chunks_asked": chunks, "decoder": decoder_name}
+    with watch.phase(f"session_{mode}_{decoder_name}") as phase:
         # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
         vae_device = device if getattr(args, "vae_on_gpu", True) else torch.device("cpu")
+        if args.vae_device:
+            vae_device = torch.device(args.vae_device)
+        record["vae_device"] = str(vae_device)
         vae = open_vae(vae_file, vae_device, vae_dtype(vae_device, args.vae_precision))
+        decoder = (tiny_decoder_factory(args.comfy, vae_device, torch.bfloat16 if vae_device.type == "cuda"
+                                        else torch.float32) if decoder_name == "tiny" else None)
         session = None
         try:
-            with VideoWriter(folder / f"play_{mode}.mp4", fps=args.fps) as writer:
+            with VideoWriter(folder / f"play_{mode}_{decoder_name}.mp4", fps=args.fps) as writer:
                 holder: dict = {}
                 session = PlaySession(model, text, vae, pixels, settings, writer=writer,
                                       emit=lambda e, d: holder["driver"].on_event(e, d),
-                                      registry=SessionRegistry(), overlap=args.overlap)
+                                      registry=SessionRegistry(), overlap=args.overlap, decoder=decoder)
                 driver = Driver(session, mode, args.change_s)
                 holder["driver"] = driver
                 thread = threading.Thread(target=driver.run, daemon=True)
@@ -167,14 +225,53 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
             del vae
     record.update({
         "reason": result.reason, "chunks": result.chunks, "frames": result.frames, "session_s": elapsed,
-        "presses": driver.presses, "fps": result.frames / elapsed,
+        "presses": driver.presses, "fps": result.frames / elapsed, "steady_fps": driver.steady_fps(),
         "key_to_frame_s": summary(result.latency_s), "chunk_s": summary(result.chunk_s),
         "decode_s": summary(result.decode_s),
         "peak_vram_allocated_gb": phase.get("peak_vram_allocated_gb"),
         "peak_vram_reserved_gb": phase.get("peak_vram_reserved_gb"),
-        "video_bytes": (folder / f"play_{mode}.mp4").stat().st_size,
+        "video_bytes": (folder / f"play_{mode}_{decoder_name}.mp4").stat().st_size,
     })
     return record
+
+
+def synthetic_config(name: str):
+    from comfyui_lingbot_world.wan.config import A14B, TINY
+
+    return {"a14b": A14B, "tiny": TINY}[name]
+
+
+def random_text(config, tokens: int = 24) -> torch.Tensor:
+    """Stand-in prompt states [tokens, text_dim] (synthetic runs: the transformer's cost does not
+    depend on them)."""
+    return torch.randn(tokens, config.text_dim, generator=torch.Generator().manual_seed(3))
+
+
+def load_dit(args, dit: Path | None, device: torch.device):
+    """(model, pool): the Fast transformer on ``device``, or with ``--ranks N`` its rank-0 copy
+    driving N-1 workers (``ParallelModel``; pool to close after)."""
+    from comfyui_lingbot_world.pipeline.parallel_pool import LoadExpert, ParallelModel, RankPool, apply_env
+
+    if args.synthetic:
+        from _synthetic import SyntheticDiT
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        factory = SyntheticDiT(synthetic_config(args.synthetic), dtype, weights=args.weights or "bf16")
+    else:
+        factory = LoadExpert(str(dit), args.weights or args.quantize, args.blocks_on_gpu or None)
+    if args.ranks <= 1:
+        return factory(device), None
+    if device.type == "cuda" and torch.cuda.device_count() < args.ranks:
+        raise SystemExit(f"--ranks {args.ranks} needs {args.ranks} GPUs; torch.cuda.device_count() is "
+                         f"{torch.cuda.device_count()}")
+    apply_env()
+    devices = [torch.device("cuda", i) for i in range(args.ranks)] if device.type == "cuda" else [device] * args.ranks
+    pool = RankPool(devices).start()
+    try:
+        return ParallelModel(pool, "dit", pool.load("dit", factory, local=factory(devices[0]))), pool
+    except BaseException:
+        pool.close()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image")
     p.add_argument("--pipeline", default="overlap", choices=("overlap", "sequential"),
                    help="overlap: chunk n decoded and sent while chunk n+1 generates; sequential: one after the other")
+    p.add_argument("--synthetic", nargs="?", const="a14b", default=None, choices=("a14b", "tiny"),
+                   help="the Fast transformer from seeded random weights of these shapes (a14b: the real ones; "
+                   "tiny: the CPU check's), built on each GPU, and random prompt states (no package, no T5; "
+                   "give --vae)")
+    p.add_argument("--ranks", type=int, default=1, help="sequence parallel over cuda:0..N-1 (1: one GPU)")
+    p.add_argument("--vae-device", default=None, help="where the VAE and the decode go (default: the DiT's device)")
+    p.add_argument("--decoders", default="wan", help="comma-separated: wan (the Wan VAE's stream decoder), "
+                   "tiny (ComfyUI's TAEHV through nodes/host/tiny_vae.py; needs --comfy)")
+    p.add_argument("--comfy", default=None, help="folder holding ComfyUI's sources (comfy/), for --decoders tiny")
     p.add_argument("--memory", default="manual", choices=("manual", "auto"),
                    help="auto: kv dtype, blocks on the GPU and overlap as the nodes choose them for a card of "
                    "--vram-cap-gb (pipeline.memory.plan_fast_memory); manual: the flags as given")
@@ -222,9 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     text_device = torch.device(args.text_device) if args.text_device else device
     height, width = (int(v) for v in args.size.lower().split("x"))
     files = find_package(args.package) if args.package else None
-    dit = Path(args.dit) if args.dit else files.low
-    t5 = Path(args.t5) if args.t5 else files.t5
-    tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
+    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if "tiny" in decoders and not args.comfy:
+        p.error("--decoders tiny needs --comfy (a folder with ComfyUI's comfy/ sources)")
+    if args.synthetic:
+        if not args.vae:
+            p.error("--synthetic needs --vae (a Wan 2.1 VAE file, e.g. make_checkpoint --parts vae)")
+        dit = t5 = tokenizer = None
+    else:
+        dit = Path(args.dit) if args.dit else files.low
+        t5 = Path(args.t5) if args.t5 else files.t5
+        tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
     plan = apply_memory_plan(args, dit, vae_file, device, args.vae_precision) if args.memory == "auto" else None
     args.camera_terms = args.camera_terms or 0
@@ -240,27 +354,37 @@ def main(argv: list[str] | None = None) -> int:
         "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
         "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
-        "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs,
+        "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "synthetic": args.synthetic,
+        "ranks": args.ranks, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:
         with MemoryWatch() as watch, tempfile.TemporaryDirectory(prefix="lingbot-play-bench-") as folder:
             with watch.phase("text_encode") as ph:
-                text = encode_text(t5, tokenizer, PROMPT, "", text_device,
-                                   cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-play-bench-"))).positive
+                text = (random_text(synthetic_config(args.synthetic)) if args.synthetic else
+                        encode_text(t5, tokenizer, PROMPT, "", text_device,
+                                    cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-play-bench-"))).positive)
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
-                model = load_expert(dit, device, quantize=args.weights or args.quantize,
-                                    blocks_on_gpu=args.blocks_on_gpu or None)
+                model, pool = load_dit(args, dit, device)
                 sync(device)
             record["dit_load_s"] = ph["seconds"]
-            for mode in modes:
-                try:
-                    record["modes"][mode] = run_mode(args, mode, model, text, vae_file, pixels, policy, device,
-                                                     watch, Path(folder))
-                except torch.cuda.OutOfMemoryError as exc:
-                    record["modes"][mode] = {"mode": mode, "oom": str(exc)[:600]}
-                    torch.cuda.empty_cache()
+            try:
+                if pool is not None:
+                    record["link"] = pool.measure_link()
+                for decoder_name in decoders:
+                    for mode in modes:
+                        key = mode if decoders == ["wan"] else f"{mode}_{decoder_name}"
+                        try:
+                            record["modes"][key] = run_mode(args, mode, model, text, vae_file, pixels, policy,
+                                                            device, watch, Path(folder), decoder_name)
+                        except torch.cuda.OutOfMemoryError as exc:
+                            record["modes"][key] = {"mode": mode, "decoder": decoder_name, "oom": str(exc)[:600]}
+                            torch.cuda.empty_cache()
+            finally:
+                if pool is not None:
+                    model.close()
+                    pool.close()
             release_module(model)
             del model
         record["phases"] = watch.phases
@@ -270,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         record["oom"] = str(exc)[:600]
     Path(args.out).write_text(json.dumps(record, indent=2, default=str))
     brief = {mode: {k: (v["median"] if isinstance(v, dict) and "median" in v else v)
-                    for k, v in r.items() if k in ("fps", "key_to_frame_s", "chunk_s", "peak_vram_allocated_gb", "oom")}
+                    for k, v in r.items()
+                    if k in ("fps", "steady_fps", "key_to_frame_s", "chunk_s", "decode_s", "peak_vram_allocated_gb",
+                             "oom")}
              for mode, r in record["modes"].items()}
     print(json.dumps({"cap_gb": args.vram_cap_gb, "kv_dtype": policy.dtype, **brief}, default=str))
     return 0

@@ -32,6 +32,32 @@ ensure_package() {  # only the modes that read a checkpoint need it (~2.5 min to
         | tee "$OUT/make_checkpoint.log"
     grep -E "Elapsed|Maximum resident" "$OUT/make_checkpoint.time"
 }
+# The wheels of what ComfyUI's sources (.bench_host) import at start-up, carried as .whl_server: only those
+# whose module the machine lacks are installed.
+server_wheels() {
+    [[ -d .whl_server ]] || return 0
+    python3 - .whl_server /tmp/site <<'EOF'
+import importlib.util, pathlib, subprocess, sys
+MODULES = {"attrs": "attr", "pyyaml": "yaml", "python_dotenv": "dotenv", "websocket_client": "websocket"}
+missing = [str(w) for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl"))
+           if importlib.util.find_spec(MODULES.get(w.name.split("-")[0].lower(), w.name.split("-")[0].lower())) is None]
+print("installing", [pathlib.Path(w).name.split("-")[0] for w in missing] or "nothing")
+if missing:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", sys.argv[2],
+                    *missing], check=True)
+EOF
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+}
+VAEPKG=/dev/shm/lingbot_vae_only
+ensure_vae() {  # the synthetic Wan 2.1 VAE alone (seconds): what the synthetic Play sessions read
+    [[ -f "$VAEPKG/Wan2.1_VAE.pth" ]] || python3 . make_checkpoint --preset a14b --layout nf4 --parts vae --out "$VAEPKG" \
+        --overwrite >/dev/null
+}
+# Play with the transformer built in memory (synthetic fp8 A14B on every rank, random prompt states) and
+# either the Wan VAE or ComfyUI's tiny video VAE as the live decoder (carry .bench_host: ComfyUI's sources).
+play_syn() { ensure_vae; server_wheels; python3 bench/play_session.py --synthetic a14b --weights fp8 --vae "$VAEPKG/Wan2.1_VAE.pth" \
+                 --image "$CAM/image.jpg" --size 480x832 --kv-dtype bf16 --vae-precision bf16 --camera-terms 40 \
+                 --cuda-graphs --pipeline overlap --comfy .bench_host "$@" 2>&1 | grep -v "^Failed to load" | tail -3; }
 play() { ensure_package; python3 bench/play_session.py --package "$PKG" --image "$CAM/image.jpg" \
              --modes "${PLAY_MODES:-turn,continuous}" "$@" 2>&1 | grep -v "^Failed to load" | tail -3; }
 bench() { ensure_package; python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
@@ -84,17 +110,7 @@ for what in "$@"; do
         # after shutdown (tests/gpu/test_server_two_gpus.py, ~3 min). Carry .whl2 .whl_server .bench_host, built
         # here by `bash bench/server_carry.sh` (ComfyUI 0.3.75 trimmed, the wheels of its start-up imports; ~56 MiB
         # with the tree). Only the wheels whose module the machine lacks are installed. Log and server log in $OUT.
-        server2) python3 - .whl_server /tmp/site <<'EOF'
-import importlib.util, pathlib, subprocess, sys
-MODULES = {"attrs": "attr", "pyyaml": "yaml", "python_dotenv": "dotenv", "websocket_client": "websocket"}
-missing = [str(w) for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl"))
-           if importlib.util.find_spec(MODULES.get(w.name.split("-")[0].lower(), w.name.split("-")[0].lower())) is None]
-print("installing", [pathlib.Path(w).name.split("-")[0] for w in missing] or "nothing")
-if missing:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", sys.argv[2],
-                    *missing], check=True)
-EOF
-                 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+        server2) server_wheels
                  nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader; nvidia-smi topo -m | head -4
                  LINGBOT_COMFY_ROOT="$PWD/.bench_host" LINGBOT_TEST_ARTIFACTS="$OUT/server2" timeout 560 \
                      python3 -m pytest -q -s -rfEs --tb=long -p no:cacheprovider -m gpu tests/gpu/test_server_two_gpus.py \
@@ -212,6 +228,14 @@ EOF
         play60_cap16|play60_cap12) cap=${what#play60_cap}
                       play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
                           --out "$OUT/play60_${PLAY_MODES:-both}_auto_cap${cap}.json" ;;
+        # Play on two GPUs (issue 26): sequence parallel, the Wan VAE or the tiny live decoder; one GPU with the
+        # tiny decoder beside it; the Wan VAE's decode on the second GPU (nvidia-h100-x2, ~9 min in all).
+        play60_sp2) play_syn --ranks 2 --seconds 60 --modes "${PLAY_MODES:-turn,continuous}" --decoders "${DECODERS:-wan,tiny}" \
+                        --out "$OUT/play60_sp2_fp8w_terms_graphs.json" ;;
+        play30_sp1_tiny) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders tiny \
+                        --out "$OUT/play30_sp1_fp8w_terms_graphs_tiny.json" ;;
+        play30_sp2_vae1) play_syn --ranks 2 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders wan --vae-device cuda:1 \
+                        --out "$OUT/play30_sp2_fp8w_terms_graphs_vae_cuda1.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \
                   | grep -v "^Failed to load" ;;
         ttv_exact|ttv_fast|ttv_light|ttv_exact_light)  # time to video, 40 steps; the exact row is the reference of the others

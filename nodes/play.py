@@ -30,9 +30,18 @@ from . import inputs
 from .host.fast_model import prepared_fast_run
 from .host.outputs import output_file
 from .host.play_run import prompt_recipe, run_play_session, start_image_record, start_image_source
+from .host.tiny_vae import tiny_video_vae
 from .inputs import FAST_LOADER, check_precision
 
 DEFAULT_PREFIX = "LingBotWorld/play"
+# What the action log says when the .mp4's frames came from the tiny VAE (the replay's Wan VAE
+# Decode gives the full-quality frames of the same latents).
+LIVE_DECODER_LOG = "tiny video VAE (TAEHV): the .mp4 frames are its decode"
+LIVE_DECODER_TOOLTIP = (
+    "Optional: a tiny video VAE for Wan 2.1 (lighttaew2_1 or taew2_1 in models/vae_approx, through core's Load "
+    "VAE) decodes the chunks for the panel and the .mp4 instead of the Wan VAE: a fraction of its cost, so play "
+    "keeps up on fewer GPUs, at a preview's picture quality. The Wan VAE still encodes the start image, and the "
+    "latent output decodes at full quality with Wan VAE Decode.")
 
 
 def log_file(video: Path) -> Path:
@@ -92,6 +101,7 @@ class LingBotWorldPlay(io.ComfyNode):
                 *inputs.fast_prompt_inputs(),
                 inputs.vae_model_input(),
                 inputs.precision_input(),
+                io.Vae.Input("live_decoder", optional=True, tooltip=LIVE_DECODER_TOOLTIP),
             ],
             outputs=[
                 io.Video.Output("video", display_name="video", tooltip="The session's .mp4 (output folder)."),
@@ -117,8 +127,10 @@ class LingBotWorldPlay(io.ComfyNode):
     @classmethod
     def execute(cls, fast_dit, image, vae, width, height, shift, seed, chunk_budget, mode, idle_timeout, kv_window,
                 kv_sink, kv_dtype, fps, filename_prefix, text=None, positive=None, vae_model=None,
-                precision: str = "fp32") -> io.NodeOutput:
+                precision: str = "fp32", live_decoder=None) -> io.NodeOutput:
         prompt = inputs.fast_prompt(fast_dit, text, positive)
+        if live_decoder is not None:
+            tiny_video_vae(live_decoder)  # refused before anything loads
         inputs.check_image(image)
         check_precision(precision)
         check_size(height, width)
@@ -132,12 +144,13 @@ class LingBotWorldPlay(io.ComfyNode):
         unique_id = getattr(cls.hidden, "unique_id", None) if cls.hidden is not None else None
         # The whole recipe in the log: prompt texts and start image beside the keys and settings.
         recipe = {**prompt_recipe(text), "start_image": start_image_record(image, start_image_source(cls.hidden)),
-                  "vae": vae}
+                  "vae": vae, "live_decoder": LIVE_DECODER_LOG if live_decoder is not None else None}
         with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
                                *vae_budgets(vae_bytes, height, width, precision)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
-                                      None if unique_id is None else str(unique_id), on_end=log_saver(path), recipe=recipe)
+                                      None if unique_id is None else str(unique_id), on_end=log_saver(path), recipe=recipe,
+                                      live_decoder=live_decoder)
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "

@@ -21,6 +21,7 @@ from ...pipeline.video_file import VideoWriter
 from .devices import check_interrupt
 from .fast_model import PreparedRun
 from .play_routes import client_connected, controller_id, emitter
+from .tiny_vae import live_decoder as tiny_live_decoder
 
 
 def interrupt_types() -> tuple[type[BaseException], ...]:
@@ -68,12 +69,15 @@ def prompt_recipe(text) -> dict:
 
 def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: VAESource, pixels: torch.Tensor,
                      path: Path, video_ref: dict, node_id: str | None,
-                     on_end: Callable[[PlaySession], None], recipe: dict | None = None) -> PlayResult:
+                     on_end: Callable[[PlaySession], None], recipe: dict | None = None,
+                     live_decoder=None) -> PlayResult:
     """Run one session (``run``: the loaded transformer, the settings, the memory plan:
     where the VAE goes, whether the decode overlaps) into the .mp4 at ``path``;
     ``on_end(session)`` once it has ended (also after a Cancel or an error), e.g. to save
-    its action log."""
+    its action log. ``live_decoder``: ComfyUI's tiny video VAE (Load VAE with lighttaew2_1)
+    decodes the chunks instead of the Wan VAE, which then only encodes the start image."""
     settings, device = run.run, run.vae_device
+    decoder = tiny_live_decoder(live_decoder, device) if live_decoder is not None else None
     vae_module = build_or_release(lambda: open_vae(vae, device, vae_dtype(device, settings.vae_precision)))
     session = None
     controller = controller_id()
@@ -83,11 +87,11 @@ def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: 
                                   controller=controller, node_id=node_id,
                                   client_connected=client_connected(controller), check_interrupt=check_interrupt,
                                   interrupt_types=interrupt_types(), video_ref=video_ref, overlap=run.overlap,
-                                  recipe=recipe)
+                                  recipe=recipe, decoder=decoder)
             return session.run()
     finally:
         release_module(vae_module)
-        del vae_module
+        del vae_module, decoder
         if session is not None:
             on_end(session)
 

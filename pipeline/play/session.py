@@ -83,6 +83,16 @@ class PlaySettings:
             raise ValueError(f"fps must be 1..120, got {self.fps!r}")
 
 
+class FrameDecoder(Protocol):
+    """Latent frames [1,16,T,h,w] (normalized, the next T of the video) → their video frames
+    [1,3,T',8h,8w] in [-1,1], state carried between calls (``WanVAE.stream_decoder`` is one;
+    a decoder with ``device`` / ``dtype`` attributes gets its input there)."""
+
+    def decode_next(self, latent: torch.Tensor, cancel: Callable[[], None] | None = None) -> torch.Tensor: ...
+
+    def close(self) -> None: ...
+
+
 class VideoSink(Protocol):
     def write(self, video: torch.Tensor) -> None: ...
 
@@ -109,7 +119,9 @@ class PlaySession:
     ``interrupt_types``: what ``check_interrupt`` raises (reported as reason "interrupt").
     ``overlap``: decode, write and send chunk n on a worker thread (a second CUDA stream)
     while chunk n+1 generates — a key pressed meanwhile starts its chunk at once; False:
-    one after the other; None: overlap on a GPU (``pipeline.fast.worker.ChunkWorker``)."""
+    one after the other; None: overlap on a GPU (``pipeline.fast.worker.ChunkWorker``).
+    ``decoder``: makes the stream decoder of the chunks (a ``FrameDecoder``, e.g. a tiny
+    video VAE's); None: ``vae.stream_decoder()``, the Wan VAE's, on the VAE's device."""
 
     def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, vae: WanVAE, image: torch.Tensor,
                  settings: PlaySettings, *, writer: VideoSink | None = None,
@@ -118,7 +130,8 @@ class PlaySession:
                  check_interrupt: Callable[[], None] | None = None,
                  interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
                  clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
-                 session_id: str | None = None, overlap: bool | None = None, recipe: dict | None = None) -> None:
+                 session_id: str | None = None, overlap: bool | None = None, recipe: dict | None = None,
+                 decoder: Callable[[], FrameDecoder] | None = None) -> None:
         if tuple(image.shape) != (3, settings.height, settings.width):
             raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
                              f"{list(image.shape)}")
@@ -148,7 +161,8 @@ class PlaySession:
         self._seen_at = clock()
         self._generator: FastGenerator | None = None
         self._i2v: StreamedI2V | None = None
-        self._decoder = None
+        self._decoder: FrameDecoder | None = None
+        self._make_decoder = decoder
         self._worker: ChunkWorker | None = None
         self._overlap = overlap
         self._jobs: dict[int, list] = {}  # chunk -> [request, started, generated] until it is delivered
@@ -208,7 +222,7 @@ class PlaySession:
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
                             attention=settings.attention, camera_terms=settings.camera_terms,
                             cuda_graphs=settings.cuda_graphs)
-        self._decoder = self.vae.stream_decoder()
+        self._decoder = self._make_decoder() if self._make_decoder is not None else self.vae.stream_decoder()
         device = self.model.patch_embedding.weight.device
         overlap = device.type == "cuda" if self._overlap is None else self._overlap
         self._worker = ChunkWorker(self._deliver, overlap=overlap, device=device)
@@ -278,7 +292,9 @@ class PlaySession:
         as soon as they are decoded, so the chunk's first frame does not wait for its last
         (the stream decoder's pieces together are bitwise the whole chunk's decode)."""
         request, started, generated = self._jobs.pop(c)
-        latent = x0[None].to(device=self.vae.device, dtype=self.vae.dtype)  # the VAE may be on the CPU
+        # The decoder may be on the CPU or another GPU than the transformer.
+        latent = x0[None].to(device=getattr(self._decoder, "device", self.vae.device),
+                             dtype=getattr(self._decoder, "dtype", self.vae.dtype))
         parts = int(latent.shape[2])
         first = self.frames_done == 0
         chunk_frames = video_frames(parts) if first else VAE_STRIDE_T * parts

@@ -148,6 +148,7 @@ def test_cancel_while_waiting_interrupts_keeps_the_video_and_frees_everything(fa
     ({"chunk_budget": 0}, "chunk_budget must be 1..320"),
     ({"width": 40}, "width"),
     ({"fast_dit": "not a model"}, "fast_dit: expected the output of LingBot-World Fast DiT Loader"),
+    ({"live_decoder": object()}, "live_decoder: expected a tiny video VAE for Wan 2.1"),
 ])
 def test_bad_inputs_are_refused_before_anything_loads(fast_installed, change, message):
     fast_dit, _ = load_fast()
@@ -223,3 +224,31 @@ def test_a_start_image_from_another_node_is_recorded_by_its_pixels():
     assert start_image_source(None) is None
     record = start_image_record(start_image(), start_image_source(None))
     assert record["file"] is None and record["sha256"] is None and len(record["pixels_sha256"]) == 64
+
+
+def tiny_comfy_vae():
+    """What core's Load VAE makes of a lighttaew2_1 file: ComfyUI's VAE around its TAEHV
+    (seeded random weights of the real layout)."""
+    import comfy.sd
+    from comfy.taesd.taehv import TAEHV
+
+    generator = torch.Generator().manual_seed(6)
+    sd = {k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in TAEHV(latent_channels=16).state_dict().items()}
+    return comfy.sd.VAE(sd=sd)
+
+
+def test_a_live_decoder_makes_the_frames_and_the_log_says_so(fast_installed):
+    """With core's tiny VAE connected the .mp4 holds its frames (the latent is the same session's)."""
+    text = encode_prompt()
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, text, live_decoder=tiny_comfy_vae(), chunk_budget=2))
+    session = out["session"]
+    press(session, "w")
+    press(session, "d")
+    thread.join(120)
+    video, log_text, latent = out["output"].args
+    log = json.loads(log_text)
+    assert log["frames"] == 21 and log["live_decoder"].startswith("tiny video VAE")
+    assert video_frames(Path(video.get_stream_source())) == 21
+    assert latent["samples"].shape == (1, 16, 6, H // 8, W // 8)
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0

@@ -52,7 +52,7 @@ EXPECTED_INPUTS = {
                                   ["text", "positive", "camera_path", "vae_model", "precision"]),
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision"]),
+                         ["text", "positive", "vae_model", "precision", "live_decoder"]),
     "LingBotWorldPlayLog": (["log"], ["image"]),  # issue 27: replay a session from its log
 }
 
