@@ -229,11 +229,14 @@ for what in "$@"; do
                       play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
                           --out "$OUT/play60_${PLAY_MODES:-both}_auto_cap${cap}.json" ;;
         # Play on two GPUs (issue 26): sequence parallel, the Wan VAE or the tiny live decoder; one GPU with the
-        # tiny decoder beside it; the Wan VAE's decode on the second GPU (nvidia-h100-x2, ~9 min in all).
+        # tiny decoder; the transformer on one GPU and the Wan VAE's decode on the other; sequence parallel with
+        # the decode on the second GPU (nvidia-h100-x2; carry .whl2 .whl_server .bench_host .bench_data).
         play60_sp2) play_syn --ranks 2 --seconds 60 --modes "${PLAY_MODES:-turn,continuous}" --decoders "${DECODERS:-wan,tiny}" \
                         --out "$OUT/play60_sp2_fp8w_terms_graphs.json" ;;
         play30_sp1_tiny) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders tiny \
                         --out "$OUT/play30_sp1_fp8w_terms_graphs_tiny.json" ;;
+        play30_sp1_vae1) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders wan --vae-device cuda:1 \
+                        --out "$OUT/play30_sp1_fp8w_terms_graphs_vae_cuda1.json" ;;
         play30_sp2_vae1) play_syn --ranks 2 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders wan --vae-device cuda:1 \
                         --out "$OUT/play30_sp2_fp8w_terms_graphs_vae_cuda1.json" ;;
         attn) python3 bench/attention_error.py --size 480x832 --frames 81 --out "$OUT/attention_480p.json" 2>&1 \

@@ -38,7 +38,7 @@ DEFAULT_PREFIX = "LingBotWorld/play"
 # Decode gives the full-quality frames of the same latents).
 LIVE_DECODER_LOG = "tiny video VAE (TAEHV): the .mp4 frames are its decode"
 LIVE_DECODER_TOOLTIP = (
-    "Optional: a tiny video VAE for Wan 2.1 (lighttaew2_1 or taew2_1 in models/vae_approx, through core's Load "
+    "Optional: a tiny video VAE for Wan 2.1 (lighttaew2_1.safetensors in models/vae_approx, picked in core's Load "
     "VAE) decodes the chunks for the panel and the .mp4 instead of the Wan VAE: a fraction of its cost, so play "
     "keeps up on fewer GPUs, at a preview's picture quality. The Wan VAE still encodes the start image, and the "
     "latent output decodes at full quality with Wan VAE Decode.")

@@ -1,5 +1,5 @@
-"""Play's live decoder: ComfyUI's tiny video VAE (TAEHV: ``lighttaew2_1`` / ``taew2_1``, loaded
-by core's Load VAE) fed one latent frame at a time.
+"""Play's live decoder: ComfyUI's tiny video VAE (TAEHV: ``lighttaew2_1`` in models/vae_approx,
+loaded by core's Load VAE) fed one latent frame at a time.
 
 ComfyUI's ``TAEHV.decode`` decodes a whole latent at once; Play needs each latent frame's
 frames as soon as the frame exists, with the decoder's memory carried from chunk to chunk.
@@ -33,13 +33,13 @@ def tiny_video_vae(vae, name: str = "live_decoder") -> TAEHV:
     model = getattr(vae, "first_stage_model", None)
     if not isinstance(model, TAEHV):
         kind = type(model).__name__ if model is not None else type(vae).__name__
-        raise ValueError(f"{name}: expected a tiny video VAE for Wan 2.1 (lighttaew2_1 or taew2_1 from "
-                         f"models/vae_approx, through Load VAE), got a {kind}; leave {name} unconnected to decode "
-                         "with the Wan VAE")
+        raise ValueError(f"{name}: expected a tiny video VAE for Wan 2.1 (lighttaew2_1.safetensors in "
+                         f"models/vae_approx, picked in core's Load VAE), got a {kind}; leave {name} unconnected to "
+                         "decode with the Wan VAE")
     if model.latent_channels != LATENT_CHANNELS or model.patch_size != 1:
         raise ValueError(f"{name}: this tiny VAE takes {model.latent_channels}-channel latents (Wan 2.2's or "
                          f"another model's); LingBot-World's are Wan 2.1's ({LATENT_CHANNELS} channels): load "
-                         "lighttaew2_1 or taew2_1")
+                         "lighttaew2_1")
     return model
 
 
