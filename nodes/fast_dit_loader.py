@@ -19,37 +19,57 @@ from .host.model_files import EXPERT_KINDS, default_fast_folder, list_fast_folde
 log = logging.getLogger(__name__)
 
 DISPLAY_NAME = "LingBot-World Fast DiT Loader"
-FAST_DEVICES = ("single", "sequence_parallel", "auto")
+DECODE_ON_SECOND_GPU = "decode_on_second_gpu"
+FAST_DEVICES = ("single", "sequence_parallel", DECODE_ON_SECOND_GPU, "auto")
 DEVICES_TOOLTIP = (
     "single: one GPU. sequence_parallel: every chunk on 2 or 4 GPUs at once (as many as divide the model's 40 "
     "heads; ComfyUI's GPU first), each chunk's tokens split between them and the KV cache split by head, a worker "
     "process per extra GPU kept warm between prompts; each GPU holds a copy of the transformer. Pays on NVLink "
-    "(measured on H200s: a 480x832 chunk 1.72 s on one GPU, 1.06 s on two, 0.62 s on four), not on PCIe cards "
-    "without peer-to-peer. auto: with 2 or more GPUs, times an all-to-all between them once per ComfyUI process "
-    f"(64 MB) and runs sequence_parallel when it moves at least {NVLINK_CLASS_GBPS:.0f} GB/s, else single (Fast has "
+    "(measured on two H100s: a 480x832 chunk 0.72 s, Play 12 frames/s; one H100: 1.21 s), not on PCIe cards "
+    "without peer-to-peer. decode_on_second_gpu: the transformer on ComfyUI's GPU, the VAE of Play and Fast Long "
+    "Video (the start frame's encode, every chunk's decode) on the next GPU, so the decode never slows the next "
+    "chunk (measured on two H100s: Play 9.1 frames/s against 7.9 on one); the Fast Sampler itself runs as single. "
+    "auto: with 2 or more GPUs, times an all-to-all between them once per ComfyUI process (64 MB) and runs "
+    f"sequence_parallel when it moves at least {NVLINK_CLASS_GBPS:.0f} GB/s, else decode_on_second_gpu (Fast has "
     "no CFG to split); model_info says what it measured and picked. See docs/multi_gpu.md.")
 
 
-def fast_devices(devices: str, heads: int) -> tuple[list[torch.device], str]:
-    """The GPUs the ``devices`` choice runs on (empty: one device) and what model_info says
-    of it (nothing for ``single``)."""
+def fast_devices(devices: str, heads: int) -> tuple[list[torch.device], torch.device | None, str]:
+    """The GPUs the ``devices`` choice runs the transformer on (empty: one device), the VAE's GPU
+    when it is another one (None: beside the transformer) and what model_info says of it
+    (nothing for ``single``)."""
     if devices not in FAST_DEVICES:
         raise ValueError(f"devices: {devices!r} is not one of {', '.join(FAST_DEVICES)}")
     if devices == "single":
-        return [], ""
+        return [], None, ""
     if devices == "auto":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if mm.get_torch_device().type != "cuda" or count < 2:
-            return [], f"devices auto -> single (torch.cuda.device_count() is {count})"
+            return [], None, f"devices auto -> single (torch.cuda.device_count() is {count})"
+    if devices == DECODE_ON_SECOND_GPU:
+        gpus = two_gpus(devices)
+        return [], gpus[1], f"devices {devices}: the transformer on {gpus[0]}, the VAE on {gpus[1]}"
     gpus = parallel_gpus(heads)
     names = ", ".join(str(g) for g in gpus)
     if devices == "sequence_parallel":
-        return gpus, f"devices sequence_parallel on {names}"
+        return gpus, None, f"devices sequence_parallel on {names}"
     link = measured_link(gpus)
     between = f"all-to-all {link['gbps']:.1f} GB/s between {names}"
     if link["auto_picks"] == "sequence_parallel":
-        return gpus, f"devices auto -> sequence_parallel ({between})"
-    return [], f"devices auto -> single ({between}, under {NVLINK_CLASS_GBPS:.0f} GB/s: the split would not pay)"
+        return gpus, None, f"devices auto -> sequence_parallel ({between})"
+    return [], gpus[1], (f"devices auto -> {DECODE_ON_SECOND_GPU} ({between}, under {NVLINK_CLASS_GBPS:.0f} GB/s: "
+                         f"the split would not pay; the transformer on {gpus[0]}, the VAE on {gpus[1]})")
+
+
+def two_gpus(devices: str) -> list[torch.device]:
+    """ComfyUI's GPU and the next visible one."""
+    comfy_device = mm.get_torch_device()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if comfy_device.type != "cuda" or count < 2:
+        raise ValueError(f"devices={devices} needs 2 CUDA GPUs, but ComfyUI computes on {comfy_device.type} "
+                         f"(torch.cuda.device_count() is {count}); choose devices=single")
+    first = comfy_device.index or 0
+    return [torch.device("cuda", first), torch.device("cuda", (first + 1) % count)]
 
 
 def load_line(options) -> str:
@@ -123,7 +143,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
             log.warning("LingBot: %s", said)
         else:
             said = describe(identity)
-        gpus, placed = fast_devices(devices, config.num_heads)
+        gpus, decode_gpu, placed = fast_devices(devices, config.num_heads)
         info = f"{said}; {load_line(options)}" + (f"; {placed}" if placed else "")
         log.info("LingBot Fast DiT Loader: %s", info)
-        return io.NodeOutput(FastDiT.for_folder(folder, options, config, identity, gpus), info)
+        return io.NodeOutput(FastDiT.for_folder(folder, options, config, identity, gpus, decode_gpu), info)

@@ -60,17 +60,22 @@ class FastDiT:
     identity: ModelIdentity
     # Sequence parallel over these devices (the first is the patcher's); empty: one device.
     devices: tuple[torch.device, ...] = ()
+    # Where Play and Fast Long Video run the VAE (the chunks' decode) when it is another GPU
+    # than the transformer's (devices=decode_on_second_gpu); None: beside the transformer.
+    decode_device: torch.device | None = None
 
     @classmethod
     def for_folder(cls, folder: str | Path, options: ExpertLoadOptions, config: DiTConfig,
-                   identity: ModelIdentity, devices: Sequence[torch.device | str] = ()) -> "FastDiT":
+                   identity: ModelIdentity, devices: Sequence[torch.device | str] = (),
+                   decode_device: torch.device | str | None = None) -> "FastDiT":
         """Reads file headers only; nothing loads until a run asks ComfyUI for it. ``devices``
-        (two or more): every chunk on all of them (sequence parallel)."""
+        (two or more): every chunk on all of them (sequence parallel); ``decode_device``: the
+        VAE's GPU, when not the transformer's."""
         devices = tuple(torch.device(d) for d in devices)
         if len(devices) == 1:
             raise ValueError(f"FastDiT devices: sequence parallel needs 2 or more devices, got {devices[0]}")
         patcher = ExpertPatcher.for_folder(PATCHER_NAME, folder, options, load_device=devices[0] if devices else None)
-        return cls(patcher, config, identity, devices)
+        return cls(patcher, config, identity, devices, None if decode_device is None else torch.device(decode_device))
 
     def worker_patchers(self) -> list[WorkerPatcher]:
         """One ``WorkerPatcher`` per worker GPU for this transformer, with the weight kind
@@ -119,11 +124,14 @@ class PreparedRun(Generic[R]):
     run: R
     plan: FastMemoryPlan
     device: torch.device  # the transformer's
+    decode_device: torch.device | None = None  # the VAE's GPU when it is another one
 
     @property
     def vae_device(self) -> torch.device:
-        """Where the run's VAE streams go: the transformer's device, or the CPU when the
-        card has no room for them."""
+        """Where the run's VAE streams go: a second GPU (devices=decode_on_second_gpu), the
+        transformer's device, or the CPU when the card has no room for them."""
+        if self.decode_device is not None:
+            return self.decode_device
         return self.device if self.plan.vae_on_gpu else torch.device("cpu")
 
     @property
@@ -165,17 +173,20 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
     streams' budget on the device, ``decode``: a chunk's decode beside the next chunk),
     whose block swap applies where the loader keeps every block on the GPU (its "0"); the
     run's memory asked of ComfyUI and the transformer loaded, unloaded however the block ends."""
+    device = torch.device(fast.patcher.load_device)
+    decode_device = decode_gpu_with_room(fast.decode_device, vae + decode) if device.type == "cuda" else None
+    if decode_device is not None:  # the VAE streams are the other GPU's: the transformer's GPU keeps their room
+        vae = decode = 0
     if auto_dtype:
         run = dataclasses.replace(run, policy=fit_kv_dtype(fast, run.policy, latent_height, latent_width,
                                                           latent_frames, vae))
     plan = memory_plan(fast, run.policy, False, latent_height, latent_width, latent_frames, vae, decode)
     load = fast
-    device = torch.device(fast.patcher.load_device)
     options = fast.patcher.model.options
     if plan.blocks_on_gpu is not None and options.blocks_on_gpu is None and device.type == "cuda":
         log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
         load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
-                                  fast.config, fast.identity, fast.devices)
+                                  fast.config, fast.identity, fast.devices, fast.decode_device)
     if vae and not plan.vae_on_gpu and device.type == "cuda":
         # Measured on an H100 under a 12 GiB cap: the float32 VAE on the CPU took 278 s to encode
         # the start frame's condition before the first chunk (bench/RESULTS.md, fifth wave).
@@ -189,7 +200,22 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                         + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width)
                         + (graph_memory(fast, run.policy, latent_height, latent_width) if graphs else 0))
     with loaded_fast_model(load, memory) as model:
-        yield PreparedRun(model, run, plan, model.patch_embedding.weight.device)
+        yield PreparedRun(model, run, plan, model.patch_embedding.weight.device, decode_device)
+
+
+def decode_gpu_with_room(decode_device: torch.device | None, need: int) -> torch.device | None:
+    """``decode_device`` when it has ``need`` bytes free now (ComfyUI does not manage that GPU:
+    what is free there is what the run may use), else None with a word in the log: the VAE then
+    goes where the memory plan puts it on the transformer's GPU."""
+    if decode_device is None:
+        return None
+    free, _ = torch.cuda.mem_get_info(decode_device)
+    if free < need + mm.minimum_inference_memory():
+        log.warning("LingBot Fast: %.1f GiB free on %s, the VAE streams need %.1f GiB: the decode stays beside the "
+                    "transformer", free / 2**30, decode_device, need / 2**30)
+        return None
+    log.info("LingBot Fast: the VAE (start frame encode, every chunk's decode) on %s", decode_device)
+    return decode_device
 
 
 @contextlib.contextmanager
@@ -223,5 +249,5 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
                 end_run()
 
 
-__all__ = ["FastDiT", "PreparedRun", "fit_kv_dtype", "loaded_fast_model", "memory_plan", "prepared_fast_run",
+__all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "fit_kv_dtype", "loaded_fast_model", "memory_plan", "prepared_fast_run",
            "run_memory"]
