@@ -70,3 +70,31 @@ def test_a_play_session_overlapped_on_cuda_makes_the_sequential_frames(cuda_mode
     with torch.inference_mode():
         whole = vae.decode(made[True][0][None].cuda())[0].float().cpu()
     assert torch.equal(torch.cat(made[True][1], dim=1), whole)
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+@two_gpus
+def test_the_vae_on_the_second_gpu_makes_the_one_gpu_frames(cuda_model):
+    """devices=decode_on_second_gpu: the transformer on cuda:0, the VAE (encode and every chunk's
+    decode, overlapped) on cuda:1; the latents and frames are the one-GPU session's bit for bit."""
+    made = {}
+    for vae_device in ("cuda:0", "cuda:1"):
+        vae = tiny_vae(seed=1).to(vae_device)
+        writer = Writer()
+        settings = PlaySettings(width=WIDTH, height=HEIGHT, seed=11, chunk_budget=4, mode="continuous",
+                                poll_s=0.005, policy=CachePolicy(window=6, sink=3))
+        result = PlaySession(cuda_model, prompt(), vae, image(), settings, writer=writer,
+                             registry=SessionRegistry(), overlap=True).run()
+        made[vae_device] = (result.latent, writer.pieces)
+        pieces = []
+        stream_fast_video(cuda_model, prompt(), tiny_vae(seed=1).state_dict(), start_image(), 45, HEIGHT, WIDTH, None,
+                          FastParams(seed=5, policy=CachePolicy(window=6, sink=3)), pieces.append,
+                          device=vae_device, overlap=True)
+        made[vae_device + " stream"] = pieces
+    assert torch.equal(made["cuda:0"][0], made["cuda:1"][0])
+    assert len(made["cuda:1"][1]) == 12
+    assert all(torch.equal(a, b) for a, b in zip(made["cuda:0"][1], made["cuda:1"][1]))
+    assert all(torch.equal(a, b) for a, b in zip(made["cuda:0 stream"], made["cuda:1 stream"]))
+    assert not worker_thread_alive()

@@ -66,7 +66,8 @@ def test_fast_sampler_on_two_ranks_equals_one_device_and_free_drops_the_worker_c
 
 def test_the_devices_choice_and_what_auto_picks(fast_installed, monkeypatch):
     spec = LingBotWorldFastDiTLoader.INPUT_TYPES()["optional"]["devices"]
-    assert options(spec) == ["single", "sequence_parallel", "auto"] and spec[1]["default"] == "single"
+    assert options(spec) == ["single", "sequence_parallel", "decode_on_second_gpu", "auto"]
+    assert spec[1]["default"] == "single"
     assert "auto: with 2 or more GPUs, times an all-to-all" in spec[1]["tooltip"]
     fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0)  # a saved workflow without the input
     assert fast.devices == () and "devices" not in info
@@ -74,16 +75,23 @@ def test_the_devices_choice_and_what_auto_picks(fast_installed, monkeypatch):
     assert fast.devices == () and info.endswith("; devices auto -> single (torch.cuda.device_count() is 0)")
     with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="sequence_parallel")
-    with pytest.raises(ValueError, match="devices: 'cfg_split' is not one of single, sequence_parallel, auto"):
+    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 CUDA GPUs, but ComfyUI computes on cpu"):
+        LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="decode_on_second_gpu")
+    with pytest.raises(ValueError, match="devices: 'cfg_split' is not one of single, sequence_parallel, "
+                                         "decode_on_second_gpu, auto"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="cfg_split")
     gpus = [torch.device("cuda", 0), torch.device("cuda", 1)]
     monkeypatch.setattr(mm, "get_torch_device", lambda: gpus[0])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    for gbps, devices, said in ((119.9, tuple(gpus), "auto -> sequence_parallel (all-to-all 119.9 GB/s"),
-                                (12.0, (), "auto -> single (all-to-all 12.0 GB/s between cuda:0, cuda:1, under 40")):
+    for gbps, devices, decode, said in (
+            (119.9, tuple(gpus), None, "auto -> sequence_parallel (all-to-all 119.9 GB/s"),
+            (12.0, (), gpus[1], "auto -> decode_on_second_gpu (all-to-all 12.0 GB/s between cuda:0, cuda:1, under 40")):
         monkeypatch.setattr(fast_dit_loader, "measured_link", lambda g, gbps=gbps: {"gbps": gbps,
                                                                                    "auto_picks": pick_mode(gbps)})
         fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="auto")
-        assert fast.devices == devices and said in info
+        assert fast.devices == devices and fast.decode_device == decode and said in info
         assert fast.patcher.load_device == gpus[0]
+    fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="decode_on_second_gpu")
+    assert fast.devices == () and fast.decode_device == gpus[1] and fast.patcher.load_device == gpus[0]
+    assert info.endswith("; devices decode_on_second_gpu: the transformer on cuda:0, the VAE on cuda:1")

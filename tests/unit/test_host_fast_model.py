@@ -14,7 +14,8 @@ HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
 from node_runs import FAST, load_fast  # noqa: E402
-from comfyui_lingbot_world.nodes.host.fast_model import loaded_fast_model, run_memory  # noqa: E402
+from comfyui_lingbot_world.nodes.host.fast_model import (PreparedRun, decode_gpu_with_room,  # noqa: E402
+                                                          loaded_fast_model, run_memory)
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
@@ -71,3 +72,21 @@ def test_the_memory_plan_follows_the_cards_size(fast_installed, monkeypatch):
     assert PreparedRun(None, policy, cpu_vae, torch.device("cuda", 0)).overlap
     on_gpu = PreparedRun(None, policy, FastMemoryPlan("bf16", None, True, False, 0, True), torch.device("cuda", 0))
     assert on_gpu.vae_device == torch.device("cuda", 0) and not on_gpu.overlap
+
+
+def test_the_vae_goes_to_the_second_gpu_only_where_it_has_room(monkeypatch, caplog):
+    import torch
+
+    second = torch.device("cuda", 1)
+    free = {"bytes": 8 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * 2**30))
+    assert decode_gpu_with_room(None, 2**30) is None
+    assert decode_gpu_with_room(second, 2 * 2**30) == second
+    free["bytes"] = 2 * 2**30  # the VAE streams and ComfyUI's inference reserve do not fit: beside the transformer
+    with caplog.at_level("WARNING"):
+        assert decode_gpu_with_room(second, 2 * 2**30) is None
+    assert "the decode stays beside the transformer" in caplog.text
+    plan = type("Plan", (), {"vae_on_gpu": False})()
+    run = PreparedRun(None, None, plan, torch.device("cuda", 0), second)
+    assert run.vae_device == second  # Play and Fast Long Video open their VAE there
+    assert PreparedRun(None, None, plan, torch.device("cuda", 0)).vae_device == torch.device("cpu")

@@ -22,11 +22,11 @@ from comfyui_lingbot_world.wan.vae import LATENT_MEAN, LATENT_STD  # noqa: E402
 
 
 def random_taehv(channels: int = 16, seed: int = 0) -> TAEHV:
-    model = TAEHV(latent_channels=channels)
+    net = TAEHV(latent_channels=channels)
     generator = torch.Generator().manual_seed(seed)
-    for param in model.parameters():  # ComfyUI's layers skip init: its loaders fill them
+    for param in net.parameters():  # ComfyUI's layers skip init: its loaders fill them
         param.data = torch.randn(param.shape, generator=generator) * 0.02  # frames mostly inside [-1, 1]
-    return model.eval().requires_grad_(False)
+    return net.eval().requires_grad_(False)
 
 
 class FakeComfyVAE:
