@@ -116,6 +116,15 @@ for what in "$@"; do
                      python3 -m pytest -q -s -rfEs --tb=long -p no:cacheprovider -m gpu tests/gpu/test_server_two_gpus.py \
                      >"$OUT/server2.log" 2>&1
                  echo "pytest exit $?"; grep -v "^Failed to load" "$OUT/server2.log" | tail -40 ;;
+        # The Play pieces of issue 26 on two GPUs: the VAE on the second GPU, the tiny live decoder on CUDA
+        # (ComfyUI's sources from .bench_host), /free with expert_per_gpu on a real server (nvidia-h100-x2).
+        gpuplay2) server_wheels
+                  LINGBOT_COMFY_ROOT="$PWD/.bench_host" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -m gpu \
+                      tests/gpu/test_fast_overlap_cuda.py tests/gpu/test_tiny_vae_cuda.py 2>&1 | grep -v "^Failed to load" | tail -12
+                  LINGBOT_COMFY_ROOT="$PWD/.bench_host" LINGBOT_TEST_ARTIFACTS="$OUT/server2" timeout "${SERVER_TIMEOUT:-300}" \
+                      python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -m gpu tests/gpu/test_server_two_gpus.py \
+                      -k expert_per_gpu >"$OUT/server2_expert_per_gpu.log" 2>&1
+                  echo "server test exit $?"; grep -v "^Failed to load" "$OUT/server2_expert_per_gpu.log" | tail -15 ;;
         gpulog) python3 -m pytest -q -rfE --tb=long -p no:cacheprovider -m gpu tests/unit tests/gpu >"$OUT/gputests.log" 2>&1
                 tail -25 "$OUT/gputests.log" ;;  # the whole log comes back as a file
         gputests) python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) 2>&1 | tail -40 ;;
