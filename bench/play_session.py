@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
+import os
 import json
 import shlex
 import statistics
@@ -318,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoders", default="wan", help="comma-separated: wan (the Wan VAE's stream decoder), "
                    "tiny (ComfyUI's TAEHV through nodes/host/tiny_vae.py; needs --comfy)")
     p.add_argument("--comfy", default=None, help="folder holding ComfyUI's sources (comfy/), for --decoders tiny")
+    p.add_argument("--stream-priority", default="on",
+                   help="comma-separated on/off: the generation on a highest-priority CUDA stream beside the decode "
+                   "(pipeline.fast.worker.generation_first; off: LINGBOT_STREAM_PRIORITY=0); each value a session")
     p.add_argument("--memory", default="manual", choices=("manual", "auto"),
                    help="auto: kv dtype, blocks on the GPU and overlap as the nodes choose them for a card of "
                    "--vram-cap-gb (pipeline.memory.plan_fast_memory); manual: the flags as given")
@@ -372,15 +377,17 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if pool is not None:
                     record["link"] = pool.measure_link()
-                for decoder_name in decoders:
-                    for mode in modes:
-                        key = mode if decoders == ["wan"] else f"{mode}_{decoder_name}"
-                        try:
-                            record["modes"][key] = run_mode(args, mode, model, text, vae_file, pixels, policy,
-                                                            device, watch, Path(folder), decoder_name)
-                        except torch.cuda.OutOfMemoryError as exc:
-                            record["modes"][key] = {"mode": mode, "decoder": decoder_name, "oom": str(exc)[:600]}
-                            torch.cuda.empty_cache()
+                priorities = [v.strip() for v in args.stream_priority.split(",") if v.strip()]
+                for priority, decoder_name, mode in itertools.product(priorities, decoders, modes):
+                    os.environ["LINGBOT_STREAM_PRIORITY"] = "0" if priority == "off" else "1"
+                    key = mode if decoders == ["wan"] else f"{mode}_{decoder_name}"
+                    key += "" if priorities == ["on"] else f"_priority_{priority}"
+                    try:
+                        record["modes"][key] = run_mode(args, mode, model, text, vae_file, pixels, policy,
+                                                        device, watch, Path(folder), decoder_name)
+                    except torch.cuda.OutOfMemoryError as exc:
+                        record["modes"][key] = {"mode": mode, "decoder": decoder_name, "oom": str(exc)[:600]}
+                        torch.cuda.empty_cache()
             finally:
                 if pool is not None:
                     model.close()

@@ -244,6 +244,9 @@ for what in "$@"; do
                         --out "$OUT/play60_sp2_fp8w_terms_graphs.json" ;;
         play30_sp1_tiny) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders tiny \
                         --out "$OUT/play30_sp1_fp8w_terms_graphs_tiny.json" ;;
+        # The generation on a highest-priority stream beside the tiny decode, on and off in one process.
+        play20_sp2_tiny_priority) play_syn --ranks 2 --seconds 20 --modes continuous --decoders tiny --stream-priority on,off \
+                        --out "$OUT/play20_sp2_fp8w_terms_graphs_tiny_priority.json" ;;
         play30_sp1_vae1) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders wan --vae-device cuda:1 \
                         --out "$OUT/play30_sp1_fp8w_terms_graphs_vae_cuda1.json" ;;
         play30_sp2_vae1) play_syn --ranks 2 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders wan --vae-device cuda:1 \

@@ -26,7 +26,7 @@ from ..memory import build_or_release, empty_device_cache, release_module, resol
 from .conditions import CameraSource, StreamedI2V, whole_chunk_latents
 from .generator import (ChunkPlan, FastGenerator, FastOutOfMemoryError, FastParams, fast_latent_frames,
                         out_of_memory_message)
-from .worker import ChunkWorker
+from .worker import ChunkWorker, generation_first
 
 
 @dataclass
@@ -137,7 +137,8 @@ def stream_fast_video(
                 on_preview(c + 1, chunks, x0)
             worker.submit(c, x0)
 
-        generator.run(plan, finished, on_step, chunks)
+        with generation_first(model_device, worker.overlap):  # the decode beside yields to the chunks
+            generator.run(plan, finished, on_step, chunks)
         worker.close()  # the last chunk's decode
         failed = False
         return result

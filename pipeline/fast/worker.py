@@ -16,15 +16,25 @@ which runs before every forward and block) raises it in the caller, and ``submit
 chunk in flight finish (so every finished chunk is written) and drops what it raises
 after that, keeping the caller's error. ``close`` joins the thread: nothing of the worker
 outlives the run.
+
+``generation_first(device)`` runs the caller's generation on a high-priority CUDA stream
+while a worker decodes beside it (the worker's stream has the default, lowest priority): the
+GPU's block scheduler gives the generation's kernels the SMs first and the decode takes what
+they leave idle, so the decode slows the next chunk as little as it can (same kernels, same
+results). ``LINGBOT_STREAM_PRIORITY=0`` turns it off.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
+
+HIGHEST_PRIORITY = -100  # torch maps it to the device's highest stream priority
 
 
 class ChunkWorker:
@@ -104,9 +114,29 @@ class ChunkWorker:
             self._stream.synchronize()
 
 
+@contextlib.contextmanager
+def generation_first(device: torch.device, overlap: bool = True) -> Iterator[None]:
+    """The block's CUDA work on a fresh highest-priority stream of ``device`` (see the module's
+    docstring); it starts after, and the caller's stream continues after, everything queued on
+    the caller's stream. A no-op off CUDA, without ``overlap`` (nothing runs beside it) or
+    with ``LINGBOT_STREAM_PRIORITY=0``."""
+    device = torch.device(device)
+    if device.type != "cuda" or not overlap or os.environ.get("LINGBOT_STREAM_PRIORITY", "1") == "0":
+        yield
+        return
+    before = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device=device, priority=HIGHEST_PRIORITY)
+    stream.wait_stream(before)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        before.wait_stream(stream)  # what the caller does next (frees included) comes after the block's work
+
+
 def worker_thread_alive() -> bool:
     """Whether a decode worker thread is still running (for tests: none after a run)."""
     return any(t.name.startswith("lingbot-decode") and t.is_alive() for t in threading.enumerate())
 
 
-__all__ = ["ChunkWorker", "worker_thread_alive"]
+__all__ = ["ChunkWorker", "generation_first", "worker_thread_alive"]

@@ -36,7 +36,7 @@ from ...wan.runtime.kv_cache import CachePolicy
 from ...wan.vae import WanVAE
 from ..fast.conditions import StreamedI2V
 from ..fast.generator import DEFAULT_POLICY, ChunkPlan, FastGenerator, FastParams
-from ..fast.worker import ChunkWorker
+from ..fast.worker import ChunkWorker, generation_first
 from ..memory import empty_device_cache
 from ..text import TextEmbeddings
 from .chunk_camera import PlayCamera
@@ -244,7 +244,8 @@ class PlaySession:
             return ChunkPlan(self.camera.next_chunk(request.keys))
 
         try:
-            self._generator.run(plan, self._generated)
+            with generation_first(self._generator.device, self._worker.overlap):  # the decode beside yields to it
+                self._generator.run(plan, self._generated)
         finally:
             self.controls.chunk_done()
         self._worker.close()  # the last chunk's frames are written and sent before the session ends

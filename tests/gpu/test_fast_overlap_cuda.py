@@ -98,3 +98,25 @@ def test_the_vae_on_the_second_gpu_makes_the_one_gpu_frames(cuda_model):
     assert all(torch.equal(a, b) for a, b in zip(made["cuda:0"][1], made["cuda:1"][1]))
     assert all(torch.equal(a, b) for a, b in zip(made["cuda:0 stream"], made["cuda:1 stream"]))
     assert not worker_thread_alive()
+
+
+def test_the_generation_runs_on_a_highest_priority_stream_and_hands_back_in_order(monkeypatch):
+    from comfyui_lingbot_world.pipeline.fast.worker import generation_first
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    before = torch.cuda.current_stream(device)
+    highest = torch.cuda.Stream.priority_range()[1] if hasattr(torch.cuda.Stream, "priority_range") else None
+    x = torch.ones(1 << 20, device=device)
+    with generation_first(device):
+        inside = torch.cuda.current_stream(device)
+        assert inside != before and inside.priority < 0 and (highest is None or inside.priority == highest)
+        y = x * 2  # ordered after what was queued on the caller's stream
+    assert torch.cuda.current_stream(device) == before
+    assert torch.equal(y + 0, torch.full_like(x, 2.0))  # the caller's stream reads it after the block's work
+    with generation_first(device, overlap=False):
+        assert torch.cuda.current_stream(device) == before  # nothing beside it: nothing to prioritise
+    monkeypatch.setenv("LINGBOT_STREAM_PRIORITY", "0")
+    with generation_first(device):
+        assert torch.cuda.current_stream(device) == before
