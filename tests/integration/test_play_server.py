@@ -33,9 +33,30 @@ ROUTE = "/lingbot/play"
 TOLERANCE = 0.05  # of the idle RssAnon
 
 
+TINY_VAE = "lighttaew2_1.safetensors"  # the name core's Load VAE lists from models/vae_approx
+
+
+def write_tiny_vae(models: Path, _package) -> None:
+    """A lighttaew2_1 file of ComfyUI's TAEHV layout with seeded random weights, written by the
+    host's own class (in a child process: this one does not import ComfyUI)."""
+    import subprocess
+    import sys
+
+    from comfy_host import comfy_root
+
+    folder = models / "vae_approx"
+    folder.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, torch; sys.path.append(sys.argv[1]); from comfy.cli_args import args; args.cpu = True\n"
+            "from comfy.taesd.taehv import TAEHV; from safetensors.torch import save_file\n"
+            "g = torch.Generator().manual_seed(6)\n"
+            "save_file({k: torch.randn(v.shape, generator=g) * 0.02 for k, v in TAEHV(16).state_dict().items()}, "
+            "sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(comfy_root()), str(folder / TINY_VAE)], check=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def comfy_models(tmp_path_factory: pytest.TempPathFactory):
-    return tiny_package.comfy_models_builder(tmp_path_factory)
+    return tiny_package.comfy_models_builder(tmp_path_factory, extra=write_tiny_vae)
 
 
 def play_graph(**changes) -> dict:
@@ -280,3 +301,24 @@ def test_free_after_a_session_leaves_nothing_loaded(comfy_server: ComfyServer):
     comfy_server.free()
     assert_nothing_alive(comfy_server, "after /free")
     assert lingbot_status(comfy_server)["experts_resident"] == []
+
+
+def test_a_live_decoder_from_core_load_vae_makes_the_sessions_frames(comfy_server: ComfyServer):
+    """Core's Load VAE with the tiny video VAE from models/vae_approx into Play's live_decoder:
+    the session runs over HTTP, its .mp4 holds every frame and its log says who decoded them."""
+    graph = play_graph()
+    graph["40"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+    graph[PLAY]["inputs"]["live_decoder"] = ["40", 0]
+    before = {d["session_id"] for d in play_events(comfy_server, kind="started")}
+    prompt_id = comfy_server.queue(graph)
+    started = wait_for(lambda: [d for d in play_events(comfy_server, kind="started") if d["session_id"] not in before],
+                       "the session to start", comfy_server)
+    session_id = started[0]["session_id"]
+    chunk = press(comfy_server, session_id, "d")
+    assert chunk["parts"] == [(0, 1), (1, 4), (5, 4)]
+    result = stop(comfy_server, session_id, prompt_id)
+    assert result.ok, result.describe()
+    (video,) = [f for f in comfy_server.output_files(result) if f.suffix == ".mp4"]
+    assert video_info(video).frames == 9
+    log = json.loads(result.outputs[PLAY]["text"][0])
+    assert log["live_decoder"].startswith("tiny video VAE")
