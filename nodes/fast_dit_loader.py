@@ -13,7 +13,7 @@ from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
 from . import inputs
 from .host.fast_model import FastDiT
-from .host.workers import measured_link, parallel_gpus
+from .host.workers import comfy_gpus, measured_link, parallel_gpus
 from .host.model_files import EXPERT_KINDS, default_fast_folder, list_fast_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,7 @@ def fast_devices(devices: str, heads: int) -> tuple[list[torch.device], torch.de
 
 def two_gpus(devices: str) -> list[torch.device]:
     """ComfyUI's GPU and the next visible one."""
-    comfy_device = mm.get_torch_device()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if comfy_device.type != "cuda" or count < 2:
-        raise ValueError(f"devices={devices} needs 2 CUDA GPUs, but ComfyUI computes on {comfy_device.type} "
-                         f"(torch.cuda.device_count() is {count}); choose devices=single")
-    first = comfy_device.index or 0
+    first, count = comfy_gpus(devices)
     return [torch.device("cuda", first), torch.device("cuda", (first + 1) % count)]
 
 

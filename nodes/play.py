@@ -149,8 +149,8 @@ class LingBotWorldPlay(io.ComfyNode):
                                *vae_budgets(vae_bytes, height, width, precision)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
-                                      None if unique_id is None else str(unique_id), on_end=log_saver(path), recipe=recipe,
-                                      live_decoder=live_decoder)
+                                      None if unique_id is None else str(unique_id), on_end=log_saver(path),
+                                      recipe=recipe, live_decoder=live_decoder)
         if result.chunks == 0:
             path.unlink(missing_ok=True)  # a file with no frames would not play
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "

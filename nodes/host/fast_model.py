@@ -249,5 +249,5 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
                 end_run()
 
 
-__all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "fit_kv_dtype", "loaded_fast_model", "memory_plan", "prepared_fast_run",
-           "run_memory"]
+__all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "fit_kv_dtype", "loaded_fast_model", "memory_plan",
+           "prepared_fast_run", "run_memory"]

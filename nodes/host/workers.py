@@ -336,18 +336,24 @@ def group_size(heads: int, count: int) -> int:
     return size
 
 
-def parallel_gpus(heads: int) -> list[torch.device]:
-    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
-    many as divide the model's ``heads``."""
+def comfy_gpus(devices: str) -> tuple[int, int]:
+    """(ComfyUI's GPU index, the visible GPU count) for a ``devices`` choice that needs two or
+    more GPUs; refused naming the choice when ComfyUI does not compute on one of several."""
     comfy_device = mm.get_torch_device()
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if comfy_device.type != "cuda" or count < 2:
-        raise ValueError(f"devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes on "
+        raise ValueError(f"devices={devices} needs 2 or more CUDA GPUs, but ComfyUI computes on "
                          f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
-    first = comfy_device.index or 0
+    return comfy_device.index or 0, count
+
+
+def parallel_gpus(heads: int) -> list[torch.device]:
+    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
+    many as divide the model's ``heads``."""
+    first, count = comfy_gpus("sequence_parallel")
     return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
 
 
 __all__ = ["GroupSlot", "SequenceParallelExperts", "SequenceParallelSource", "WorkerGroupPatcher", "WorkerPatcher",
-           "begin_run", "current_pool", "end_run", "group_patcher", "group_size", "measured_link", "parallel_gpus",
-           "pool_status", "shared_pool", "shutdown"]
+           "begin_run", "comfy_gpus", "current_pool", "end_run", "group_patcher", "group_size", "measured_link",
+           "parallel_gpus", "pool_status", "shared_pool", "shutdown"]

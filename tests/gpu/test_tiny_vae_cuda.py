@@ -25,7 +25,8 @@ def test_the_streamed_bf16_decode_is_comfyuis_whole_decode_on_cuda():
     taehv = taehv.to("cuda", torch.bfloat16).eval().requires_grad_(False)
     latent = torch.randn(1, 16, 7, 60, 104, generator=torch.Generator().manual_seed(1)).cuda()  # 480x832
     stats = (1, 16, 1, 1, 1)
-    raw = latent * torch.tensor(LATENT_STD, device="cuda").view(stats) + torch.tensor(LATENT_MEAN, device="cuda").view(stats)
+    std, mean = (torch.tensor(v, device="cuda").view(stats) for v in (LATENT_STD, LATENT_MEAN))
+    raw = latent * std + mean
     with torch.no_grad():
         whole = taehv.decode(raw.to(torch.bfloat16)).float().cuda() * 2 - 1
     decoder = TinyStreamDecoder(taehv, torch.device("cuda"), torch.bfloat16)

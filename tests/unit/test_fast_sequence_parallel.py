@@ -75,7 +75,7 @@ def test_the_devices_choice_and_what_auto_picks(fast_installed, monkeypatch):
     assert fast.devices == () and info.endswith("; devices auto -> single (torch.cuda.device_count() is 0)")
     with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="sequence_parallel")
-    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 CUDA GPUs, but ComfyUI computes on cpu"):
+    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 or more CUDA GPUs, but ComfyUI computes on cpu"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="decode_on_second_gpu")
     with pytest.raises(ValueError, match="devices: 'cfg_split' is not one of single, sequence_parallel, "
                                          "decode_on_second_gpu, auto"):
