@@ -78,6 +78,7 @@ from memwatch import GB, MemoryWatch  # noqa: E402
 # A walk: forward, look around, turn, strafe, back (cycled for as many chunks as needed).
 WALK = ("w", "w", "wj", "w", "wl", "l", "w", "d", "wi", "k", "w", "a", "s", "wj", "", "w")
 FIRST_CHUNK, CHUNK_FRAMES = 9, 12
+STEADY_FROM = 0.25  # steady_fps leaves out the first quarter of a session's chunks (cache filling, captures)
 
 
 def session_chunks(seconds: float, fps: int) -> int:
@@ -155,7 +156,7 @@ class Driver:
         marks = self.delivered
         if len(marks) < 5:
             return None
-        (t0, f0), (t1, f1) = marks[len(marks) // 4], marks[-1]
+        (t0, f0), (t1, f1) = marks[int(len(marks) * STEADY_FROM)], marks[-1]
         return (f1 - f0) / (t1 - t0) if t1 > t0 else None
 
 

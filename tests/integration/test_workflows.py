@@ -59,7 +59,7 @@ PACK_NODES = {
                                   ["text", "positive", "camera_path", "vae_model", "precision"], ["VIDEO"]),
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision"], ["VIDEO", "STRING", "LATENT"]),
+                         ["text", "positive", "vae_model", "precision", "live_decoder"], ["VIDEO", "STRING", "LATENT"]),
     "LingBotWorldPlayLog": (["log"], ["image"], ["IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT",
                                                  "FLOAT", "INT", "INT", "COMBO", "COMBO"]),
 }
