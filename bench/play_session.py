@@ -26,13 +26,13 @@ one), ``fps`` (video frames generated per second of the session),
 ``cap_gb``. Several GPUs and the live decoder (no package needed but a VAE file):
 
     python bench/play_session.py --synthetic a14b --weights fp8 --ranks 2 --vae VAE.safetensors \
-        --decoder tiny --comfy .bench_host --seconds 60 --out $OUT/play60_sp2_tiny.json
+        --decoders tiny --comfy .bench_host --seconds 60 --out $OUT/play60_sp2_tiny.json
 
 ``--synthetic``: the Fast transformer is built on each GPU from seeded random weights of the
 A14B shapes (bench/_synthetic.py) and the prompt's states are random (no T5); ``--ranks N``:
 sequence parallel over cuda:0..N-1 (``pipeline.parallel_pool``, as the Fast DiT Loader's
 ``devices sequence_parallel`` runs it); ``--vae-device``: where the VAE (and the decode) goes;
-``--decoder tiny``: the chunks decoded by ComfyUI's tiny video VAE (TAEHV, 16 latent channels,
+``--decoders tiny``: the chunks decoded by ComfyUI's tiny video VAE (TAEHV, 16 latent channels,
 random weights: its speed, not its pictures) through ``nodes/host/tiny_vae.py``, the Play
 node's ``live_decoder``. ``--decoders wan,tiny`` and ``--modes`` run every combination on the
 same loaded model.
@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.synthetic:
         if not args.vae:
             p.error("--synthetic needs --vae (a Wan 2.1 VAE file, e.g. make_checkpoint --parts vae)")
+        if args.memory == "auto":
+            p.error("--synthetic plans no memory (there are no files to size): use --memory manual")
         dit = t5 = tokenizer = None
     else:
         dit = Path(args.dit) if args.dit else files.low
