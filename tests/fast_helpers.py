@@ -2,9 +2,14 @@
 weights (non-trivial norms and biases), its conditioning, and a camera path."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+
+from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
+from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
 
 from comfyui_lingbot_world.wan.camera import camera_tensor
 from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
@@ -14,6 +19,15 @@ from comfyui_lingbot_world.wan.vae import VAE_TINY, WanVAE
 
 HEIGHT, WIDTH = 32, 48  # latent 4 x 6, 6 tokens a latent frame with the (1, 2, 2) patch
 LAT_H, LAT_W = HEIGHT // 8, WIDTH // 8
+# The GPU tests' Fast transformer: small, but with every dimension a multiple of 16, so the
+# 8-bit kernels run (no fallback).
+SHAPED = DiTConfig(dim=256, ffn_dim=512, freq_dim=256, text_dim=64, num_heads=2, num_layers=4)
+
+
+def shaped_bf16_and_fp8(root: Path, seed: int) -> dict[str, Path]:
+    """A synthetic bf16 Fast folder of ``SHAPED`` in ``root`` and its fp8 conversion (on CUDA)."""
+    bf16 = write_synthetic_bf16_expert(root / "lingbot_world_fast", SHAPED, seed=seed)
+    return {"bf16": bf16, "fp8": convert_to_fp8(bf16, root / "lingbot_world_fast_fp8", "cuda")}
 
 
 def tiny_fast_model(seed: int = 0, cfg: DiTConfig = TINY) -> LingBotDiT:

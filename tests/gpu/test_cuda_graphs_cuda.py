@@ -11,16 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
 from comfyui_lingbot_world.pipeline.experts import load_expert
-from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
-from comfyui_lingbot_world.wan.config import DiTConfig
 from comfyui_lingbot_world.wan.runtime.dense import runs_on
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+from fast_helpers import SHAPED, shaped_bf16_and_fp8
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-SHAPED = DiTConfig(dim=256, ffn_dim=512, freq_dim=256, text_dim=64, num_heads=2, num_layers=4)
 STEPS = (999.0, 978.0, 947.0, 825.0)
 # window 9, sink 3 (the default): chunks 0 and 1 fill the cache eagerly; from chunk 2 on the
 # passes repeat, the denoising ones captured at the chunk's second pass, the commit at the
@@ -33,9 +30,7 @@ CHUNKS = 6
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    root = tmp_path_factory.mktemp("cuda_graphs")
-    bf16 = write_synthetic_bf16_expert(root / "lingbot_world_fast", SHAPED, seed=5)
-    return {"bf16": bf16, "fp8": convert_to_fp8(bf16, root / "lingbot_world_fast_fp8", "cuda")}
+    return shaped_bf16_and_fp8(tmp_path_factory.mktemp("cuda_graphs"), seed=5)
 
 
 def session(model, graphs: bool, keep: int | str, camera: bool, kv_dtype: str = "bf16",

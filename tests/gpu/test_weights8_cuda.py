@@ -11,20 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
 from comfyui_lingbot_world.pipeline.experts import load_expert, weight_kind_for
-from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert
-from comfyui_lingbot_world.wan.config import DiTConfig
 from comfyui_lingbot_world.wan.runtime import attention as attn
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper
 from comfyui_lingbot_world.wan.runtime.dense import GEMM_KINDS, dense, gemm_kind, runs_on
 from comfyui_lingbot_world.wan.runtime import fused, weights8
 from comfyui_lingbot_world.wan.runtime.weights8 import Linear8bit, PRODUCTS, quantize_activation, quantize_rows
+from fast_helpers import SHAPED, shaped_bf16_and_fp8
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-# Small, but with every dimension a multiple of 16, so the 8-bit kernels run (no fallback).
-SHAPED = DiTConfig(dim=256, ffn_dim=512, freq_dim=256, text_dim=64, num_heads=2, num_layers=4)
 
 
 def _capability() -> tuple[int, int]:
@@ -76,9 +72,7 @@ def test_cuda_8bit_product_against_float_and_bf16(kind: str, tokens: int) -> Non
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    root = tmp_path_factory.mktemp("weights8_cuda")
-    bf16 = write_synthetic_bf16_expert(root / "lingbot_world_fast", SHAPED, seed=2)
-    return {"bf16": bf16, "fp8": convert_to_fp8(bf16, root / "lingbot_world_fast_fp8", "cuda")}
+    return shaped_bf16_and_fp8(tmp_path_factory.mktemp("weights8_cuda"), seed=2)
 
 
 def _inputs() -> dict:
