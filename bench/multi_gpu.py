@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="sp: Fast passes replayed from CUDA graphs once the cache is full (one GPU timed both ways)")
     p.add_argument("--skip-exact", action="store_true")
+    p.add_argument("--exact-video", type=int, default=0, metavar="STEPS",
+                   help="sp: also a whole exact video per group size (--size x --frames, STEPS steps, both experts)")
+    p.add_argument("--vae", help="sp --exact-video: the Wan 2.1 VAE file (make_checkpoint --parts vae)")
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -348,6 +351,55 @@ def time_exact(model, config, height: int, width: int, frames: int, steps: int, 
             "size": f"{height}x{width}", "frames": frames}, first
 
 
+class ResidentExperts:
+    """Both experts already on their GPUs (the sampler's ExpertSource): nothing loads at the switch."""
+
+    def __init__(self, models: dict) -> None:
+        self.models = models
+
+    def acquire(self, name: str):
+        return self.models[name]
+
+    def release(self, name: str) -> None:
+        pass
+
+
+def time_exact_video(experts: dict, config, height: int, width: int, frames: int, steps: int, vae: str,
+                     device: torch.device) -> tuple[dict, torch.Tensor]:
+    """A whole exact video through the stages the nodes call: the start frame encoded by the
+    VAE, ``steps`` guided steps across the expert switch (pipeline.sampling.sample), the
+    decode; the prompt's states are random (the text encoder runs on rank 0 alone, as on one
+    GPU) and both experts are resident (no load is timed)."""
+    from PIL import Image
+
+    from comfyui_lingbot_world.pipeline.text import TextEmbeddings
+
+    g = torch.Generator().manual_seed(9)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
+    text = TextEmbeddings(torch.randn(60, config.text_dim, generator=g).to(device),
+                          torch.randn(20, config.text_dim, generator=g).to(device), from_cache=False)
+    _sync_all(device)
+    started = time.perf_counter()
+    condition = encode_image(vae, image, frames, height, width, device, precision="bf16")
+    camera = camera_condition(path_from_preset("orbit_left", 1.0, frames), frames, height, width)
+    _sync_all(device)
+    encoded = time.perf_counter()
+    timer = StepTimer()
+    timer.start()
+    latent = sample(ResidentExperts(experts), text, condition, camera, SamplingParams(steps=steps, seed=0),
+                    on_step=timer)
+    _sync_all(device)
+    sampled = time.perf_counter()
+    video = decode(vae, latent, device, precision="bf16")
+    _sync_all(device)
+    done = time.perf_counter()
+    return {"size": f"{height}x{width}", "frames": frames, "steps": steps, "encode_s": encoded - started,
+            "sampling_s": sampled - encoded, "step_seconds": timer.seconds, "decode_s": done - sampled,
+            "video_s": done - started, "video_shape": list(video.shape),
+            "video_finite": bool(torch.isfinite(video).all()),
+            "not_timed": "the text encoder and the model loads (rank 0 runs them as one GPU does)"}, latent
+
+
 def run_sp(args) -> int:
     import dataclasses
     import os
@@ -363,7 +415,14 @@ def run_sp(args) -> int:
         devices = [torch.device("cpu")] * max(worlds)
         fast_size, exact_size, frames = "48x80", "48x80", 9
         args.fast_chunks, args.exact_steps, args.warmup = 3, 1, 1
+        args.exact_video = min(args.exact_video, 3)
         torch.set_num_threads(1)
+        if args.exact_video and not args.vae:
+            from comfyui_lingbot_world.tools import make_checkpoint
+
+            folder = Path(tempfile.mkdtemp()) / "tiny"
+            make_checkpoint.main(["--preset", "tiny", "--layout", "nf4", "--parts", "vae", "--out", str(folder)])
+            args.vae = str(folder / "Wan2.1_VAE.pth")
     else:
         config, dtype = A14B, torch.bfloat16
         count = torch.cuda.device_count()
@@ -372,6 +431,8 @@ def run_sp(args) -> int:
                              f"torch.cuda.device_count() is {count}")
         devices = [torch.device("cuda", i) for i in range(max(worlds))]
         fast_size, exact_size, frames = args.fast_size, args.size, args.frames
+    if args.exact_video and not args.vae:
+        raise SystemExit("--exact-video needs --vae (python . make_checkpoint --parts vae writes one)")
     fh, fw = (int(v) for v in fast_size.split("x"))
     eh, ew = (int(v) for v in exact_size.split("x"))
     factory = SyntheticDiT(config, dtype, weights=args.weights)
@@ -400,6 +461,7 @@ def run_sp(args) -> int:
                                                       devices[0])
     records = [common | baseline]
     print(json.dumps(_summary(baseline)), flush=True)
+    low_model = None
     for world in worlds:
         record: dict = {"ranks": world}
         pool = RankPool(devices[:world]).start()
@@ -407,6 +469,18 @@ def run_sp(args) -> int:
             record["link"] = pool.measure_link()
             parallel = ParallelModel(pool, "dit", pool.load("dit", factory, local=model))
             with torch.no_grad():
+                if args.exact_video:  # the low-noise expert beside the high-noise one (another seed) on every rank
+                    low_factory = dataclasses.replace(factory, seed=1)
+                    if low_model is None:
+                        low_model = low_factory(devices[0])
+                    experts = {"high": parallel,
+                               "low": ParallelModel(pool, "low", pool.load("low", low_factory, local=low_model))}
+                    record["exact_video"], _ = time_exact_video(experts, config, eh, ew, frames, args.exact_video,
+                                                                args.vae, devices[0])
+                    record["exact_video"]["ulysses_x_cfg_split"] = bool(parallel.cfg_split and pool.cfg is not None)
+                    record["exact_video"]["estimated_1gpu_sampling_s"] = (
+                        baseline["exact"]["s_per_step"] * args.exact_video if "exact" in baseline else None)
+                    experts["low"].close()
                 if not args.skip_fast:
                     record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
                                                     args.camera_terms, args.cuda_graphs)
@@ -432,8 +506,8 @@ def run_sp(args) -> int:
             pool.close()
         records.append(common | record)
         print(json.dumps(_summary(record)), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(records, indent=2))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after every group: a timeout keeps the rest
+        Path(args.out).write_text(json.dumps(records, indent=2))
     return 0
 
 
@@ -442,7 +516,7 @@ def _summary(record: dict) -> dict:
     if "link" in record:
         out["link_gbps"], out["auto_picks"] = round(record["link"]["gbps"], 2), record["link"]["auto_picks"]
     for key, figure in (("fast", "chunk_s"), ("fast_eager", "chunk_s"), ("exact", "s_per_step"),
-                        ("exact_cfg_split", "s_per_step")):
+                        ("exact_cfg_split", "s_per_step"), ("exact_video", "video_s")):
         if key in record:
             out[f"{key}_{figure}"] = round(record[key][figure], 4)
             if "speedup_vs_1gpu" in record[key]:

@@ -101,6 +101,13 @@ for what in "$@"; do
                   --fast-chunks 5 --warmup 1 --out "$OUT/sp_4gpu_only_fp8_terms.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         sp4_fp8) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 \
                   --out "$OUT/sp_4gpu_fp8.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
+        # The exact path on 2 and 4 GPUs (nvidia-h100-x4): a whole 40-step 480x832x81 video per group size
+        # (the start frame encoded, both experts resident, the decode; fp8 weights), and 720x1280x81 steps on four.
+        exact_video4) ensure_vae; python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --skip-fast \
+                  --exact-steps 2 --warmup 1 --exact-video "${VIDEO_STEPS:-40}" --vae "$VAEPKG/Wan2.1_VAE.pth" \
+                  --out "$OUT/sp_4gpu_fp8_exact_video.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        exact720_4) python3 bench/multi_gpu.py --mode sp --ranks 4 --weights fp8 --skip-fast --size 720x1280 \
+                  --exact-steps 2 --warmup 1 --out "$OUT/sp_4gpu_fp8_exact_720x1280.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         placements2) ensure_package; python3 bench/multi_gpu.py --package "$PKG" --size 480x832 --frames 81 --steps 4 \
                   --out "$OUT/multi_gpu_480x832x81_4steps.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
         gpumulti) python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_placements.py \

@@ -18,7 +18,7 @@ def _run(*args: str) -> None:
 
 def test_sequence_parallel_mode_runs_tiny_on_cpu(tmp_path):
     out = tmp_path / "sp.json"
-    _run("--mode", "sp", "--tiny", "--ranks", "2", "--out", str(out))
+    _run("--mode", "sp", "--tiny", "--ranks", "2", "--exact-video", "2", "--out", str(out))
     one, two = json.loads(out.read_text())
     assert one["ranks"] == 1 and two["ranks"] == 2
     assert one["fast"]["chunk_s"] > 0 and one["exact"]["s_per_step"] > 0
@@ -26,6 +26,10 @@ def test_sequence_parallel_mode_runs_tiny_on_cpu(tmp_path):
     assert two["fast"]["max_rel_vs_1gpu"] < 1e-5 and two["exact"]["max_rel_vs_1gpu"] < 1e-5
     assert len(two["fast"]["chunk_seconds"]) == 3 and two["fast"]["speedup_vs_1gpu"] > 0
     assert two["env"]["NCCL_NVLS_ENABLE"] == "0" and two["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    # --exact-video: a whole video through the sampler across the expert switch, on the group
+    video = two["exact_video"]
+    assert video["steps"] == len(video["step_seconds"]) == 2 and video["video_finite"]
+    assert video["video_s"] >= video["sampling_s"] > 0 and "exact_video" not in one
 
 
 def test_placements_mode_runs_tiny_on_cpu(tmp_path):
