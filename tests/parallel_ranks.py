@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from comfyui_lingbot_world.wan.config import TINY  # noqa: E402
 from comfyui_lingbot_world.wan.model import LingBotDiT  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
-from comfyui_lingbot_world.wan.runtime.parallel import SequenceParallel  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV, SequenceParallel  # noqa: E402
 
 CONFIG = dataclasses.replace(TINY, num_heads=4)  # head_dim 16
 # Latent 3 x 6 x 10 with the (1, 2, 2) patch: 3 x 3 x 5 = 45 tokens (15 a frame), divisible
@@ -136,6 +136,44 @@ def check_fast(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4, dtype: str 
             f"shard_heads_{dtype}": shard.heads, f"committed_{dtype}": whole.committed}
 
 
+def check_fast_even(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4) -> dict:
+    """(b) again where the chunk's 36 tokens (latent width 8) split evenly over 2 and 4 ranks:
+    the keys and values are received straight into the cache's slots. The exchanges
+    overlapped (the default) and waited for one by one (``LINGBOT_SP_OVERLAP=0``) give the
+    same numbers, and the one-process ones to float32 rounding."""
+    lat_w = 8
+    g = torch.Generator().manual_seed(3)
+    policy = CachePolicy(window=9, sink=3)
+    whole = m.new_kv_cache(policy, LAT_H, lat_w)
+    caches = {mode: m.new_kv_cache(policy, LAT_H, lat_w, parallel=sp) for mode in ("1", "0")}
+    text = [torch.randn(9, CONFIG.text_dim, generator=g)]
+    worst, same = 0.0, True
+    try:
+        for chunk in range(chunks):
+            y = torch.randn(1, 20, FRAMES, LAT_H, lat_w, generator=g)
+            plucker = torch.randn(1, 384, FRAMES, LAT_H, lat_w, generator=g)
+            x = torch.randn(1, 16, FRAMES, LAT_H, lat_w, generator=g)
+            for step, t in enumerate((999.0, 500.0, 0.0)):
+                commit = step == 2
+                context = text if chunk == 0 and step == 0 else None
+                want = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=whole, commit=commit)
+                got = {}
+                for mode, cache in caches.items():
+                    os.environ[OVERLAP_ENV] = mode
+                    got[mode] = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=cache, commit=commit,
+                                  parallel=sp)
+                if commit:
+                    continue
+                worst = max(worst, rel(got["1"], want))
+                same &= torch.equal(got["1"], got["0"])
+                x = want - 0.1 * x
+        same &= torch.equal(caches["1"]._k, caches["0"]._k) and torch.equal(caches["1"]._v, caches["0"]._v)
+    finally:
+        os.environ.pop(OVERLAP_ENV, None)
+    return {"fast_even_rel": worst, "fast_even_overlap_off_equal": bool(same),
+            "fast_even_local_tokens": sp.local_length(FRAMES * (LAT_H // 2) * (lat_w // 2))}
+
+
 def run(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("LINGBOT_ATTENTION", "sdpa")
@@ -145,7 +183,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
         m = model()
         with torch.no_grad():
             result = {"rank": rank, "world": world} | check_shard_gather(sp) | check_exact(m, sp)
-            result |= check_fast(m, sp) | check_fast(m, sp, chunks=4, dtype="int8")
+            result |= check_fast(m, sp) | check_fast(m, sp, chunks=4, dtype="int8") | check_fast_even(m, sp)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

@@ -252,36 +252,46 @@ class SelfAttention(_Attention):
                                weights: tuple[Dense | None, Dense, Dense], cache: LayerKV,
                                run: sequence_parallel.ShardedRun) -> torch.Tensor | None:
         """``attend_cached`` on this rank's ``length`` tokens of the chunk, the cache holding
-        this rank's heads of every token: one all-to-all brings the chunk's k, v (and q)
-        of this rank's heads for all its tokens, which go into the cache; the queries attend
-        to the cache, and a second all-to-all returns the output for this rank's tokens."""
+        this rank's heads of every token: the chunk's k, v (and q) go to the ranks holding
+        their heads by one all-to-all each, started as soon as each is projected so that it
+        travels while the next one is projected; k and v are received straight into the
+        cache's slots. The queries attend to the cache, and a last all-to-all returns the
+        output for this rank's tokens."""
         wq, wk, wv = weights
         dst_k, dst_v = cache.new_kv()
         if dst_k.shape[0] != run.length:
             raise ValueError(f"the chunk has {run.length} tokens, the cache's chunk slots hold {dst_k.shape[0]}")
+        sp = run.sp
+        fits = sp.size * length == run.length  # no padding: the received rows are the cache's slots
         dim = self.num_heads * self.head_dim
-        parts = [torch.empty(length, dim, dtype=dst_k.dtype, device=dst_k.device)
-                 for _ in range(2 if cache.kv_only else 3)]
-        for start, stop in spans:
-            h = shared_input(inputs(start, stop)[0], wq, wk, wv)
-            self._project_norm_(wk, self.norm_k, h, parts[0][start:stop], rope, start)
-            wv(h, out=parts[1][start:stop])
-            if len(parts) == 3:
-                self._project_norm_(wq, self.norm_q, h, parts[2][start:stop], rope, start)
-            del h
-        whole = run.sp.seq_to_heads(torch.stack(parts, 1).unflatten(-1, (self.num_heads, -1)))[:run.length]
-        del parts
-        dst_k.copy_(whole[:, 0].flatten(1))
-        dst_v.copy_(whole[:, 1].flatten(1))
+        sources = [(start, stop, shared_input(inputs(start, stop)[0], wq, wk, wv)) for start, stop in spans]
+
+        def send(weight: Dense, norm: nn.Module | None, into: torch.Tensor | None) -> sequence_parallel.Exchange:
+            projected = torch.empty(length, dim, dtype=dst_k.dtype, device=dst_k.device)
+            for start, stop, h in sources:
+                if norm is None:
+                    weight(h, out=projected[start:stop])
+                else:
+                    self._project_norm_(weight, norm, h, projected[start:stop], rope, start)
+            return sp.start_seq_to_heads(projected, into if fits else None)
+
+        sent = [send(wk, self.norm_k, dst_k), send(wv, None, dst_v)]
+        if not cache.kv_only:
+            sent.append(send(wq, self.norm_q, None))
+        del sources
+        keys, values, *queries = (exchange.wait()[:run.length] for exchange in sent)
+        if not fits:
+            dst_k.copy_(keys)
+            dst_v.copy_(values)
         out = None
-        if whole.shape[1] == 3:
+        if queries:
             k, v = cache.attended()
-            local = whole.shape[2]  # this rank's heads
-            attended = attention(whole[None, :, 2], k.unflatten(-1, (local, -1))[None],
+            local = queries[0].shape[1] // self.head_dim  # this rank's heads
+            attended = attention(queries[0].unflatten(-1, (local, -1))[None], k.unflatten(-1, (local, -1))[None],
                                  v.unflatten(-1, (local, -1))[None])[0]
-            del whole
-            pad = run.sp.size * length - run.length
-            out = run.sp.heads_to_seq(F.pad(attended, (0, 0, 0, 0, 0, pad))).flatten(1)
+            del queries
+            pad = sp.size * length - run.length
+            out = sp.heads_to_seq(F.pad(attended, (0, 0, 0, 0, 0, pad))).flatten(1)
         cache.stored()
         return out
 

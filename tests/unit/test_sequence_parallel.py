@@ -42,6 +42,14 @@ def test_fast_chunks_with_their_cache_equal_one_process(ranks):
         assert r["fast_bf16_terms_equal"] and r["fast_int8_terms_equal"], r
 
 
+def test_an_even_split_receives_into_the_cache_and_the_overlap_changes_nothing(ranks):
+    world = ranks[0]["world"]
+    for r in ranks:
+        assert r["fast_even_local_tokens"] * world == 36  # no padding: received straight into the slots
+        assert r["fast_even_rel"] < FLOAT32, r
+        assert r["fast_even_overlap_off_equal"], r
+
+
 def test_shard_and_gather_restore_token_order(ranks):
     world = ranks[0]["world"]
     for r in ranks:

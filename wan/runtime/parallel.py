@@ -20,7 +20,11 @@ to ``LingBotDiT.forward(..., parallel=sp)``. What changes in the forward (wan/mo
 Causal (Fast / Play): the KV cache is sharded by head (``LingBotDiT.new_kv_cache(...,
 parallel=sp)``: H/P heads of every token on each rank, resident there), so a forward
 exchanges only the new chunk's q, k and v; the chunk's keys and values land in the rank's
-cache after the all-to-all and its queries attend to the rank's heads of the cache.
+cache after the all-to-all and its queries attend to the rank's heads of the cache. There
+the three exchanges overlap the projections (``start_seq_to_heads``: the keys travel while
+the values are projected, the values while the queries are), and the keys and values are
+received straight into the cache's slots. ``LINGBOT_SP_OVERLAP=0`` waits for each exchange
+as it starts (the same numbers; for measuring what the overlap gives; every rank must agree).
 
 The group size must divide the heads (40 for A14B: 2, 4, 5, 8). ``STRATEGIES`` names the
 ways a run can split across processes (the loaders' ``devices`` modes map onto them).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -36,8 +41,30 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+OVERLAP_ENV = "LINGBOT_SP_OVERLAP"
+
 _ACTIVE: contextvars.ContextVar["ShardedRun | None"] = contextvars.ContextVar("lingbot_sequence_parallel",
                                                                                      default=None)
+
+
+class Exchange:
+    """An all-to-all in flight (``async_op``): the GPU goes on with other work until ``wait()``
+    makes the current stream wait for it. Holds the sent tensor until then."""
+
+    def __init__(self, work: object, received: torch.Tensor, sent: torch.Tensor) -> None:
+        self._work, self._received, self._sent = work, received, sent
+
+    def wait(self) -> torch.Tensor:
+        """The received tensor, once the exchange is done (on the current stream)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = self._sent = None
+        return self._received
+
+
+def overlap_exchanges() -> bool:
+    """Whether ``start_seq_to_heads`` callers let an exchange run beside the next projection."""
+    return os.environ.get(OVERLAP_ENV, "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -112,6 +139,20 @@ class SequenceParallel:
         dist.all_to_all_single(recv, send, group=self.group)
         return recv.reshape(p * l, g, h // p, d)
 
+    def start_seq_to_heads(self, x: torch.Tensor, out: torch.Tensor | None = None) -> Exchange:
+        """Start sending ``x`` [l, H*D] (this rank's l tokens, all heads) as [P*l, H*D/P]
+        (every token, this rank's heads): one all-to-all, left running. ``out``: a contiguous
+        [P*l, H*D/P] tensor to receive into (e.g. the KV cache's slots for the chunk)."""
+        l, width = x.shape
+        p = self.size
+        send = x.view(l, p, width // p).transpose(0, 1).contiguous()  # chunk j goes to rank j
+        recv = torch.empty_like(send) if out is None else out.view(p, l, width // p)
+        work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        exchange = Exchange(work, recv.view(p * l, width // p), send)
+        if not overlap_exchanges():
+            exchange.wait()
+        return exchange
+
     def heads_to_seq(self, x: torch.Tensor) -> torch.Tensor:
         """[P*l, H/P, D] (every token, this rank's heads) -> [l, H, D] (this rank's tokens, all heads)."""
         n, hp, d = x.shape
@@ -173,4 +214,5 @@ def strategy(name: str) -> type[SequenceParallel]:
     return STRATEGIES[name]
 
 
-__all__ = ["STRATEGIES", "SequenceParallel", "ShardedRun", "active", "current", "strategy"]
+__all__ = ["OVERLAP_ENV", "STRATEGIES", "Exchange", "SequenceParallel", "ShardedRun", "active", "current",
+           "overlap_exchanges", "strategy"]
