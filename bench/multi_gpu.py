@@ -407,6 +407,7 @@ def run_sp(args) -> int:
     from _synthetic import SyntheticDiT
     from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, apply_env
     from comfyui_lingbot_world.wan.config import A14B, TINY
+    from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV
 
     apply_env()
     worlds = sorted(set(args.ranks or [2]))
@@ -440,7 +441,7 @@ def run_sp(args) -> int:
               "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
               "weights": args.weights,
-              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE")}}
+              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE", OVERLAP_ENV)}}
     model = factory(devices[0])
     from comfyui_lingbot_world.wan.runtime.dense import gemm_kind
 

@@ -194,6 +194,16 @@ for what in "$@"; do
         sp4_fp8_terms_graphs) python3 bench/multi_gpu.py --mode sp --ranks 2 --ranks 4 --weights fp8 --camera-terms 40 \
                   --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_4gpu_fp8_terms_graphs.json" 2>&1 \
                   | grep -v "^Failed to load" | tail -5 ;;
+        # The sequence-parallel Fast chunk with the k/v/q exchanges overlapping the projections (the default) and
+        # waited for one by one (LINGBOT_SP_OVERLAP=0), on 2 GPUs (and 4 where there are), each beside one GPU.
+        sp_overlap_ab) ranks=(--ranks 2); (( $(nvidia-smi -L | wc -l) >= 4 )) && ranks+=(--ranks 4)
+                  for o in 0 1; do
+                      LINGBOT_SP_OVERLAP=$o python3 bench/multi_gpu.py --mode sp "${ranks[@]}" --weights fp8 --camera-terms 40 \
+                          --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 \
+                          --out "$OUT/sp_fast_fp8_terms_graphs_overlap$o.json" 2>&1 | grep -v "^Failed to load" | tail -5
+                  done ;;
+        gpusp) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_sequence_parallel_gpu.py \
+                  tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_weights8_cuda.py 2>&1 | grep -v "^Failed to load" | tail -15 ;;
         sp2_fp8_terms_graphs_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \
                   --skip-exact --cuda-graphs --fast-chunks 6 --warmup 4 --profile \
                   --out "$OUT/sp_2gpu_fp8_terms_graphs_profile.json" >"$OUT/sp_2gpu_graphs_profile.log" 2>&1

@@ -127,9 +127,11 @@ def test_weights_moved_mid_session_capture_again(folders) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_sequence_parallel_graphs_equal_eager_on_two_gpus() -> None:
-    """Every rank captures and replays the same passes; the all-to-alls and the gather are
-    NCCL kernels inside the graphs."""
+@pytest.mark.parametrize("latent_width", [10, 8], ids=["padded", "even"])
+def test_sequence_parallel_graphs_equal_eager_on_two_gpus(latent_width: int) -> None:
+    """Every rank captures and replays the same passes; the all-to-alls (started beside the
+    projections, ``async_op``) and the gather are NCCL kernels inside the graphs. ``even``:
+    the chunk's tokens split without padding, so keys and values land straight in the cache."""
     import parallel_ranks
     from comfyui_lingbot_world.pipeline.parallel_pool import ParallelModel, RankPool
 
@@ -138,7 +140,7 @@ def test_sequence_parallel_graphs_equal_eager_on_two_gpus() -> None:
     pool = RankPool(devices).start()
     try:
         parallel = ParallelModel(pool, "tiny", pool.load("tiny", parallel_ranks.build, local=reference))
-        shape = (parallel_ranks.LAT_H, parallel_ranks.LAT_W)
+        shape = (parallel_ranks.LAT_H, latent_width)
         eager, _ = session(parallel, False, "all", True, latent=shape, frames=parallel_ranks.FRAMES)
         graphed, (captures, replays, disabled) = session(parallel, True, "all", True, latent=shape,
                                                          frames=parallel_ranks.FRAMES)
