@@ -340,10 +340,15 @@ def keyframe_camera(
     cam_dirs = _camera_directions(k_out[None], height, width)  # one K for all frames
     out = torch.empty(1, channels * FOLD * FOLD, n_lat, height // FOLD, width // FOLD, dtype=dtype, device=device)
     # One latent frame at a time: full-resolution float32 rays for 21 frames at 720p
-    # would take ~0.7 GB.
+    # would take ~0.7 GB. The origin channels hold one value per frame and channel, so they
+    # are filled, not folded: only the directions go through the per-pixel fold (the same
+    # numbers as folding origin ⊕ direction; a Play chunk's rays are made between chunks).
+    first = channels * FOLD * FOLD - 3 * FOLD * FOLD  # the direction channels start here
     for i in range(n_lat):
-        rays = _rays(keyframes[i : i + 1], cam_dirs, height, width, directions_only)
-        out[0, :, i : i + 1] = fold_rays(rays).to(dtype)
+        directions = _rays(keyframes[i : i + 1], cam_dirs, height, width, directions_only=True)
+        out[0, first:, i : i + 1] = fold_rays(directions).to(dtype)
+        for c in range(first // (FOLD * FOLD)):
+            out[0, c * FOLD * FOLD:(c + 1) * FOLD * FOLD, i] = keyframes[i, c, 3].to(dtype)
     return out
 
 

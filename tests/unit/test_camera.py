@@ -19,6 +19,7 @@ from comfyui_lingbot_world.wan.camera import (
     cut_trajectory,
     fold_rays,
     interpolate_poses,
+    keyframe_camera,
     plucker_rays,
     relative_poses,
     scale_intrinsics,
@@ -188,6 +189,24 @@ def test_camera_tensor_of_a_static_camera_is_the_folded_pinhole_grid() -> None:
     c, dy, dx, by, bx = 5, 2, 7, 3, 4  # channel 5 = direction z
     assert cam[0, c * 64 + dy * 8 + dx, 2, by, bx].item() == pytest.approx(dirs[by * 8 + dy, bx * 8 + dx, 2].item(), abs=1e-6)
     assert torch.equal(cam[0, : 3 * 64], torch.zeros(3 * 64, 3, h // 8, w // 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("directions_only", [False, True], ids=["cam", "act"])
+def test_keyframe_camera_is_the_fold_of_origin_and_direction_rays(dtype, directions_only) -> None:
+    """The origin channels are filled per frame and only the directions are folded: the same
+    bits as folding the whole origin ⊕ direction rays (``plucker_rays`` → ``fold_rays``)."""
+    h, w, n = 48, 80, 4
+    g = np.random.default_rng(3)
+    rotations = Rotation.random(n, random_state=4).as_matrix()
+    keyframes = np.tile(np.eye(4), (n, 1, 1))
+    keyframes[:, :3, :3], keyframes[:, :3, 3] = rotations, g.normal(size=(n, 3))
+    keyframes = torch.as_tensor(keyframes, dtype=torch.float32)
+    k832 = np.array([480.0, 470.0, 416.0, 240.0])
+    got = keyframe_camera(keyframes, k832, h, w, dtype=dtype, directions_only=directions_only)
+    rays = plucker_rays(keyframes, scale_intrinsics(k832, h, w).float(), h, w)
+    want = fold_rays(rays[..., 3:] if directions_only else rays).to(dtype)[None]
+    assert got.shape == want.shape and torch.equal(got, want)
 
 
 @pytest.mark.parametrize("example", ["00", "01", "02"])
