@@ -278,7 +278,7 @@ class SelfAttention(_Attention):
         sent = [send(wk, self.norm_k, dst_k), send(wv, None, dst_v)]
         if not cache.kv_only:
             sent.append(send(wq, self.norm_q, None))
-        del sources
+        sources.clear()  # the normalized tokens are no longer needed
         keys, values, *queries = (exchange.wait()[:run.length] for exchange in sent)
         if not fits:
             dst_k.copy_(keys)
