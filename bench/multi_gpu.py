@@ -407,6 +407,7 @@ def run_sp(args) -> int:
     from _synthetic import SyntheticDiT
     from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, apply_env
     from comfyui_lingbot_world.wan.config import A14B, TINY
+    from comfyui_lingbot_world.wan.runtime.attention import ENV_VAR as ATTENTION_ENV, backend_name
     from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV
 
     apply_env()
@@ -441,12 +442,13 @@ def run_sp(args) -> int:
               "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
               "weights": args.weights,
-              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE", OVERLAP_ENV)}}
+              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE", OVERLAP_ENV, ATTENTION_ENV)}}
     model = factory(devices[0])
     from comfyui_lingbot_world.wan.runtime.dense import gemm_kind
 
     # what the linears hold on rank 0 (the workers build theirs with the same factory)
     common["linear_kinds"] = sorted({gemm_kind(m).name for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    common["attention"] = backend_name(devices[0])  # what every rank runs (workers inherit the environment)
     baseline: dict = {"ranks": 1}
     with torch.no_grad():
         if not args.skip_fast:

@@ -277,6 +277,15 @@ def load_dit(args, dit: Path | None, device: torch.device):
         raise
 
 
+def _attention_used(choice: str | None, device: torch.device) -> str:
+    """The attention kernel the session's forwards run (``--attention``, else LINGBOT_ATTENTION
+    or the installed default), named as the backend table names it."""
+    from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
+
+    with attention_backend(choice):
+        return backend_name(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--package", help="a package folder (T5, VAE, tokenizer, and expert folders)")
@@ -364,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
         "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "synthetic": args.synthetic,
         "ranks": args.ranks, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "attention": _attention_used(args.attention, device),
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:

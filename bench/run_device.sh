@@ -14,8 +14,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Wheels carried to the machine: .whl (bitsandbytes), or .whl2 (bitsandbytes without the
-# CUDA 11/12 and ROCm libraries, plus PyAV for the modes that write an .mp4: both fit 64 MiB).
-for wheels in .whl .whl2; do
+# CUDA 11/12 and ROCm libraries, plus PyAV for the modes that write an .mp4: both fit 64 MiB),
+# .whl3 (bitsandbytes and FlashAttention 3's forward-only wheel fa3-fwd, for the fa3_* modes).
+# /tmp/site stays on a warm machine: a call after a .whl3 call keeps FlashAttention 3.
+for wheels in .whl .whl2 .whl3; do
     if [[ -d $wheels ]]; then
         python3 -m pip install -q --no-index --no-deps --target /tmp/site $wheels/*.whl 2>&1 | grep -v "^WARNING: Target"
         export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -202,6 +204,21 @@ for what in "$@"; do
                           --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 \
                           --out "$OUT/sp_fast_fp8_terms_graphs_overlap$o.json" 2>&1 | grep -v "^Failed to load" | tail -5
                   done ;;
+        # FlashAttention 3 (carry .whl3): the kernels at the model's shapes (bf16 and fp8 with the per-head
+        # quantization, each against float32), their GPU tests, and the Fast chunk on one and two GPUs with fp8
+        # attention (flash_fp8) and FA3 in bf16 (flash), fp8 linears, terms kept, graphs.
+        fa3_attn) python3 bench/attention_backends.py --out "$OUT/attention_backends_fa3.json" 2>&1 \
+                  | grep -v "^Failed to load" | tail -6 ;;
+        fa3_gputests) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_attention_fp8_cuda.py \
+                  "tests/gpu/test_weights8_cuda.py::test_cuda_attention_rows" 2>&1 | grep -v "^Failed to load" | tail -12 ;;
+        sp2_flash_fp8|sp2_flash) attention=${what#sp2_}
+                  LINGBOT_ATTENTION=$attention python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \
+                      --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 \
+                      --out "$OUT/sp_2gpu_fp8_terms_graphs_$attention.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        # Play on two GPUs with fp8 attention (after a .whl3 call on the same warm machine; carry .whl2
+        # .whl_server .bench_host .bench_data): the tiny live decoder, PLAY_MODES (continuous by default).
+        play60_sp2_flash_fp8) LINGBOT_ATTENTION=flash_fp8 play_syn --ranks 2 --seconds 60 \
+                  --modes "${PLAY_MODES:-continuous}" --decoders tiny --out "$OUT/play60_sp2_fp8w_fp8attn_tiny.json" ;;
         gpusp) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_sequence_parallel_gpu.py \
                   tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_weights8_cuda.py 2>&1 | grep -v "^Failed to load" | tail -15 ;;
         sp2_fp8_terms_graphs_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from ..wan.runtime.attention import attention_backend, run_choice as attention_run_choice
 from ..wan.runtime.camera_terms import CameraTerms
 from ..wan.runtime.kv_cache import CachePolicy, KVCache
 from ..wan.runtime.parallel import SequenceParallel
@@ -301,7 +302,7 @@ def _worker(rank: int, world: int, devices: list[str], init: str, commands: Any,
                     cache.frame_start = plain["frame_start"]
                 hook = synced_cancel(device)
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), attention_backend(plain["attention"]):
                         if plain["split"]:
                             _split_forward(models[key], cfg, tensors["x"], tensors["t"], context, tensors.get("y"),
                                            camera, hook)
@@ -696,7 +697,8 @@ class ParallelModel(nn.Module):
         tensors = {k: v.to(pool.device) for k, v in tensors.items()}
         split = bool(self.cfg_split and pool.cfg is not None and x.shape[0] == 2 and kv_cache is None)
         plain = {"contexts": contexts, "camera": camera_id, "cache": cache_id, "commit": commit, "split": split,
-                 "frame_start": None if kv_cache is None else kv_cache.frame_start}
+                 "frame_start": None if kv_cache is None else kv_cache.frame_start,
+                 "attention": attention_run_choice()}  # every rank attends with this run's kernel
         pool._send("forward", (self.key, plain, _describe(tensors)))
         hook = synced_cancel(pool.device, cancel)
 

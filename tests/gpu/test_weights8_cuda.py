@@ -115,8 +115,10 @@ def test_auto_on_this_card(folders) -> None:
 
 @pytest.mark.parametrize("name", [n for n, b in attn.ATTENTION_BACKENDS.items() if not b.runs_on("cpu")])
 def test_cuda_attention_rows(name: str) -> None:
-    _capability()
+    capability = _capability()
     backend = attn.ATTENTION_BACKENDS[name]
+    if not backend.runs_on("cuda", capability):
+        pytest.skip(f"{name} does not run on compute capability {capability}")
     kernel = backend.load()
     if kernel is None:
         pytest.skip(f"{backend.package} is not installed")

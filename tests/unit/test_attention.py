@@ -52,3 +52,48 @@ def test_sdpa_choice_matches_the_default_on_cpu(monkeypatch):
     with attn.attention_backend("sdpa"):
         chosen = attn.attention(q, k, v)
     assert torch.equal(chosen, attn.attention(q, k, v))
+
+
+def test_per_head_fp8_operands_are_scaled_by_each_heads_absmax():
+    from comfyui_lingbot_world.wan.runtime import weights8
+    g = torch.Generator().manual_seed(0)
+    size = torch.tensor([0.01, 1.0, 300.0])[None, None, :, None]
+    x = torch.randn(2, 50, 3, 16, generator=g) * size
+    x[1, :, 0] = 0  # an all-zero head: the tiny scale, zeros back
+    values, scales = weights8.quantize_heads(x.bfloat16())
+    assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape and scales.shape == (2, 3)
+    amax = x.bfloat16().float().abs().amax(dim=(1, 3))
+    torch.testing.assert_close(scales, amax.clamp(min=1e-12) / 448, rtol=0, atol=0)
+    restored = values.float() * scales[:, None, :, None]
+    # e4m3 keeps 3 mantissa bits: each value within half a step (1/16 relative) of its input,
+    # near zero within the head's smallest step
+    error = (restored - x.bfloat16().float()).abs()
+    assert bool((error <= x.bfloat16().float().abs() / 16 + scales[:, None, :, None] * 2.0 ** -9).all())
+    assert float(values.float().abs().amax()) == 448  # every non-zero head reaches the top of the range
+    assert not restored[1, :, 0].any()
+    with pytest.raises(ValueError, match="heads"):
+        weights8.quantize_heads(torch.randn(50, 48))
+
+
+@pytest.mark.parametrize("capability,runs", [((9, 0), True), ((8, 9), False), ((10, 0), False), (None, True)])
+def test_fp8_attention_is_hopper_only(capability, runs):
+    assert attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", capability) is runs
+    assert not attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cpu")
+    if capability is not None and not runs:
+        with pytest.raises(RuntimeError, match=rf"9\.0.*{capability[0]}\.{capability[1]}"):
+            attn._check_capability("flash_fp8", capability, "flash_fp8")
+
+
+def test_fp8_attention_is_never_auto_and_refused_on_the_cpu(monkeypatch):
+    assert attn.auto_backend((9, 0), True) == "sdpa"
+    q = torch.randn(1, 4, 2, 128)
+    with attn.attention_backend("flash_fp8"), pytest.raises(RuntimeError, match="needs CUDA"):
+        attn.attention(q, q, q)
+    monkeypatch.setenv(attn.ENV_VAR, "flash_fp8")
+    attn.reset_backend_choice()
+    try:
+        with pytest.raises(RuntimeError, match="LINGBOT_ATTENTION=flash_fp8 needs CUDA"):
+            attn.attention(q, q, q)
+    finally:
+        monkeypatch.delenv(attn.ENV_VAR)
+        attn.reset_backend_choice()

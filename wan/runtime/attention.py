@@ -6,8 +6,11 @@ masks: a sample has no padded tokens and cross-attention looks at every text pos
 The backends are rows of ``ATTENTION_BACKENDS`` with their constraints (devices, dtypes,
 head sizes, compute capability) and whether they serve a sequence-parallel run.
 The backend is chosen once per device type. PyTorch SDPA is always available; on CUDA
-flash-attn (3, then 2) or SageAttention is used when installed. The environment variable
-LINGBOT_ATTENTION=sdpa|flash|sage forces one; forcing one that cannot run is an error.
+flash-attn (3, then 2) or SageAttention is used when installed. ``flash_fp8`` (FlashAttention
+3 on fp8 operands quantized per head, Hopper only) is never picked by itself: it rounds q, k
+and v to 3 mantissa bits, and what that does to pictures of the real weights is not measured.
+The environment variable LINGBOT_ATTENTION=sdpa|flash|flash_fp8|sage forces one; forcing one
+that cannot run is an error.
 
 A run can choose its own backend with ``attention_backend(name)`` (a context manager over
 a context variable, so the choice ends with the run and does not leak into other runs or
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -45,23 +49,54 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.transpose(1, 2)
 
 
+def _fa3() -> Callable | None:
+    """FlashAttention 3's ``flash_attn_func`` (Hopper): from a flash-attn build of its
+    ``hopper/`` folder (``flash_attn_interface``) or the forward-only ``fa3-fwd`` wheel on
+    PyPI (``fa3_fwd_interface``); None when neither imports."""
+    for module in ("flash_attn_interface", "fa3_fwd_interface"):
+        try:
+            return importlib.import_module(module).flash_attn_func
+        except Exception:  # noqa: BLE001 - a broken install must not break the default path
+            continue
+    return None
+
+
+def _first(out):
+    # Some FA3 releases return (out, softmax_lse).
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _load_flash() -> Kernel | None:
     """flash-attn 3 (Hopper) first, then flash-attn 2; None when neither imports."""
-    try:
-        from flash_attn_interface import flash_attn_func as fa3
-    except Exception:  # noqa: BLE001 - a broken install must not break the default path
-        fa3 = None
+    fa3 = _fa3()
     if fa3 is not None:
-        def run3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = fa3(q, k, v)
-            # Some FA3 releases return (out, softmax_lse).
-            return out[0] if isinstance(out, tuple) else out
-        return run3
+        return lambda q, k, v: _first(fa3(q, k, v))
     try:
         from flash_attn import flash_attn_func as fa2
     except Exception:  # noqa: BLE001
         return None
     return lambda q, k, v: fa2(q, k, v)
+
+
+FA3_FP8_HEAD_DIMS = (64, 96, 128, 192, 256)  # FlashAttention 3's fp8 forward kernels
+
+
+def _load_flash_fp8() -> Kernel | None:
+    """FlashAttention 3 on fp8 e4m3 operands: q, k and v quantized per head on the fly
+    (``weights8.quantize_heads``), their scales passed as the kernel's descale factors, the
+    output in bf16. Hopper's fp8 tensor cores run it at about twice the bf16 rate; the
+    rounding of q, k and v to 3 mantissa bits is what it costs (bench/attention_backends.py)."""
+    fa3 = _fa3()
+    if fa3 is None:
+        return None
+    from .weights8 import quantize_heads
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.shape[-1] not in FA3_FP8_HEAD_DIMS:  # e.g. the tiny test geometry: SDPA instead of an error
+            return _sdpa(q, k, v)
+        (q8, qs), (k8, ks), (v8, vs) = (quantize_heads(t) for t in (q, k, v))
+        return _first(fa3(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)).to(q.dtype)
+    return run
 
 
 SAGE_HEAD_DIMS = (64, 96, 128)  # what sageattn's kernels take; the A14B experts use 128
@@ -80,7 +115,7 @@ def _load_sage() -> Kernel | None:
     return run
 
 
-_LOADERS = {"flash": _load_flash, "sage": _load_sage}
+_LOADERS = {"flash": _load_flash, "flash_fp8": _load_flash_fp8, "sage": _load_sage}
 
 
 @dataclass(frozen=True)
@@ -100,19 +135,29 @@ class AttentionBackend:
     head_dims: tuple[int, ...] | None  # head sizes its kernels take (None: any); others fall back to SDPA
     min_capability: tuple[int, int] | None  # least CUDA compute capability (None: any)
     supports_sequence_parallel: bool
+    max_capability: tuple[int, int] | None = None  # greatest one (None: any): kernels built for one architecture
 
     def runs_on(self, device_type: str, capability: tuple[int, int] | None = None) -> bool:
         """Whether the backend can run on this device (capability of a CUDA device, if known)."""
         if device_type not in self.devices:
             return False
-        return capability is None or self.min_capability is None or tuple(capability) >= self.min_capability
+        if capability is None:
+            return True
+        capability = tuple(capability)
+        return ((self.min_capability is None or capability >= self.min_capability)
+                and (self.max_capability is None or capability <= self.max_capability))
 
 
 _FLOATS = (torch.float32,) + _HALF
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "sdpa": AttentionBackend("sdpa", lambda: _sdpa, "PyTorch", ("cpu", "cuda"), _FLOATS, None, None, True),
-    "flash": AttentionBackend("flash", lambda: _LOADERS["flash"](), "flash-attn (flash_attn_interface or flash_attn)",
+    "flash": AttentionBackend("flash", lambda: _LOADERS["flash"](),
+                              "flash-attn (FlashAttention 3: flash_attn_interface or the fa3-fwd wheel; or flash_attn 2)",
                               ("cuda",), _HALF, tuple(range(8, 257, 8)), (8, 0), True),
+    # Hopper only: FlashAttention 3's fp8 kernels are built for sm90.
+    "flash_fp8": AttentionBackend("flash_fp8", lambda: _LOADERS["flash_fp8"](),
+                                  "FlashAttention 3 (the fa3-fwd wheel, or flash_attn_interface)", ("cuda",), _HALF,
+                                  FA3_FP8_HEAD_DIMS, (9, 0), True, max_capability=(9, 0)),
     "sage": AttentionBackend("sage", lambda: _LOADERS["sage"](), "sageattention", ("cuda",), _HALF,
                              SAGE_HEAD_DIMS, (8, 0), True),
 }
@@ -156,6 +201,7 @@ def _select(device_type: str) -> tuple[str, Kernel]:
                 f"{ENV_VAR}={forced} needs CUDA tensors, but attention runs on {device_type!r}; "
                 f"unset {ENV_VAR} or set it to sdpa"
             )
+        _check_capability(forced, torch.cuda.get_device_capability(), ENV_VAR + "=" + forced)
         kernel = ATTENTION_BACKENDS[forced].load()
         if kernel is None:
             package = ATTENTION_BACKENDS[forced].package
@@ -170,6 +216,18 @@ def _select(device_type: str) -> tuple[str, Kernel]:
         if auto_backend(torch.cuda.get_device_capability(), _LOADERS["sage"]() is not None) == "sage":
             return "sage", _half_precision(_LOADERS["sage"]())
     return "sdpa", _sdpa
+
+
+def _check_capability(name: str, capability: tuple[int, int], what: str) -> None:
+    """RuntimeError naming the GPU generation a backend's kernels were built for."""
+    backend = ATTENTION_BACKENDS[name]
+    if not backend.runs_on("cuda", capability):
+        low, high = backend.min_capability, backend.max_capability
+        wanted = (f"compute capability {low[0]}.{low[1]}" if low == high else
+                  f"compute capability {low[0]}.{low[1]} or newer" if high is None else
+                  f"compute capability {low[0]}.{low[1]} to {high[0]}.{high[1]}")
+        raise RuntimeError(f"{what} needs a GPU of {wanted} (Hopper: H100 / H200 for 9.0), this one is "
+                           f"{capability[0]}.{capability[1]}; choose flash, sdpa or auto")
 
 
 def auto_backend(capability: tuple[int, int] | None, sage_installed: bool) -> str:
@@ -191,6 +249,7 @@ def _chosen(name: str, device: torch.device) -> tuple[str, Kernel]:
     if not backend.runs_on(device.type):
         raise RuntimeError(f"attention backend {name!r} needs CUDA tensors, but attention runs on "
                            f"{device.type!r}; choose sdpa or auto")
+    _check_capability(name, torch.cuda.get_device_capability(device), f"attention backend {name!r}")
     kernel = backend.load()
     if kernel is None:
         package = backend.package
@@ -201,7 +260,7 @@ def _chosen(name: str, device: torch.device) -> tuple[str, Kernel]:
 
 @contextlib.contextmanager
 def attention_backend(name: str | None) -> Iterator[None]:
-    """Use backend ``name`` (auto|sdpa|sage|flash) for attention calls inside the block;
+    """Use backend ``name`` (auto|sdpa|sage|flash|flash_fp8) for attention calls inside the block;
     None keeps the process default (LINGBOT_ATTENTION, else the first installed kernel)."""
     if name is not None and name not in CHOICES:
         raise ValueError(f"attention backend must be one of {', '.join(CHOICES)}, got {name!r}")
@@ -210,6 +269,12 @@ def attention_backend(name: str | None) -> Iterator[None]:
         yield
     finally:
         _RUN_CHOICE.reset(token)
+
+
+def run_choice() -> str | None:
+    """This run's choice (``attention_backend``), None outside one: what a parallel run sends
+    its workers so that every rank attends with the same kernel."""
+    return _RUN_CHOICE.get()
 
 
 def _kernel_for(device: torch.device) -> tuple[str, Kernel]:

@@ -12,7 +12,8 @@ where Triton is available; ``fused`` falls back to the eager versions otherwise.
 
 ``quantize_rows_8bit`` is the per-token activation quantization of the 8-bit products
 (``weights8.quantize_activation``, registered with ``fused``): it equals its definition bit
-for bit on CUDA.
+for bit on CUDA. ``scale_heads_fp8`` is the cast of ``weights8.quantize_heads`` (fp8
+attention operands, one scale per head), bit for bit its definition on CUDA too.
 """
 from __future__ import annotations
 
@@ -248,3 +249,48 @@ def quantize_rows_8bit(x: torch.Tensor, kind: str, limit: float, tiny: float) ->
         HALF=x.dtype == torch.bfloat16, INT8=kind == "int8", num_warps=_warps(block),
     )
     return values, scales
+
+
+# ------------------------------------------- fp8 attention operands, one scale per (sample, head)
+
+@triton.jit
+def _scale_heads_kernel(x_ptr, s_ptr, q_ptr, tokens, heads, x_stride_b, x_stride_l, limit,
+                        HEAD_DIM: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one token of one sample: its heads x head_dim values
+    b = row // tokens
+    x_row = x_ptr + b * x_stride_b + (row % tokens) * x_stride_l
+    q_row = q_ptr + row * WIDTH
+    col = tl.arange(0, BLOCK)
+    for start in range(0, WIDTH, BLOCK):
+        c = start + col
+        mask = c < WIDTH
+        x = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + b * heads + c // HEAD_DIM, mask=mask, other=1.0)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -limit), limit)
+        tl.store(q_row + c, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
+
+
+def scale_heads_fp8(x: torch.Tensor, scales: torch.Tensor, limit: float) -> torch.Tensor:
+    """x [B, L, H, D] (bf16, fp16 or float32; each token's H x D values contiguous) divided
+    by its head's float32 scale (scales [B, H]), clamped to ±limit and cast to fp8 e4m3
+    (round half to even), contiguous [B, L, H, D]: ``(x.float() / scales).clamp(...).to(fp8)``
+    in one pass (x read once, one byte written)."""
+    if x.dim() != 4 or x.stride(3) != 1 or x.stride(2) != x.shape[3]:
+        raise ValueError(f"scale_heads_fp8: expected [B, L, H, D] with each token's heads contiguous, got shape "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"scale_heads_fp8: x must be bf16, fp16 or float32, got {x.dtype}")
+    batch, tokens, heads, head_dim = x.shape
+    if tuple(scales.shape) != (batch, heads) or scales.dtype != torch.float32 or not scales.is_contiguous():
+        raise ValueError(f"scale_heads_fp8: scales must be contiguous float32 [{batch}, {heads}], got "
+                         f"{tuple(scales.shape)} {scales.dtype}")
+    values = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    if values.numel() == 0:
+        return values
+    width = heads * head_dim
+    block = min(2048, triton.next_power_of_2(width))
+    _scale_heads_kernel[(batch * tokens,)](
+        x, scales, values, tokens, heads, x.stride(0), x.stride(1), limit,
+        HEAD_DIM=head_dim, WIDTH=width, BLOCK=block, num_warps=_warps(block),
+    )
+    return values

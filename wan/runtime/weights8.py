@@ -104,6 +104,40 @@ def quantize_activation(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch
     return fused.run(quantize_activation_pytorch, x, kind)
 
 
+def quantize_heads_pytorch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition of ``quantize_heads`` in PyTorch ops (what runs off CUDA)."""
+    if x.dim() != 4:
+        raise ValueError(f"quantize_heads expects [batch, tokens, heads, head_dim], got shape {tuple(x.shape)}")
+    amax = x.abs().amax(dim=(1, 3)).float().clamp_(min=_TINY)  # [B, H]
+    scales = amax / FP8_MAX
+    values = (x.float() / scales[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return values, scales
+
+
+def _quantize_heads_cuda(kernels, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() != 4:
+        raise ValueError(f"quantize_heads expects [batch, tokens, heads, head_dim], got shape {tuple(x.shape)}")
+    # the absmax without an |x| copy (the same values as abs().amax: a maximum is exact)
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3), dtype=torch.float32).clamp_(min=_TINY)
+    scales = amax / FP8_MAX
+    return kernels.scale_heads_fp8(x, scales, FP8_MAX), scales
+
+
+fused.register_kernel(quantize_heads_pytorch, _quantize_heads_cuda)
+
+
+def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scales): attention operands ``x`` [B, L, H, D] as fp8 e4m3 with one float32
+    scale per sample and head (scales [B, H]; ``x ≈ values.float() * scales[:, None, :, None]``),
+    the layout of FlashAttention 3's fp8 ``descale`` arguments. One scale for all of a head's
+    tokens is what the kernel takes; a per-token scale would not fold into its softmax.
+
+    On CUDA the absmax is one reduction and the scaled cast one Triton pass
+    (``triton_kernels.scale_heads_fp8``, bit for bit the definition); elsewhere, or with
+    LINGBOT_FUSED=0, the PyTorch ops of ``quantize_heads_pytorch``."""
+    return fused.run(quantize_heads_pytorch, x)
+
+
 @dataclass(frozen=True)
 class QuantizedRows:
     """An activation [M, K] quantized once for several products that read it (a block's q, k
