@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sp: also a whole exact video per group size (--size x --frames, STEPS steps, both experts)")
     p.add_argument("--vae", help="sp --exact-video: the Wan 2.1 VAE file (make_checkpoint --parts vae)")
     p.add_argument("--skip-fast", action="store_true")
+    p.add_argument("--attention-compare", metavar="NAMES",
+                   help="sp: only one GPU's Fast chunk, once per attention backend (comma list, e.g. "
+                        "sdpa,flash,flash_fp8), each with its time and deviation from the first")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--devices", action="append", choices=PLACEMENTS,
@@ -449,6 +452,8 @@ def run_sp(args) -> int:
     # what the linears hold on rank 0 (the workers build theirs with the same factory)
     common["linear_kinds"] = sorted({gemm_kind(m).name for m in model.modules() if isinstance(m, torch.nn.Linear)})
     common["attention"] = backend_name(devices[0])  # what every rank runs (workers inherit the environment)
+    if args.attention_compare:
+        return _compare_attention(args, model, config, fh, fw, devices[0], common)
     baseline: dict = {"ranks": 1}
     with torch.no_grad():
         if not args.skip_fast:
@@ -510,6 +515,29 @@ def run_sp(args) -> int:
         records.append(common | record)
         print(json.dumps(_summary(record)), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after every group: a timeout keeps the rest
+        Path(args.out).write_text(json.dumps(records, indent=2))
+    return 0
+
+
+def _compare_attention(args, model, config, height: int, width: int, device: torch.device, common: dict) -> int:
+    """One GPU's Fast chunk under each backend of --attention-compare in one process (the same
+    weights, noise and camera): the time per chunk and the first and last chunks' outputs'
+    relative deviation from the first backend's."""
+    from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
+
+    records, reference = [], None
+    for name in args.attention_compare.split(","):
+        with attention_backend(name.strip()), torch.no_grad():
+            record = {"attention": backend_name(device)}
+            record["fast"], got = time_fast(model, config, height, width, args.fast_chunks, args.warmup, device,
+                                            args.camera_terms, args.cuda_graphs)
+        if reference is None:
+            reference = got
+        record["fast"]["rel_vs_first"] = [rel_err(got[i], reference[i]) for i in range(len(got))]  # first, last chunk
+        records.append(common | record)
+        print(json.dumps({"attention": record["attention"], "fast_chunk_s": round(record["fast"]["chunk_s"], 4),
+                          "rel_vs_first": record["fast"]["rel_vs_first"]}), flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(records, indent=2))
     return 0
 

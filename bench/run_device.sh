@@ -23,6 +23,14 @@ for wheels in .whl .whl2 .whl3; do
         export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
     fi
 done
+# .site_xz/*.tar.xz: wheels unpacked and packed again with xz (PyAV + fa3-fwd + bitsandbytes is 41 MB this way
+# against 70 MB as wheels), so that the Play modes with FlashAttention 3 fit the 64 MiB carry with ComfyUI's sources.
+#   mkdir -p site && for w in av-*.whl fa3_fwd-*.whl bitsandbytes-*.whl; do unzip -q -o $w -d site; done
+#   tar cf - -C site . | xz -9e -T8 > .site_xz/site.tar.xz
+for packed in .site_xz/*.tar.xz; do
+    [[ -f $packed ]] || continue
+    mkdir -p /tmp/site && tar xJf "$packed" -C /tmp/site && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+done
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
 PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
@@ -215,10 +223,15 @@ for what in "$@"; do
                   LINGBOT_ATTENTION=$attention python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \
                       --skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 \
                       --out "$OUT/sp_2gpu_fp8_terms_graphs_$attention.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
-        # Play on two GPUs with fp8 attention (after a .whl3 call on the same warm machine; carry .whl2
-        # .whl_server .bench_host .bench_data): the tiny live decoder, PLAY_MODES (continuous by default).
-        play60_sp2_flash_fp8) LINGBOT_ATTENTION=flash_fp8 play_syn --ranks 2 --seconds 60 \
-                  --modes "${PLAY_MODES:-continuous}" --decoders tiny --out "$OUT/play60_sp2_fp8w_fp8attn_tiny.json" ;;
+        # One GPU's Fast chunk under each attention kernel, same weights and noise: time and deviation.
+        fast_attn_compare) python3 bench/multi_gpu.py --mode sp --weights fp8 --camera-terms 40 --cuda-graphs \
+                  --fast-chunks 10 --warmup 4 --attention-compare "${ATTENTIONS:-sdpa,flash,flash_fp8}" \
+                  --out "$OUT/fast_1gpu_fp8w_terms_graphs_attention.json" 2>&1 | grep -v "^Failed to load" | tail -4 ;;
+        # Play on two GPUs with FlashAttention 3 (carry .site_xz .whl_server .bench_host .bench_data): the tiny
+        # live decoder, PLAY_MODES (continuous by default), ATTENTION flash (bf16) or flash_fp8.
+        play60_sp2_fa3) LINGBOT_ATTENTION=${ATTENTION:-flash} play_syn --ranks 2 --seconds 60 \
+                  --modes "${PLAY_MODES:-continuous}" --decoders tiny \
+                  --out "$OUT/play60_sp2_fp8w_${ATTENTION:-flash}_tiny_${PLAY_MODES:-continuous}.json" ;;
         gpusp) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_sequence_parallel_gpu.py \
                   tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_weights8_cuda.py 2>&1 | grep -v "^Failed to load" | tail -15 ;;
         sp2_fp8_terms_graphs_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \

@@ -88,10 +88,12 @@ class LingBotWorldSampler(io.ComfyNode):
                                tooltip="Skip the negative-prompt pass for this last fraction of the steps "
                                "(0 = off). Saves one of the two forwards of each of those steps."),
                 io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
-                               tooltip="Attention kernel. auto: PyTorch SDPA on H100-class GPUs (measured faster "
-                               "there), SageAttention 8-bit on RTX 30/40 cards when it is installed; without "
-                               "sageattention, the same kernel as before this input existed. sage and flash need "
-                               "their packages (sageattention, flash-attn) and a CUDA GPU."),
+                               tooltip="Attention kernel. auto: FlashAttention 3 on H100/H200 when it is installed "
+                               "(pip install fa3-fwd; measured faster there), else PyTorch SDPA; SageAttention 8-bit "
+                               "on RTX 30/40 cards when it is installed. flash_fp8: FlashAttention 3 on fp8 q/k/v "
+                               "(H100/H200 only), ~1.35x faster attention at 480p but it rounds q, k and v to 8 bits: "
+                               "its effect on the real model's pictures is not measured, so auto never picks it. "
+                               "sage and flash need their packages and a CUDA GPU."),
                 io.Combo.Input("preset", options=list(SAMPLER_PRESETS), default="none", optional=True,
                                tooltip="Overrides steps, shift, cfg, boundary and sampler. lightning_4step: the "
                                "Wan2.2-Lightning 4-step settings (4 steps, cfg 1, euler, shift 5, boundary 0.9; "

@@ -169,7 +169,7 @@ def test_parts_default_is_printed_once(capsys):
 
 # ------------------------------------------------------- mistakes found only at the first step before
 
-@pytest.mark.parametrize("backend", ["flash", "sage"])
+@pytest.mark.parametrize("backend", ["flash", "flash_fp8", "sage"])
 def test_attention_backend_that_cannot_run_here_is_one_line_before_work(package, image, tmp_path, capsys,
                                                                          nothing_loads, backend, monkeypatch):
     """On the CPU (or a GPU the kernel was not built for) the choice answers now, not as a

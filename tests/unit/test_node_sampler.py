@@ -160,7 +160,7 @@ def test_fast_inputs_are_optional_widgets_after_the_old_ones():
     assert {k: opt["cfg_truncate"][1][k] for k in ("default", "min", "max", "step")} == \
         {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.05}
     combos = {k: (opt[k][1]["options"], opt[k][1]["default"]) for k in ("attention", "preset")}
-    assert combos == {"attention": (["auto", "sdpa", "flash", "sage"], "auto"),
+    assert combos == {"attention": (["auto", "sdpa", "flash", "flash_fp8", "sage"], "auto"),
                       "preset": (["none", "lightning_4step", "official_act2cam", "official_act"], "none")}
     assert "EasyCache" in opt["cache_threshold"][1]["tooltip"] and "0.05" in opt["cache_threshold"][1]["tooltip"]
 

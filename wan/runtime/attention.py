@@ -14,10 +14,11 @@ that cannot run is an error.
 
 A run can choose its own backend with ``attention_backend(name)`` (a context manager over
 a context variable, so the choice ends with the run and does not leak into other runs or
-threads). ``auto`` picks by GPU: PyTorch SDPA on Hopper and newer (sm90+; measured on an
-H100 on 2026-11-23: sageattention 1.0.6 ran at 0.75-0.80x of cuDNN SDPA) and wherever the
-8-bit kernel is not known to be faster; SageAttention when installed on Ampere/Ada consumer
-cards (sm86/sm89), where its authors report about 2x over FlashAttention 2.
+threads). ``auto`` picks by GPU (``auto_backend``): FlashAttention 3 in bf16 on Hopper when
+installed (measured faster than cuDNN SDPA on an H100, 2026-11-28), else PyTorch SDPA on
+Hopper and newer (sageattention 1.0.6 ran at 0.75-0.80x of cuDNN SDPA on an H100) and
+wherever the 8-bit kernel is not known to be faster; SageAttention when installed on
+Ampere/Ada consumer cards (sm86/sm89), where its authors report about 2x over FlashAttention 2.
 """
 from __future__ import annotations
 
@@ -208,13 +209,13 @@ def _select(device_type: str) -> tuple[str, Kernel]:
             raise RuntimeError(f"{ENV_VAR}={forced} but {package} cannot be imported; install it or unset {ENV_VAR}")
         return forced, _half_precision(kernel)
     if device_type == "cuda":
+        capability = torch.cuda.get_device_capability()
+        picked = auto_backend(capability, _LOADERS["sage"]() is not None, _fa3() is not None)
+        if picked != "sdpa":
+            return picked, _half_precision(ATTENTION_BACKENDS[picked].load())
         flash = _LOADERS["flash"]()
-        if flash is not None:
+        if flash is not None and tuple(capability) < (9, 0):  # flash-attn 2 where it is the flash kernel there is
             return "flash", _half_precision(flash)
-        # An installed SageAttention is used only where it is known to be faster: on the
-        # H100 it ran at 0.75-0.8x of SDPA (bench/RESULTS.md), on RTX 30/40 cards ~2x.
-        if auto_backend(torch.cuda.get_device_capability(), _LOADERS["sage"]() is not None) == "sage":
-            return "sage", _half_precision(_LOADERS["sage"]())
     return "sdpa", _sdpa
 
 
@@ -230,9 +231,18 @@ def _check_capability(name: str, capability: tuple[int, int], what: str) -> None
                            f"{capability[0]}.{capability[1]}; choose flash, sdpa or auto")
 
 
-def auto_backend(capability: tuple[int, int] | None, sage_installed: bool) -> str:
-    """``auto``'s pick for a CUDA device of this compute capability (None: not CUDA)."""
-    if capability is not None and sage_installed and tuple(capability) in SAGE_FASTER_CAPABILITIES:
+def auto_backend(capability: tuple[int, int] | None, sage_installed: bool, fa3_installed: bool = False) -> str:
+    """``auto``'s pick for a CUDA device of this compute capability (None: not CUDA).
+
+    Hopper with FlashAttention 3: ``flash`` (bf16), measured on an H100 on 2026-11-28 at
+    1.16x cuDNN SDPA on a Fast chunk's shapes and 1.12x on the exact path's 480p, with the
+    same error against float32 (bench/RESULTS.md). An installed SageAttention only where it
+    is known to be faster: on the H100 it ran at 0.75-0.8x of SDPA, on RTX 30/40 cards ~2x."""
+    if capability is None:
+        return "sdpa"
+    if fa3_installed and ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", capability):  # FA3's architecture
+        return "flash"
+    if sage_installed and tuple(capability) in SAGE_FASTER_CAPABILITIES:
         return "sage"
     return "sdpa"
 
@@ -242,7 +252,8 @@ def _chosen(name: str, device: torch.device) -> tuple[str, Kernel]:
     """The kernel for a per-run choice on ``device`` (errors name the choice and the fix)."""
     if name == "auto":
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        name = auto_backend(capability, capability is not None and _LOADERS["sage"]() is not None)
+        name = auto_backend(capability, capability is not None and _LOADERS["sage"]() is not None,
+                            capability is not None and _fa3() is not None)
     if name == "sdpa":
         return "sdpa", _sdpa
     backend = ATTENTION_BACKENDS[name]

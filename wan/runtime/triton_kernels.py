@@ -270,6 +270,39 @@ def _scale_heads_kernel(x_ptr, s_ptr, q_ptr, tokens, heads, x_stride_b, x_stride
         tl.store(q_row + c, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
 
 
+@triton.jit
+def _head_amax_kernel(x_ptr, out_ptr, tokens, x_stride_b, x_stride_l, blocks,
+                      HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, DIM_BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    head = tl.program_id(2)
+    heads = tl.num_programs(2)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, DIM_BLOCK)
+    ptr = x_ptr + b * x_stride_b + rows[:, None].to(tl.int64) * x_stride_l + head * HEAD_DIM + d[None, :]
+    x = tl.load(ptr, mask=(rows[:, None] < tokens) & (d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+    tl.store(out_ptr + (b * blocks + block) * heads + head, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+
+
+def head_amax(x: torch.Tensor) -> torch.Tensor:
+    """The absmax of each (sample, head) of x [B, L, H, D] (each token's heads contiguous) as
+    float32 [B, H]: ``x.abs().amax(dim=(1, 3)).float()`` (a maximum is exact) without an |x|
+    copy or a strided reduction: one program per (sample, 64 tokens, head), then the
+    per-block maxima reduced by PyTorch."""
+    if x.dim() != 4 or x.stride(3) != 1 or x.stride(2) != x.shape[3]:
+        raise ValueError(f"head_amax: expected [B, L, H, D] with each token's heads contiguous, got shape "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    batch, tokens, heads, head_dim = x.shape
+    rows = 64
+    blocks = triton.cdiv(max(tokens, 1), rows)
+    partial = torch.zeros(batch, blocks, heads, dtype=torch.float32, device=x.device)
+    if x.numel():
+        _head_amax_kernel[(batch, blocks, heads)](x, partial, tokens, x.stride(0), x.stride(1), blocks,
+                                                  HEAD_DIM=head_dim, ROWS=rows,
+                                                  DIM_BLOCK=triton.next_power_of_2(head_dim), num_warps=4)
+    return partial.amax(dim=1)
+
+
 def scale_heads_fp8(x: torch.Tensor, scales: torch.Tensor, limit: float) -> torch.Tensor:
     """x [B, L, H, D] (bf16, fp16 or float32; each token's H x D values contiguous) divided
     by its head's float32 scale (scales [B, H]), clamped to ±limit and cast to fp8 e4m3

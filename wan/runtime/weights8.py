@@ -117,8 +117,7 @@ def quantize_heads_pytorch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def _quantize_heads_cuda(kernels, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() != 4:
         raise ValueError(f"quantize_heads expects [batch, tokens, heads, head_dim], got shape {tuple(x.shape)}")
-    # the absmax without an |x| copy (the same values as abs().amax: a maximum is exact)
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3), dtype=torch.float32).clamp_(min=_TINY)
+    amax = kernels.head_amax(x).clamp_(min=_TINY)  # the same values as abs().amax: a maximum is exact
     scales = amax / FP8_MAX
     return kernels.scale_heads_fp8(x, scales, FP8_MAX), scales
 
@@ -132,8 +131,8 @@ def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the layout of FlashAttention 3's fp8 ``descale`` arguments. One scale for all of a head's
     tokens is what the kernel takes; a per-token scale would not fold into its softmax.
 
-    On CUDA the absmax is one reduction and the scaled cast one Triton pass
-    (``triton_kernels.scale_heads_fp8``, bit for bit the definition); elsewhere, or with
+    On CUDA the absmax and the scaled cast are one Triton pass each (``triton_kernels.head_amax``,
+    ``scale_heads_fp8``; bit for bit the definition); elsewhere, or with
     LINGBOT_FUSED=0, the PyTorch ops of ``quantize_heads_pytorch``."""
     return fused.run(quantize_heads_pytorch, x)
 
