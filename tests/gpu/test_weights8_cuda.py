@@ -124,7 +124,11 @@ def test_cuda_attention_rows(name: str) -> None:
         pytest.skip(f"{backend.package} is not installed")
     q, k, v = (torch.randn(1, 64, 2, 128, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
     expected = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    torch.testing.assert_close(kernel(q, k, v).float(), expected.float(), rtol=5e-2, atol=5e-2)
+    got = kernel(q, k, v).float()
+    if name == "flash_fp8":  # q, k, v rounded to 3 mantissa bits: the whole output within 8 %, not each value
+        assert float((got - expected.float()).norm() / expected.float().norm()) < 0.08
+        return
+    torch.testing.assert_close(got, expected.float(), rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("kind", list(GEMM_KINDS))
