@@ -76,6 +76,7 @@ fast() { ensure_package; python3 bench/fast_chunks.py --package "$PKG" --image "
 for what in "$@"; do
     echo "=== $what"
     case "$what" in
+        package) ensure_package ;;  # the a14b NF4 package alone (/dev/shm: a later call on the warm machine reads it)
         block) python3 bench/block_profile.py --out "$OUT/block_profile.json" 2>&1 | grep -v "^Failed to load" ;;
         load) bench load-expert --out "$OUT/load_expert.json" ;;
         naive) bench naive-load --out "$OUT/naive_load.json" ;;

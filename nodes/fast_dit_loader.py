@@ -11,6 +11,7 @@ import comfy.model_management as mm
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
+from ..pipeline.sampling import ATTENTION_CHOICES
 from . import inputs
 from .host.fast_model import FastDiT
 from .host.workers import comfy_gpus, measured_link, parallel_gpus
@@ -76,6 +77,14 @@ def load_line(options) -> str:
     return f"{how}; {swap}"
 
 
+ATTENTION_TOOLTIP = (
+    "Attention kernel of the Fast Sampler, Fast Long Video and Play runs of this transformer. auto: FlashAttention 3 "
+    "on H100/H200 when installed (pip install fa3-fwd; a Fast chunk 1.20 -> 1.13 s on an H100), else PyTorch SDPA; "
+    "SageAttention on RTX 30/40 cards when installed. flash_fp8 (H100/H200 only): FlashAttention 3 on fp8 q/k/v, "
+    "a few percent faster again, but it rounds q, k and v to 8 bits and its effect on the real model's pictures is "
+    "not measured, so auto never picks it.")
+
+
 class LingBotWorldFastDiTLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -107,6 +116,8 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
                 # Optional, last: saved workflows list widget values in order and load as single.
                 io.Combo.Input("devices", options=list(FAST_DEVICES), default="single", optional=True,
                                tooltip=DEVICES_TOOLTIP),
+                io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
+                               tooltip=ATTENTION_TOOLTIP),
             ],
             outputs=[
                 inputs.FastDiTType.Output("fast_dit", display_name="fast_dit",
@@ -125,10 +136,12 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, fast_model: str, bf16_quantize: str = "nf4", block_swap: int = 0,
-                weights: str = inputs.AS_STORED, devices: str = "single") -> io.NodeOutput:
+                weights: str = inputs.AS_STORED, devices: str = "single", attention: str = "auto") -> io.NodeOutput:
         options = inputs.load_options(bf16_quantize, block_swap, weights)
         if devices not in FAST_DEVICES:  # before any file is read
             raise ValueError(f"devices: {devices!r} is not one of {', '.join(FAST_DEVICES)}")
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
         folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)
         detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
         identity = require_model(folder, "fast", "fast_model")
@@ -141,4 +154,6 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         gpus, decode_gpu, placed = fast_devices(devices, config.num_heads)
         info = f"{said}; {load_line(options)}" + (f"; {placed}" if placed else "")
         log.info("LingBot Fast DiT Loader: %s", info)
-        return io.NodeOutput(FastDiT.for_folder(folder, options, config, identity, gpus, decode_gpu), info)
+        if attention != "auto":
+            info += f"; attention {attention}"
+        return io.NodeOutput(FastDiT.for_folder(folder, options, config, identity, gpus, decode_gpu, attention), info)

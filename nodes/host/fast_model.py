@@ -63,19 +63,22 @@ class FastDiT:
     # Where Play and Fast Long Video run the VAE (the chunks' decode) when it is another GPU
     # than the transformer's (devices=decode_on_second_gpu); None: beside the transformer.
     decode_device: torch.device | None = None
+    # The attention kernel of every run of this transformer (wan/runtime/attention.py CHOICES).
+    attention: str = "auto"
 
     @classmethod
     def for_folder(cls, folder: str | Path, options: ExpertLoadOptions, config: DiTConfig,
                    identity: ModelIdentity, devices: Sequence[torch.device | str] = (),
-                   decode_device: torch.device | str | None = None) -> "FastDiT":
+                   decode_device: torch.device | str | None = None, attention: str = "auto") -> "FastDiT":
         """Reads file headers only; nothing loads until a run asks ComfyUI for it. ``devices``
         (two or more): every chunk on all of them (sequence parallel); ``decode_device``: the
-        VAE's GPU, when not the transformer's."""
+        VAE's GPU, when not the transformer's; ``attention``: the runs' attention kernel."""
         devices = tuple(torch.device(d) for d in devices)
         if len(devices) == 1:
             raise ValueError(f"FastDiT devices: sequence parallel needs 2 or more devices, got {devices[0]}")
         patcher = ExpertPatcher.for_folder(PATCHER_NAME, folder, options, load_device=devices[0] if devices else None)
-        return cls(patcher, config, identity, devices, None if decode_device is None else torch.device(decode_device))
+        return cls(patcher, config, identity, devices, None if decode_device is None else torch.device(decode_device),
+                   attention)
 
     def worker_patchers(self) -> list[WorkerPatcher]:
         """One ``WorkerPatcher`` per worker GPU for this transformer, with the weight kind
@@ -186,7 +189,7 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
     if plan.blocks_on_gpu is not None and options.blocks_on_gpu is None and device.type == "cuda":
         log.info("LingBot Fast: %.0f GiB on %s: %s", mm.get_total_memory(device) / 2**30, device, plan.describe())
         load = FastDiT.for_folder(fast.folder, dataclasses.replace(options, blocks_on_gpu=plan.blocks_on_gpu),
-                                  fast.config, fast.identity, fast.devices, fast.decode_device)
+                                  fast.config, fast.identity, fast.devices, fast.decode_device, fast.attention)
     if vae and not plan.vae_on_gpu and device.type == "cuda":
         # Measured on an H100 under a 12 GiB cap: the float32 VAE on the CPU took 278 s to encode
         # the start frame's condition before the first chunk (bench/RESULTS.md, fifth wave).
@@ -194,7 +197,7 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                     "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
                     "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())
     graphs = plan.cuda_graphs and device.type == "cuda"
-    run = dataclasses.replace(run, camera_terms=plan.camera_terms, cuda_graphs=graphs)
+    run = dataclasses.replace(run, camera_terms=plan.camera_terms, cuda_graphs=graphs, attention=fast.attention)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
                         (vae if plan.vae_on_gpu else 0)
                         + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width)

@@ -252,3 +252,25 @@ def test_out_of_memory_names_the_size_and_the_cache_and_unloads_everything(fast_
     assert f"{FAST_FRAMES} frames at {W}x{H}" in message and "window 9 sink 3, int8" in message
     assert "chunk 2" in message and "kv_window" in message and "Tried to allocate 3.00 GiB" in message
     assert fast_not_resident(fast)
+
+
+def test_the_loaders_attention_choice_is_what_the_run_attends_with(fast_installed, monkeypatch):
+    """The Fast DiT Loader's attention input reaches the run (Fast Sampler, Long Video and Play
+    share prepared_fast_run): each forward runs inside that backend's scope."""
+    from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader
+    from comfyui_lingbot_world.pipeline.fast import generator
+    from node_runs import FAST
+
+    text, i2v = encode_prompt(), encode_start(9)
+    fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="sdpa").args
+    assert fast.attention == "sdpa" and info.endswith("; attention sdpa")
+    seen, scope = [], generator.attention_backend
+    monkeypatch.setattr(generator, "attention_backend", lambda name: seen.append(name) or scope(name))
+    run_fast_sampler(fast, text, i2v)
+    assert seen and set(seen) == {"sdpa"}
+    # A kernel that cannot run here fails the run by its name, before a latent is made.
+    fast, _ = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="flash_fp8").args
+    with pytest.raises(RuntimeError, match="'flash_fp8' needs CUDA"):
+        run_fast_sampler(fast, text, i2v)
+    with pytest.raises(ValueError, match="attention: 'xformers' is not one of auto, sdpa"):
+        LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="xformers")

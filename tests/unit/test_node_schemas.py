@@ -44,7 +44,7 @@ EXPECTED_INPUTS = {
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                                "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
                               ["text", "camera_path", "vae_model", "positive", "negative"]),
-    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices"]),  # issue 26
+    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"]),  # issues 25, 26
     "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
                                 ["text", "positive", "camera"]),
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
