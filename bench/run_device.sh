@@ -32,6 +32,7 @@ for packed in .site_xz/*.tar.xz; do
     mkdir -p /tmp/site && tar xJf "$packed" -C /tmp/site && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 done
 export PYTHONUNBUFFERED=1
+PLAY_TAG=${PLAY_MODES//,/-}  # PLAY_MODES in file names: a ',' in a name does not come back from the machine
 OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
 PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
 CAM=.bench_data/example00
@@ -187,7 +188,7 @@ for what in "$@"; do
                      --out "$OUT/fast_81_w9s3_bf16_fp8w_terms.json" ;;
         fast81_terms) fast --frames 81 --prefetch-y --no-clip --camera-terms 40 --out "$OUT/fast_81_w9s3_bf16_nf4_terms.json" ;;
         play60_fp8_terms) play --size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 \
-                     --camera-terms 40 --pipeline overlap --out "$OUT/play60_${PLAY_MODES:-both}_bf16kv_bf16vae_fp8w_terms.json" ;;
+                     --camera-terms 40 --pipeline overlap --out "$OUT/play60_${PLAY_TAG:-both}_bf16kv_bf16vae_fp8w_terms.json" ;;
         # CUDA graphs of the Fast passes (FastParams.cuda_graphs): the GPU tests, a 201-frame walk (17 chunks:
         # 2 fill the cache, 2 capture, 13 replay) with and without, Play with them; several GPUs below
         fp8gemm) python3 bench/fp8_gemm.py --out "$OUT/fp8_gemm.json" 2>&1 | grep -v "^Failed to load" | tail -9 ;;
@@ -198,7 +199,7 @@ for what in "$@"; do
                      --out "$OUT/fast_201_w9s3_bf16_fp8w_terms_graphs.json" ;;
         play60_fp8_terms_graphs) play --size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 \
                      --camera-terms 40 --cuda-graphs --pipeline overlap \
-                     --out "$OUT/play60_${PLAY_MODES:-both}_bf16kv_bf16vae_fp8w_terms_graphs.json" ;;
+                     --out "$OUT/play60_${PLAY_TAG:-both}_bf16kv_bf16vae_fp8w_terms_graphs.json" ;;
         sp2_fp8_terms_graphs) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact \
                   --cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_2gpu_fp8_terms_graphs.json" 2>&1 \
                   | grep -v "^Failed to load" | tail -4 ;;
@@ -232,7 +233,7 @@ for what in "$@"; do
         # live decoder, PLAY_MODES (continuous by default), ATTENTION flash (bf16) or flash_fp8.
         play60_sp2_fa3) LINGBOT_ATTENTION=${ATTENTION:-flash} play_syn --ranks 2 --seconds 60 \
                   --modes "${PLAY_MODES:-continuous}" --decoders tiny \
-                  --out "$OUT/play60_sp2_fp8w_${ATTENTION:-flash}_tiny_${PLAY_MODES:-continuous}.json" ;;
+                  --out "$OUT/play60_sp2_fp8w_${ATTENTION:-flash}_tiny_${PLAY_TAG:-continuous}.json" ;;
         gpusp) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_sequence_parallel_gpu.py \
                   tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_weights8_cuda.py 2>&1 | grep -v "^Failed to load" | tail -15 ;;
         sp2_fp8_terms_graphs_profile) python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 --camera-terms 40 \
@@ -254,22 +255,22 @@ for what in "$@"; do
                      --out "$OUT/fast_957_w9s3_int8_cap24_stream_prefetch.json" ;;
         # LingBot-World Play as the node runs it on a 24 GB card: int8 cache, bf16 VAE streams.
         play30_cap24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
-                          --out "$OUT/play30_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+                          --out "$OUT/play30_${PLAY_TAG:-both}_cap24_int8_bf16vae.json" ;;
         play30_fp8_auto24) play --size 480x832 --seconds 30 --vram-cap-gb 24 --memory auto --pipeline overlap \
-                          --vae-precision bf16 --weights fp8 --out "$OUT/play30_${PLAY_MODES:-both}_auto24_fp8w.json" ;;
+                          --vae-precision bf16 --weights fp8 --out "$OUT/play30_${PLAY_TAG:-both}_auto24_fp8w.json" ;;
         play20_fp8_pipes) for p in ${PIPES:-overlap sequential}; do  # no cap: fp8 weights (18.5 GB), bf16 cache
                 play --size 480x832 --seconds 20 --kv-dtype bf16 --vae-precision bf16 --weights fp8 --pipeline "$p" \
-                     --out "$OUT/play20_${PLAY_MODES:-both}_fp8w_bf16kv_$p.json"; done ;;
+                     --out "$OUT/play20_${PLAY_TAG:-both}_fp8w_bf16kv_$p.json"; done ;;
         # Play on one 24 GB card as issue 25 asks: fp8 weights, the nodes' memory plan for a 24 GiB cap, ComfyUI's
         # tiny video VAE as the live decoder (carry .whl2 .whl_server .bench_host .bench_data).
         play60_fp8_auto24_tiny) server_wheels
                   play --size 480x832 --seconds 60 --vram-cap-gb 24 --memory auto --pipeline overlap --vae-precision bf16 \
                       --weights fp8 --cuda-graphs --decoders tiny --comfy .bench_host \
-                      --out "$OUT/play60_${PLAY_MODES:-both}_auto24_fp8w_tiny.json" ;;
+                      --out "$OUT/play60_${PLAY_TAG:-both}_auto24_fp8w_tiny.json" ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \
-                          --out "$OUT/play60_${PLAY_MODES:-both}_int8_bf16vae_fp8w.json" ;;
+                          --out "$OUT/play60_${PLAY_TAG:-both}_int8_bf16vae_fp8w.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
-                          --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae.json" ;;
+                          --out "$OUT/play60_${PLAY_TAG:-both}_cap24_int8_bf16vae.json" ;;
         # Chunk n decoded beside chunk n+1 (issue 25 item 3): Fast Long Video's own path, 957 frames, int8 cache,
         # bf16 VAE, 24 GiB cap, overlapped and sequential in the same call; Play (PLAY_MODES picks the mode).
         fast957_pipe) for p in ${PIPES:-overlap sequential}; do
@@ -278,7 +279,7 @@ for what in "$@"; do
                       done ;;
         play60_pipe) for p in ${PIPES:-overlap sequential}; do
                          play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
-                             --pipeline $p --out "$OUT/play60_${PLAY_MODES:-both}_cap24_int8_bf16vae_${p}.json"
+                             --pipeline $p --out "$OUT/play60_${PLAY_TAG:-both}_cap24_int8_bf16vae_${p}.json"
                      done ;;
         # 16 and 12 GB cards (issue 25 item 4): the settings the nodes' auto takes for the cap (kv dtype, blocks on
         # the GPU, overlap: pipeline.memory.plan_fast_memory, printed and in the JSON's memory_plan).
@@ -290,7 +291,7 @@ for what in "$@"; do
                           --vram-cap-gb $cap --out "$OUT/fast_957_w9s3_auto_cap${cap}.json" ;;
         play60_cap16|play60_cap12) cap=${what#play60_cap}
                       play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
-                          --out "$OUT/play60_${PLAY_MODES:-both}_auto_cap${cap}.json" ;;
+                          --out "$OUT/play60_${PLAY_TAG:-both}_auto_cap${cap}.json" ;;
         # Play on two GPUs (issue 26): sequence parallel, the Wan VAE or the tiny live decoder; one GPU with the
         # tiny decoder; the transformer on one GPU and the Wan VAE's decode on the other; sequence parallel with
         # the decode on the second GPU (nvidia-h100-x2; carry .whl2 .whl_server .bench_host .bench_data).
