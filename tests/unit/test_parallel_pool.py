@@ -117,3 +117,4 @@ def test_auto_picks_sequence_parallel_on_nvlink_class_links_only(gbps, expected)
     from comfyui_lingbot_world.pipeline.parallel_pool import pick_mode
 
     assert pick_mode(gbps) == expected
+
