@@ -228,7 +228,7 @@ def _check_capability(name: str, capability: tuple[int, int], what: str) -> None
                   f"compute capability {low[0]}.{low[1]} or newer" if high is None else
                   f"compute capability {low[0]}.{low[1]} to {high[0]}.{high[1]}")
         raise RuntimeError(f"{what} needs a GPU of {wanted} (Hopper: H100 / H200 for 9.0), this one is "
-                           f"{capability[0]}.{capability[1]}; choose flash, sdpa or auto")
+                           f"{capability[0]}.{capability[1]}; choose sdpa or auto")
 
 
 def auto_backend(capability: tuple[int, int] | None, sage_installed: bool, fa3_installed: bool = False) -> str:
