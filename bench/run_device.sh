@@ -32,7 +32,7 @@ for packed in .site_xz/*.tar.xz; do
     mkdir -p /tmp/site && tar xJf "$packed" -C /tmp/site && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 done
 export PYTHONUNBUFFERED=1
-PLAY_TAG=${PLAY_MODES//,/-}  # PLAY_MODES in file names: a ',' in a name does not come back from the machine
+PLAY_TAG=${PLAY_MODES:-}; PLAY_TAG=${PLAY_TAG//,/-}  # PLAY_MODES in file names: a "," in a name does not come back
 OUT="${OUT:-/tmp/bench-out}"; mkdir -p "$OUT"
 PKG="${LINGBOT_BENCH_PACKAGE:-/dev/shm/lingbot_a14b_nf4}"
 CAM=.bench_data/example00
