@@ -50,7 +50,7 @@ PACK_NODES = {
                                "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
                                "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
                               ["text", "camera_path", "vae_model", "positive", "negative"], ["VIDEO"]),
-    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices"],
+    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"],
                                   ["LINGBOT_FAST_DIT", "STRING"]),
     "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
                                 ["text", "positive", "camera"], ["LATENT"]),
