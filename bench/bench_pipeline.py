@@ -86,7 +86,14 @@ def base_record(args: argparse.Namespace) -> dict:
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "vram_cap_gb": args.vram_cap_gb,
         "torch": torch.__version__,
+        "env": env_record(),
     }
+
+
+def env_record() -> dict:
+    """The pack's settings that the environment changes, as this run had them (None: unset)."""
+    return {k: os.environ.get(k) for k in ("LINGBOT_SWAP_SPREAD", "LINGBOT_ATTENTION", "LINGBOT_FUSED",
+                                           "LINGBOT_CUDA_GRAPHS", "LINGBOT_STREAM_PRIORITY")}
 
 
 class TimedExperts(DiskExperts):

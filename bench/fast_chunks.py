@@ -64,6 +64,7 @@ from comfyui_lingbot_world.pipeline.image import as_pil, encode_image, open_vae,
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": args.pipeline, "memory_plan": plan, "camera_terms": args.camera_terms,
         "cuda_graphs_requested": args.cuda_graphs,
         "weights": args.weights or layout_of(dit).stored_kind,
+        "env": env_record(),
     }
     image = load_image(args.image, height, width)
     try:

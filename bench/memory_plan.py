@@ -11,8 +11,8 @@ import torch
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
 from comfyui_lingbot_world.loaders.expert_size import expert_memory  # noqa: E402
 from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
-from comfyui_lingbot_world.pipeline.memory import (GIB, camera_terms_bytes, decode_chunk_bytes, graph_pool_bytes,  # noqa: E402
-                                                   fast_run_bytes, plan_fast_memory, vae_stream_budget)
+from comfyui_lingbot_world.pipeline.memory import (GIB, camera_terms_bytes, fast_run_bytes, graph_pool_bytes,  # noqa: E402
+                                                   plan_fast_memory, vae_budgets)
 from comfyui_lingbot_world.wan.geometry import latent_size  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 
@@ -29,21 +29,23 @@ def card_bytes(args: argparse.Namespace, device: torch.device) -> int:
 
 
 def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None, device: torch.device,
-                      precision: str = "bf16") -> dict:
+                      precision: str = "bf16", live_decoder: bool = False) -> dict:
     """Set ``args.kv_dtype``, ``args.blocks_on_gpu`` and ``args.overlap`` (off where the
     plan has no room for it) from the plan for this card (``vae_file`` None: no VAE beside
-    the transformer); returns the plan's record."""
+    the transformer; ``live_decoder``: Play's tiny video VAE decodes, the Wan VAE only
+    encodes); returns the plan's record."""
     height, width = (int(v) for v in args.size.lower().split("x"))
     config = read_config(dit)
     on_gpu, _ = expert_memory(dit, getattr(args, "weights", None) or getattr(args, "quantize", None), None)
     run = {d: fast_run_bytes(config, CachePolicy(window=args.kv_window or None, sink=args.kv_sink if args.kv_window
                                                  else 0, dtype=d), *latent_size(height, width), None)
            for d in KV_DTYPES}
-    vae = 0 if vae_file is None else vae_stream_budget(Path(vae_file).stat().st_size, height, width, precision)
+    vae, decode = (0, 0) if vae_file is None else vae_budgets(Path(vae_file).stat().st_size, height, width, precision,
+                                                             live_decoder)
     terms = camera_terms_bytes(config, *latent_size(height, width), CachePolicy().chunk)
     graphs = getattr(args, "cuda_graphs", False)
     plan = plan_fast_memory(card_bytes(args, device), on_gpu, config.num_layers, run, vae,
-                            decode_chunk_bytes(height, width, precision), RESERVE_BYTES,
+                            decode, RESERVE_BYTES,
                             terms_bytes=terms if getattr(args, "camera_terms", None) is None else 0,
                             graph_bytes=graph_pool_bytes(config, *latent_size(height, width), CachePolicy().chunk)
                             if graphs else 0)
@@ -58,5 +60,5 @@ def apply_memory_plan(args: argparse.Namespace, dit: Path, vae_file: Path | None
           + ("" if plan.fits else " (does not fit: the smallest plan)"))
     return {"kv_dtype": plan.kv_dtype, "blocks_on_gpu": plan.blocks_on_gpu, "vae_on_gpu": plan.vae_on_gpu,
             "overlap": plan.overlap, "camera_terms": plan.camera_terms, "cuda_graphs": plan.cuda_graphs,
-            "estimate_gb": plan.need / GIB,
+            "estimate_gb": plan.need / GIB, "live_decoder": live_decoder,
             "fits": plan.fits}

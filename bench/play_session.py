@@ -72,6 +72,7 @@ from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
+from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
 
@@ -357,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         t5 = Path(args.t5) if args.t5 else files.t5
         tokenizer = Path(args.tokenizer) if args.tokenizer else (files.tokenizer if files else None)
     vae_file = Path(args.vae) if args.vae else files.vae
-    plan = apply_memory_plan(args, dit, vae_file, device, args.vae_precision) if args.memory == "auto" else None
+    plan = (apply_memory_plan(args, dit, vae_file, device, args.vae_precision, live_decoder=decoders == ["tiny"])
+            if args.memory == "auto" else None)
     args.camera_terms = args.camera_terms or 0
     policy = CachePolicy(window=args.kv_window, sink=args.kv_sink, dtype=args.kv_dtype)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -374,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "synthetic": args.synthetic,
         "ranks": args.ranks, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "attention": _attention_used(args.attention, device),
+        "env": env_record(),
     }
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     try:

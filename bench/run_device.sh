@@ -27,9 +27,11 @@ done
 # against 70 MB as wheels), so that the Play modes with FlashAttention 3 fit the 64 MiB carry with ComfyUI's sources.
 #   mkdir -p site && for w in av-*.whl fa3_fwd-*.whl bitsandbytes-*.whl; do unzip -q -o $w -d site; done
 #   tar cf - -C site . | xz -9e -T8 > .site_xz/site.tar.xz
-for packed in .site_xz/*.tar.xz; do
+for packed in .site_xz/*.tar.xz; do  # once per machine: runs started side by side (one per GPU) share it
     [[ -f $packed ]] || continue
-    mkdir -p /tmp/site && tar xJf "$packed" -C /tmp/site && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+    mkdir -p /tmp/site
+    [[ -f /tmp/site/.unpacked ]] || { tar xJf "$packed" -C /tmp/site && touch /tmp/site/.unpacked; }
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 done
 export PYTHONUNBUFFERED=1
 PLAY_TAG=${PLAY_MODES:-}; PLAY_TAG=${PLAY_TAG//,/-}  # PLAY_MODES in file names: a "," in a name does not come back
@@ -267,6 +269,18 @@ for what in "$@"; do
                   play --size 480x832 --seconds 60 --vram-cap-gb 24 --memory auto --pipeline overlap --vae-precision bf16 \
                       --weights fp8 --cuda-graphs --decoders tiny --comfy .bench_host \
                       --out "$OUT/play60_${PLAY_TAG:-both}_auto24_fp8w_tiny.json" ;;
+        # Block swap and the int8 cache under a 24 GiB cap: the copy rate of one fp8 block and the int8 dequantization
+        # (bench/swap_rates.py); the Fast chunk per SWAP_VARIANTS blocks_on_gpu:camera_terms:spread (spread 0: the
+        # swapped blocks in a row, LINGBOT_SWAP_SPREAD=0); the GPU tests of the swap schedule and the int8 kernel.
+        swap_rates) python3 bench/swap_rates.py --out "$OUT/swap_rates.json" 2>&1 | grep -v "^Failed to load" | tail -2 ;;
+        swap_ab) for v in ${SWAP_VARIANTS:-31:4:1 31:4:0 21:40:1}; do
+                     IFS=: read -r b t s <<<"$v"
+                     LINGBOT_SWAP_SPREAD=$s fast --frames 81 --prefetch-y --no-clip --weights fp8 --kv-dtype int8 \
+                         --vram-cap-gb 24 --blocks-on-gpu "$b" --camera-terms "$t" \
+                         --out "$OUT/fast_81_int8_fp8w_cap24_swap${b}_terms${t}_spread${s}.json"
+                 done ;;
+        gpu25) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_kv_cache_cuda.py \
+                   tests/unit/test_block_swap.py tests/gpu/test_cuda_graphs_cuda.py 2>&1 | grep -v "^Failed to load" | tail -12 ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \
                           --out "$OUT/play60_${PLAY_TAG:-both}_int8_bf16vae_fp8w.json" ;;
         play60_cap24) play --size 480x832 --seconds 60 --vram-cap-gb 24 --kv-dtype int8 --vae-precision bf16 \
@@ -289,6 +303,9 @@ for what in "$@"; do
         fast957_cap16|fast957_cap12) cap=${what#fast957_cap}
                       fast --frames 957 --pipeline overlap --memory auto --vae-precision bf16 --no-clip \
                           --vram-cap-gb $cap --out "$OUT/fast_957_w9s3_auto_cap${cap}.json" ;;
+        play60_tiny_cap16|play60_tiny_cap12) cap=${what#play60_tiny_cap}; server_wheels  # Play's live decoder
+                      play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
+                          --decoders tiny --comfy .bench_host --out "$OUT/play60_${PLAY_TAG:-both}_tiny_auto_cap${cap}.json" ;;
         play60_cap16|play60_cap12) cap=${what#play60_cap}
                       play --size 480x832 --seconds 60 --memory auto --vae-precision bf16 --vram-cap-gb $cap \
                           --out "$OUT/play60_${PLAY_TAG:-both}_auto_cap${cap}.json" ;;
@@ -324,6 +341,16 @@ for what in "$@"; do
                               --variant light4_lora=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto \
                               --variant light4_lora_bf16vae=preset=lightning_4step,lora=/dev/shm/synthetic_lora_r64.safetensors,attention=auto,vae=bf16 2>&1 | tail -3 ;;
             esac ;;
+        # The exact 40-step 480x832x81 video with fp8 GEMMs (made on load from the NF4 package) beside the exact
+        # one (bf16 products), uncapped; each saved in /dev/shm (latent.pt also in $OUT), one GPU each
+        # (CUDA_VISIBLE_DEVICES) side by side or one after the other; ttv_compare: the fp8 one's deviation.
+        ttv_save_exact|ttv_save_fp8) name=${what#ttv_save_}; variant=exact; [[ $name == exact ]] || variant="$name=weights=$name"
+                  ensure_package
+                  python3 bench/time_to_video.py --package "$PKG" --steps "${TTV_STEPS:-40}" --image "$CAM/image.jpg" \
+                      --camera-dir "$CAM" --out-dir "$OUT/ttv" --variant "$variant" --save-reference "/dev/shm/ttv_$name" \
+                      2>&1 | grep -v "^Failed to load" | tail -2
+                  mkdir -p "$OUT/ttv_$name" && cp /dev/shm/ttv_$name/latent.pt /dev/shm/ttv_$name/name.txt "$OUT/ttv_$name/" ;;
+        ttv_compare) python3 bench/ttv_compare.py /dev/shm/ttv_exact /dev/shm/ttv_fp8 --out "$OUT/ttv_fp8_vs_exact.json" ;;
         *) echo "unknown benchmark $what" ;;
     esac
 done

@@ -62,7 +62,7 @@ from comfyui_lingbot_world.pipeline.step_cache import StepStats  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 
 VARIANT_KEYS = ("cache", "warmup", "cfg_truncate", "attention", "preset", "steps", "lora", "lora_high", "lora_low",
-                "batch_cfg", "vae")
+                "batch_cfg", "vae", "weights")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -103,7 +103,7 @@ def accelerations(params: SamplingParams, options: dict[str, str]) -> dict:
             "cfg_truncate": params.cfg_truncate, "attention": params.attention, "preset": options.get("preset"),
             "lora": options.get("lora"), "sampler": params.sampler, "shift": params.shift,
             "guide": [params.cfg_high, params.cfg_low], "boundary": params.boundary,
-            "vae_precision": options.get("vae", "fp32")}
+            "vae_precision": options.get("vae", "fp32"), "weights": options.get("weights")}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -139,7 +139,10 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
                                      precision=options.get("vae", "fp32"))
         with watch.phase("camera"):
             camera = camera_condition(bench_camera_path(args), args.frames, height, width)
-        experts = TimedExperts(files.high, files.low, device, blocks_on_gpu=args.block_swap or None)
+        # weights: the kind the experts' linears are held and multiplied in (fp8, int8: made on load
+        # from the package's NF4; default: the package's own, the exact path's bf16 products)
+        experts = TimedExperts(files.high, files.low, device, quantize=options.get("weights"),
+                               blocks_on_gpu=args.block_swap or None)
         source = experts
         if "lora" in options:
             spec = LoraSpec(Path(options["lora"]), float(options.get("lora_high", 1.0)),

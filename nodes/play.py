@@ -146,7 +146,7 @@ class LingBotWorldPlay(io.ComfyNode):
         recipe = {**prompt_recipe(text), "start_image": start_image_record(image, start_image_source(cls.hidden)),
                   "vae": vae, "live_decoder": LIVE_DECODER_LOG if live_decoder is not None else None}
         with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
-                               *vae_budgets(vae_bytes, height, width, precision)) as run:
+                               *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
                                       None if unique_id is None else str(unique_id), on_end=log_saver(path),

@@ -53,8 +53,16 @@ ALLOCATOR_SLACK = 1 << 30
 # The VAE streams' carried state at 480x832 in float32 (docs/fast_engine.md#memory-of-the-vae-streams,
 # computed from the layer shapes): the encoder's until the image condition is constant, the
 # decoder's for the whole run. It scales with the frame's pixels; bf16 halves it.
-_STREAM_STATE_BYTES_480P = 2.24e9 + 3.78e9
+_ENCODER_STATE_BYTES_480P = 2.24e9
+_DECODER_STATE_BYTES_480P = 3.78e9
+_STREAM_STATE_BYTES_480P = _ENCODER_STATE_BYTES_480P + _DECODER_STATE_BYTES_480P
 _PIXELS_480P = 480 * 832
+# Play's live decoder, ComfyUI's tiny video VAE (nodes/host/tiny_vae.py, bf16 on a GPU) at
+# 480x832: its 45 MB of weights and carried memory blocks (kept), and one latent frame's
+# decode (working memory). One chunk's stream decode in bf16 peaked 0.48 GB above the
+# process on the CPU, 0.16 GB of it kept; the budget leaves room for cuDNN's workspaces.
+_TINY_KEPT_BYTES_480P = 0.25 * GIB
+_TINY_DECODE_BYTES_480P = 0.5 * GIB
 
 
 def activation_bytes(tokens: int, dim: int) -> int:
@@ -70,22 +78,33 @@ def lora_device_bytes(files: Sequence[Path]) -> int:
     return sum(Path(f).stat().st_size for f in files) + (largest_linear if files else 0)
 
 
-def vae_stream_bytes(height: int, width: int, precision: str = "fp32") -> int:
+def vae_stream_bytes(height: int, width: int, precision: str = "fp32", decoder: bool = True) -> int:
     """Memory the VAE's stream encoder and decoder states take beside the VAE's weights
-    (Fast Long Video and Play: one budget)."""
+    (Fast Long Video and Play: one budget); ``decoder`` False: the encoder's alone (another
+    decoder decodes the chunks)."""
     scale = height * width / _PIXELS_480P * (0.5 if precision == "bf16" else 1.0)
-    return int(_STREAM_STATE_BYTES_480P * scale)
+    return int((_STREAM_STATE_BYTES_480P if decoder else _ENCODER_STATE_BYTES_480P) * scale)
 
 
-def vae_stream_budget(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> int:
-    """The VAE of a stream on the device: its weights and its streams' states."""
+def vae_stream_budget(weights_bytes: int, height: int, width: int, precision: str = "fp32",
+                      live_decoder: bool = False) -> int:
+    """The VAE of a stream on the device: its weights and its streams' states; with Play's
+    ``live_decoder`` (the tiny video VAE decodes the chunks), the Wan VAE's encoder state
+    and what the tiny decoder keeps."""
+    if live_decoder:
+        tiny = int(_TINY_KEPT_BYTES_480P * height * width / _PIXELS_480P)
+        return int(weights_bytes) + vae_stream_bytes(height, width, precision, decoder=False) + tiny
     return int(weights_bytes) + vae_stream_bytes(height, width, precision)
 
 
-def vae_budgets(weights_bytes: int, height: int, width: int, precision: str = "fp32") -> tuple[int, int]:
+def vae_budgets(weights_bytes: int, height: int, width: int, precision: str = "fp32",
+                live_decoder: bool = False) -> tuple[int, int]:
     """The VAE of a Fast stream (Fast Long Video, Play): its weights and streams on the
-    device (``vae_stream_budget``) and one chunk's decode (``decode_chunk_bytes``)."""
-    return vae_stream_budget(weights_bytes, height, width, precision), decode_chunk_bytes(height, width, precision)
+    device (``vae_stream_budget``) and one chunk's decode (``decode_chunk_bytes``), or the
+    tiny decoder's with Play's ``live_decoder``."""
+    decode = (int(_TINY_DECODE_BYTES_480P * height * width / _PIXELS_480P) if live_decoder
+              else decode_chunk_bytes(height, width, precision))
+    return vae_stream_budget(weights_bytes, height, width, precision, live_decoder), decode
 
 
 def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, latent_width: int, latent_frames: int | None,
@@ -340,9 +359,16 @@ def check_video_fits(frames: int, height: int, width: int, ram_bytes: int | None
 # --------------------------------------------------------------------------- a Fast run on a card
 
 # Blocks of the transformer's weights in flight while blocks stream from pinned RAM
-# (wan/runtime/block_swap.py uploads one block ahead of the one computing).
+# (wan/runtime/block_swap.py: the swapped block computing and the next one arriving).
 SWAP_BLOCKS_IN_FLIGHT = 2
 MIN_BLOCKS_ON_GPU = 1
+# The share of blocks that may be swapped while their copies still hide behind the other
+# blocks' compute (block swap spreads them: wan/runtime/block_swap.py). At half, every
+# second block is swapped and its copy has two blocks' compute to arrive in: an fp8 A14B
+# block (0.46 GB) takes ~9 ms over PCIe 5 against ~5.5 ms of compute per block and pass in
+# a Fast chunk. A block's kept camera terms (0.09 GiB at 480x832) save ~4 ms a chunk
+# (bench/RESULTS.md), so under block swap the plan swaps up to this share to keep them.
+SWAP_HIDDEN_SHARE = 0.5
 # A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
 # chunk, beside its carried state): what the overlap adds beside the next chunk's generation.
 _DECODE_BYTES_480P = 1.5 * GIB
@@ -390,10 +416,12 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     then the fewest blocks off it that fit (at least ``MIN_BLOCKS_ON_GPU`` kept); the VAE
     on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
     also fits (a VAE on the CPU: always, its memory is the host's). Last, the camera terms of
-    as many blocks as fit beside the rest are kept per chunk (``terms_bytes``: one block's,
+    as many blocks as fit beside the rest are kept per chunk (under block swap, more blocks
+    are swapped for them, up to ``SWAP_HIDDEN_SHARE`` of the blocks) (``terms_bytes``: one block's,
     ``camera_terms_bytes``; 0: not offered), after the CUDA graphs' memory pool when it fits
-    (``graph_bytes``: ``graph_pool_bytes``; 0: not offered); both only with every block on
-    the GPU. Each fit keeps ``ALLOCATOR_SLACK`` free."""
+    (``graph_bytes``: ``graph_pool_bytes``; 0: not offered; only with every block on the
+    GPU: a swapped block's weights arrive at new addresses every pass). Each fit keeps
+    ``ALLOCATOR_SLACK`` free."""
     per_block = transformer_bytes / max(int(blocks), 1)
     dtypes = [kv_dtype] if kv_dtype is not None else list(KV_DTYPES)
 
@@ -411,8 +439,24 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
         graphs = graph_bytes > 0 and on_gpu is None and fits(total + graph_bytes, card_bytes, ALLOCATOR_SLACK)
         total += int(graph_bytes) if graphs else 0
         room = AUTO_FIT_SHARE * card_bytes - ALLOCATOR_SLACK - total
-        terms = 0 if terms_bytes <= 0 or on_gpu is not None else min(int(room // terms_bytes), int(blocks))
+        terms = 0 if terms_bytes <= 0 else min(int(room // terms_bytes), int(blocks))
         return FastMemoryPlan(dtype, on_gpu, vae_gpu, overlap, total + terms * int(terms_bytes), True, terms, graphs)
+
+    def traded(found: FastMemoryPlan) -> FastMemoryPlan:
+        # Under block swap, blocks' camera terms are worth more than blocks kept on the GPU
+        # while the swapped blocks' copies hide (``SWAP_HIDDEN_SHARE``): swap more blocks,
+        # up to that share, while it keeps more terms.
+        if found.blocks_on_gpu is None or terms_bytes <= 0:
+            return found
+        best = found
+        least = max(blocks - int(SWAP_HIDDEN_SHARE * blocks), MIN_BLOCKS_ON_GPU)
+        for on_gpu in range(found.blocks_on_gpu - 1, least - 1, -1):
+            if best.camera_terms >= blocks:
+                break
+            other = plan(found.kv_dtype, on_gpu, found.vae_on_gpu)
+            if other is not None and other.camera_terms > best.camera_terms:
+                best = other
+        return best
 
     swaps = range(max(blocks - SWAP_BLOCKS_IN_FLIGHT - 1, MIN_BLOCKS_ON_GPU), MIN_BLOCKS_ON_GPU - 1, -1)
     steps = [(dtype, None) for dtype in dtypes] + [(dtypes[-1], on_gpu) for on_gpu in swaps]
@@ -420,6 +464,6 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
         for dtype, on_gpu in steps:
             found = plan(dtype, on_gpu, vae_gpu)
             if found is not None:
-                return found
+                return traded(found)
     dtype = dtypes[-1]
     return FastMemoryPlan(dtype, MIN_BLOCKS_ON_GPU, not vae_bytes, False, need(dtype, MIN_BLOCKS_ON_GPU, False), False)

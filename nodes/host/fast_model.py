@@ -197,13 +197,23 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                     "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
                     "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())
     graphs = plan.cuda_graphs and device.type == "cuda"
-    run = dataclasses.replace(run, camera_terms=plan.camera_terms, cuda_graphs=graphs, attention=fast.attention)
+    terms = plan_terms(plan, options.blocks_on_gpu)
+    run = dataclasses.replace(run, camera_terms=terms, cuda_graphs=graphs, attention=fast.attention)
     memory = run_memory(fast, run.policy, latent_height, latent_width, latent_frames,
                         (vae if plan.vae_on_gpu else 0)
-                        + plan.camera_terms * terms_memory(fast, run.policy, latent_height, latent_width)
+                        + terms * terms_memory(fast, run.policy, latent_height, latent_width)
                         + (graph_memory(fast, run.policy, latent_height, latent_width) if graphs else 0))
     with loaded_fast_model(load, memory) as model:
         yield PreparedRun(model, run, plan, model.patch_embedding.weight.device, decode_device)
+
+
+def plan_terms(plan: FastMemoryPlan, loader_blocks_on_gpu: int | None) -> int:
+    """The blocks whose camera terms the run keeps: the plan's, except where the plan swaps
+    blocks and the Fast DiT Loader's own ``block_swap`` wins (the plan's terms counted the
+    memory of its own block count, not the loader's)."""
+    if plan.blocks_on_gpu is not None and loader_blocks_on_gpu is not None:
+        return 0
+    return plan.camera_terms
 
 
 def decode_gpu_with_room(decode_device: torch.device | None, need: int) -> torch.device | None:
@@ -253,4 +263,4 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
 
 
 __all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "fit_kv_dtype", "loaded_fast_model", "memory_plan",
-           "prepared_fast_run", "run_memory"]
+           "plan_terms", "prepared_fast_run", "run_memory"]

@@ -43,7 +43,9 @@ from comfyui_lingbot_world.wan.runtime.block_swap import (
     allocate_host_tensors,
     plan_slabs,
     resident_blocks,
+    SPREAD_ENV,
     swappable_weights,
+    swapped_blocks,
     swapped_weight_keys,
 )
 from comfyui_lingbot_world.wan.config import DiTConfig
@@ -79,7 +81,8 @@ def disable_cpu_repack(model: nn.Module) -> nn.Module:
 
 
 def swapped_params(model: nn.Module, resident: int) -> list[nn.Parameter]:
-    return [layer.weight for block in model.blocks[resident:] for _, layer in swappable_weights(block)]
+    return [layer.weight for index in swapped_blocks(resident, len(model.blocks))
+            for _, layer in swappable_weights(model.blocks[index])]
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +161,25 @@ def test_swapped_weight_keys_name_every_linear_weight_of_the_swapped_blocks() ->
         model = nn.Module()
         model.blocks = nn.ModuleList(make_synthetic_block() for _ in range(3))
     keys = swapped_weight_keys(model, 1)
-    assert len(keys) == 2
-    assert keys[0] == ["blocks.1.attn.weight", "blocks.1.mlp.0.weight", "blocks.1.mlp.2.weight"]
+    assert len(keys) == 2  # blocks 0 and 2 (spread), block 1 stays
+    assert keys[0] == ["blocks.0.attn.weight", "blocks.0.mlp.0.weight", "blocks.0.mlp.2.weight"]
     assert keys[1][0].startswith("blocks.2.")
     assert swapped_weight_keys(model, 3) == [] and swapped_weight_keys(model, 7) == []
+
+
+def test_swapped_blocks_are_spread_evenly_and_the_env_puts_them_last(monkeypatch) -> None:
+    monkeypatch.delenv(SPREAD_ENV, raising=False)
+    assert swapped_blocks(31, 40) == [3, 7, 12, 16, 21, 25, 30, 34, 39]
+    assert swapped_blocks(20, 40) == list(range(1, 40, 2))
+    assert swapped_blocks(0, 5) == [0, 1, 2, 3, 4] and swapped_blocks(5, 5) == [] and swapped_blocks(9, 5) == []
+    for resident in range(41):  # always the right count, distinct, the last block among them
+        got = swapped_blocks(resident, 40)
+        assert len(got) == len(set(got)) == 40 - resident and got == sorted(got)
+        assert not got or got[-1] == 39
+        gaps = [b - a for a, b in zip(got, got[1:])]
+        assert not gaps or max(gaps) - min(gaps) <= 1  # even spacing
+    monkeypatch.setenv(SPREAD_ENV, "0")
+    assert swapped_blocks(31, 40) == list(range(31, 40))
 
 
 def make_synthetic_block() -> nn.Module:
@@ -203,7 +221,8 @@ def test_swapper_schedule_and_outputs(resident: int) -> None:
     model = make_synthetic_expert(SMALL, seed=1, dtype=torch.float32)
     want = {b: model(**inputs(SMALL, b)) for b in (1, 2)}
     swapper = BlockSwapper(model, resident, transfer=SyncTransfer("cpu"))
-    assert BlockSwapper.of(model) is swapper and list(swapper.swapped) == list(range(resident, SMALL.num_layers))
+    order = swapped_blocks(resident, SMALL.num_layers)
+    assert BlockSwapper.of(model) is swapper and list(swapper.swapped) == order
     params = swapped_params(model, resident)
     host_ptrs = [p.data_ptr() for p in params]
     assert swapper.host_bytes() == sum(p.numel() * p.element_size() for p in params)
@@ -228,12 +247,12 @@ def test_swapper_schedule_and_outputs(resident: int) -> None:
             for batch in (1, 2):
                 seen.clear()
                 assert torch.equal(model(**inputs(SMALL, batch)), want[batch])
+                # a swapped block runs beside the next swapped one's copy; a resident block
+                # waits beside the next swapped block's copy (none after the last)
                 expected = []
                 for i in range(SMALL.num_layers):
-                    if i < resident:
-                        expected.append((i, [resident] if resident < SMALL.num_layers else []))
-                    else:
-                        expected.append((i, [j for j in (i, i + 1) if j < SMALL.num_layers]))
+                    later = [j for j in order if j > i]
+                    expected.append((i, [i] + later[:1] if i in order else later[:1]))
                 assert seen == expected
                 assert swapper.blocks_on_device() == []
                 assert [p.data_ptr() for p in params] == host_ptrs

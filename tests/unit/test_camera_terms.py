@@ -94,5 +94,11 @@ def test_the_plan_keeps_the_terms_of_as_many_blocks_as_fit():
     assert 0 < tight.camera_terms < 40
     assert tight.need + memory.ALLOCATOR_SLACK <= memory.AUTO_FIT_SHARE * 24 * GIB
     assert tight.need + TERMS + memory.ALLOCATOR_SLACK > memory.AUTO_FIT_SHARE * 24 * GIB  # one more would not fit
-    assert plan(16).blocks_on_gpu is not None and plan(16).camera_terms == 0  # block swap first: no terms
+    # Under block swap, more blocks are swapped (up to half) while that keeps more terms: the
+    # same card with terms offered swaps more than the plan without them, and no further.
+    swapped, least = plan(16), plan_fast_memory(16 * GIB, int(8.9 * GIB), 40, RUN, 0,
+                                                memory.decode_chunk_bytes(480, 832), GIB)
+    assert least.blocks_on_gpu is not None and swapped.camera_terms > 0
+    assert swapped.blocks_on_gpu == max(40 - int(memory.SWAP_HIDDEN_SHARE * 40), 1) < least.blocks_on_gpu
+    assert swapped.need + memory.ALLOCATOR_SLACK <= memory.AUTO_FIT_SHARE * 16 * GIB
     assert "camera terms of 40 blocks" in big.describe()

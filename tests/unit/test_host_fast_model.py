@@ -90,3 +90,17 @@ def test_the_vae_goes_to_the_second_gpu_only_where_it_has_room(monkeypatch, capl
     run = PreparedRun(None, None, plan, torch.device("cuda", 0), second)
     assert run.vae_device == second  # Play and Fast Long Video open their VAE there
     assert PreparedRun(None, None, plan, torch.device("cuda", 0)).vae_device == torch.device("cpu")
+
+
+def test_camera_terms_under_block_swap_follow_whose_block_count_the_run_uses():
+    """The plan keeps camera terms under block swap (it swaps more blocks to make room for
+    them); where the Fast DiT Loader's own block_swap wins over the plan's block count, the
+    plan's terms are dropped: they were counted against the plan's blocks, not the loader's."""
+    from comfyui_lingbot_world.nodes.host.fast_model import plan_terms
+    from comfyui_lingbot_world.pipeline.memory import FastMemoryPlan
+
+    swapping = FastMemoryPlan("int8", 20, True, True, 0, True, camera_terms=40)
+    assert plan_terms(swapping, None) == 40  # the loader keeps all blocks: the plan's swap applies
+    assert plan_terms(swapping, 30) == 0  # the loader's 30 blocks win: no room was counted for terms
+    whole = FastMemoryPlan("bf16", None, True, True, 0, True, camera_terms=12)
+    assert plan_terms(whole, None) == plan_terms(whole, 30) == 12  # the plan fits the loaded model as it is

@@ -130,6 +130,57 @@ def test_int8_quantization_error_is_at_most_half_a_scale():
     assert (err[5, 0] <= scale[5, 0] / 2 * (1 + 4e-5)).all() and scale[5, 0] < 1e-1 < scale[5, 1]
 
 
+_INTERPRETED_DEQUANT = """
+import torch
+from comfyui_lingbot_world.wan.runtime import triton_kernels as k
+from comfyui_lingbot_world.wan.runtime.kv_cache import dequantize_int8_pytorch, quantize_int8
+g = torch.Generator().manual_seed(0)
+for shape in ((130, 3, 16), (7, 2, 128), (1, 1, 8)):
+    x = torch.randn(*shape, generator=g) * torch.logspace(-2, 2, shape[0])[:, None, None]
+    q, scale = quantize_int8(x)
+    # float16: the interpreter rounds it as the GPU does (half to even); its bfloat16 cast
+    # truncates, so bf16 is checked bit for bit on the GPU only
+    want = dequantize_int8_pytorch(q, scale, torch.empty(shape, dtype=torch.float16))
+    got = k.dequantize_int8(q, scale, torch.full(shape, float("nan"), dtype=torch.float16))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), shape
+    bf16 = k.dequantize_int8(q, scale, torch.empty(shape, dtype=torch.bfloat16)).float()
+    exact = q.float() * scale[..., None]
+    assert ((bf16 - exact).abs() <= exact.abs() * 2 ** -7).all(), shape  # within one bf16 step
+shape = (7, 2, 16)
+q, scale = quantize_int8(torch.randn(*shape, generator=g))
+for bad in ((q.float(), scale, torch.empty(shape, dtype=torch.bfloat16)),
+            (q, scale, torch.empty(shape, dtype=torch.float32)),
+            (q, scale[:, :1], torch.empty(shape, dtype=torch.bfloat16)),
+            (q, scale, torch.empty(shape[::-1], dtype=torch.bfloat16).transpose(0, 2))):
+    try:
+        k.dequantize_int8(*bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a layout the kernel does not take was taken")
+print("ok")
+"""
+
+
+def test_the_int8_dequantize_kernel_is_the_definition_bit_for_bit_under_the_cpu_interpreter():
+    """Every layer's pass of an int8 cache dequantizes the committed frames; on CUDA one
+    Triton pass (``triton_kernels.dequantize_int8``) does it. Its arithmetic is the
+    definition's (a float32 product, one rounding half to even), so Triton's CPU interpreter
+    checks it bit for bit in float16, and layouts it does not take are refused (they run
+    the definition). bf16 bit for bit: the GPU twin in tests/gpu/test_attention_fp8_cuda.py."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    code = f"import sys; sys.path.insert(0, {str(root)!r}); from _standalone import import_pack; import_pack()\n"
+    done = subprocess.run([sys.executable, "-c", code + _INTERPRETED_DEQUANT],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_int8_cache_deviation_from_the_float_cache_is_small(model):
     """End to end over 6 chunks with eviction: the int8 cache's latent against the same run
     with an unquantized cache (float32 here)."""

@@ -5,6 +5,8 @@ on fake cards of 12, 16, 24 and 80 GiB; and the two Fast stream nodes budget the
 alike."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from comfyui_lingbot_world.pipeline import memory
@@ -103,3 +105,22 @@ def test_cuda_graphs_where_their_pool_fits_beside_everything_and_never_with_bloc
     # Where only the graphs or nothing fits beside the rest, the graphs go first.
     edge = plan(24, 0, graph_bytes=graph)
     assert edge.cuda_graphs == memory.fits(plan(24, 0).need + graph, 24 * GIB, memory.ALLOCATOR_SLACK)
+
+
+def test_plays_live_decoder_budgets_the_wan_encoder_and_the_tiny_decoder_only():
+    """With the tiny video VAE decoding Play's chunks, the Wan VAE only encodes the start
+    image: its decoder's stream state and chunk decode are not counted, the tiny decoder's are."""
+    wan, wan_decode = memory.vae_budgets(int(0.24 * GIB), 480, 832, "bf16")
+    tiny, tiny_decode = memory.vae_budgets(int(0.24 * GIB), 480, 832, "bf16", live_decoder=True)
+    assert tiny < wan and tiny_decode < wan_decode
+    encoder = memory.vae_stream_bytes(480, 832, "bf16", decoder=False)
+    assert 0 < encoder < memory.vae_stream_bytes(480, 832, "bf16") and tiny > int(0.24 * GIB) + encoder
+    # the fp8 Fast transformer (17.3 GiB) under a 24 GiB cap: the tiny decoder leaves room for more
+    fp8 = int(17.3 * GIB)
+    terms = memory.camera_terms_bytes(A14B, 60, 104, 3)
+    with_wan = plan_fast_memory(24 * GIB, fp8, 40, RUN, wan, wan_decode, RESERVE, terms_bytes=terms)
+    with_tiny = plan_fast_memory(24 * GIB, fp8, 40, RUN, tiny, tiny_decode, RESERVE, terms_bytes=terms)
+    assert with_wan.camera_terms < with_tiny.camera_terms == 40 and with_tiny.overlap
+    assert with_tiny.need < with_wan.need
+    source = (Path(memory.__file__).resolve().parents[1] / "nodes" / "play.py").read_text()
+    assert "live_decoder is not None)" in source  # the node tells vae_budgets

@@ -1,10 +1,17 @@
-"""Block swap: keep the first K transformer blocks on the GPU, stream the others from pinned RAM.
+"""Block swap: keep K transformer blocks on the GPU, stream the others from pinned RAM.
 
 An NF4 A14B expert is ~8.9 GiB, ~0.21 GiB of it in each of its 40 blocks' linear weights.
-With block swap only blocks 0..K-1 keep those weights on the GPU; the weights of blocks
-K..N-1 live in page-locked (pinned) host memory and are copied to the GPU one block ahead
-of use, on a side CUDA stream, while the previous block computes. One block's copy (~9 ms
-over PCIe 4) is far shorter than its compute at video sizes (~100 ms), so the copy hides.
+With block swap only K blocks keep those weights on the GPU; the weights of the other
+blocks live in page-locked (pinned) host memory and are copied to the GPU on a side CUDA
+stream while earlier blocks compute.
+
+Which blocks are swapped (``swapped_blocks``): spread evenly over the stack, not the last
+N-K. A swapped block's copy starts when the swapped block before it starts computing, so it
+hides behind every block between the two. In the exact path one block computes ~100 ms
+against a ~9 ms copy and either order hides; a Fast chunk's block computes ~5 ms against
+~9 ms for an fp8 block's 0.46 GB over PCIe 5, so swapped blocks in a row would wait for
+their copies, and spread ones (every second block or sparser) do not.
+``LINGBOT_SWAP_SPREAD=0`` swaps the last N-K blocks instead (to compare).
 
 What moves is only the big part of a block: the ``weight`` of every linear-like layer
 (``nn.Linear`` and subclasses such as bitsandbytes' ``Linear4bit``, whose weight is the
@@ -28,6 +35,7 @@ Pure PyTorch: nothing here imports bitsandbytes.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -61,12 +69,30 @@ def _blocks_of(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
+# "0": swap the last N-K blocks instead of spreading them (to compare; see the module's note).
+SPREAD_ENV = "LINGBOT_SWAP_SPREAD"
+
+
+def swapped_blocks(resident: int, num_layers: int) -> list[int]:
+    """The blocks block swap keeps off the device when ``resident`` of ``num_layers`` stay,
+    ascending: spread evenly, the j-th at floor((j + 1) * N / S) - 1 for S swapped blocks,
+    so the last block is swapped and at least one block computes before the first swapped
+    one whenever any stays (its copy starts with the forward)."""
+    resident = min(max(int(resident), 0), int(num_layers))
+    count = num_layers - resident
+    if count <= 0:
+        return []
+    if os.environ.get(SPREAD_ENV, "1").strip() == "0":
+        return list(range(resident, num_layers))
+    return [(j + 1) * num_layers // count - 1 for j in range(count)]
+
+
 def swapped_weight_keys(model: nn.Module, resident: int) -> list[list[str]]:
     """State-dict keys of the weights that block swap keeps in host memory, one list per
-    swapped block (blocks ``resident`` .. N-1). Works on a model built on the meta device."""
+    swapped block (``swapped_blocks``). Works on a model built on the meta device."""
     blocks = _blocks_of(model)
     return [[f"blocks.{index}.{name}.weight" for name, _ in swappable_weights(blocks[index])]
-            for index in range(max(resident, 0), len(blocks))]
+            for index in swapped_blocks(resident, len(blocks))]
 
 
 def resident_blocks(blocks_on_gpu: int | None, num_layers: int, device: torch.device | str) -> int | None:
@@ -241,7 +267,8 @@ class _OnDevice:
 
 
 class BlockSwapper:
-    """Run ``model.blocks[resident:]`` with their linear weights streamed from host memory.
+    """Run a model with all but ``resident`` blocks' linear weights streamed from host
+    memory (the blocks of ``swapped_blocks``).
 
     Installs itself as the model's ``run_blocks`` (the transformer loop of ``LingBotDiT``);
     ``remove()`` undoes that. Weights of the swapped blocks that are not yet in host
@@ -258,10 +285,13 @@ class BlockSwapper:
             raise RuntimeError("this model already has a block runner installed (remove the other BlockSwapper first)")
         self.resident = min(resident, len(blocks))
         self._blocks = blocks
+        self._swapped = tuple(swapped_blocks(self.resident, len(blocks)))
+        # the swapped block whose copy starts when each swapped block starts computing
+        self._next = dict(zip(self._swapped, self._swapped[1:]))
         # (layer, parameter name) per block; nothing for resident blocks. Layers, not
         # Parameters, are held so that a released model's weights are really freed.
         self._weights: list[list[tuple[nn.Module, str]]] = [
-            [(layer, "weight") for _, layer in swappable_weights(block)] if index >= self.resident else []
+            [(layer, "weight") for _, layer in swappable_weights(block)] if index in set(self._swapped) else []
             for index, block in enumerate(blocks)
         ]
         self.device = torch.device(device) if device is not None else _compute_device(model, self._weights)
@@ -285,8 +315,9 @@ class BlockSwapper:
         return owner if isinstance(owner, BlockSwapper) else None
 
     @property
-    def swapped(self) -> range:
-        return range(self.resident, len(self._blocks))
+    def swapped(self) -> tuple[int, ...]:
+        """The blocks whose weights live in host memory (``swapped_blocks``), ascending."""
+        return self._swapped
 
     def blocks_on_device(self) -> list[int]:
         """Swapped blocks that currently have device copies (at most two, during a forward)."""
@@ -328,22 +359,24 @@ class BlockSwapper:
 
     def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Any, context: torch.Tensor | None,
                    camera: torch.Tensor | None, kv_cache: Any = None) -> torch.Tensor:
-        """LingBotDiT.run_blocks with block i+1's weights arriving while block i computes.
-        ``kv_cache`` (causal execution) is passed on: each block gets its layer of it."""
-        blocks, first = self._blocks, self.resident
+        """LingBotDiT.run_blocks with the next swapped block's weights arriving while the
+        blocks up to it compute. ``kv_cache`` (causal execution) is passed on: each block
+        gets its layer of it."""
+        blocks, swapped = self._blocks, set(self._swapped)
         try:
-            if first < len(blocks):
-                self._fetch(first)  # overlaps the resident blocks (or waits, with none)
+            if self._swapped:
+                self._fetch(self._swapped[0])  # overlaps the resident blocks before it (or waits, with none)
             for index, block in enumerate(blocks):
-                if index >= first:
+                if index in swapped:
                     self._install(index)
-                    if index + 1 < len(blocks):
-                        self._fetch(index + 1)
+                    following = self._next.get(index)
+                    if following is not None:
+                        self._fetch(following)
                 if kv_cache is None:
                     x = block(x, e0, rope, context, camera)
                 else:
                     x = block(x, e0, rope, context, camera, kv_cache.layer(index))
-                if index >= first:
+                if index in swapped:
                     self._drop(index)
         finally:
             self._drop_all()  # after an error (e.g. out of memory) the model stays consistent

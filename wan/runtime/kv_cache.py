@@ -53,6 +53,7 @@ from typing import Sequence
 import torch
 
 from ..geometry import CHUNK_FRAMES, MAX_TOKENS
+from . import fused
 from .cuda_graphs import ForwardGraphs
 
 KV_DTYPES = ("bf16", "int8")
@@ -131,10 +132,28 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out`` [tokens, heads, head_dim] <- q * scale, in out's dtype, without temporaries."""
+def dequantize_int8_pytorch(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The definition of ``dequantize_int8`` in PyTorch ops (what runs off CUDA): the product
+    in float32, rounded once to out's dtype."""
     out.copy_(q)
     return out.mul_(scale[..., None])
+
+
+def _dequantize_int8_cuda(kernels, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return kernels.dequantize_int8(q, scale, out)
+
+
+fused.register_kernel(dequantize_int8_pytorch, _dequantize_int8_cuda)
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` [tokens, heads, head_dim] <- q * scale, in out's dtype, without temporaries.
+    Every layer's pass of an int8 cache runs this over the committed frames' keys and values
+    (0.1 GB of int8 each at 480x832, window 9): on CUDA one Triton pass
+    (``triton_kernels.dequantize_int8``, bit for bit the definition) instead of the
+    definition's two passes over the bf16 output; elsewhere, or with LINGBOT_FUSED=0,
+    ``dequantize_int8_pytorch``."""
+    return fused.run(dequantize_int8_pytorch, q, scale, out)
 
 
 @dataclass(frozen=True)
@@ -419,4 +438,4 @@ def frames_bytes(frames: int, frame_tokens: int, layers: int, dim: int, dtype_by
 
 
 __all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KVCache", "KV_DTYPES", "LayerKV", "dequantize_int8",
-           "frames_bytes", "plan_commit", "quantize_int8"]
+           "dequantize_int8_pytorch", "frames_bytes", "plan_commit", "quantize_int8"]

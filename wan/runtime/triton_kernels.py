@@ -327,3 +327,34 @@ def scale_heads_fp8(x: torch.Tensor, scales: torch.Tensor, limit: float) -> torc
         HEAD_DIM=head_dim, WIDTH=width, BLOCK=block, num_warps=_warps(block),
     )
     return values
+
+
+# ------------------------------------------- the int8 KV cache's committed frames, dequantized
+
+@triton.jit
+def _dequantize_int8_kernel(q_ptr, s_ptr, out_ptr, n, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    q = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.float32)
+    s = tl.load(s_ptr + offs // HEAD_DIM, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, (q * s).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` [tokens, heads, head_dim] (bf16 or fp16) <- q (int8, same shape) times its
+    (token, head) float32 scale, rounded half to even: what ``out.copy_(q).mul_(scale)``
+    computes (the product in float32, one rounding), in one pass (int8 and scales read once,
+    ``out`` written once) instead of four. Every tensor contiguous."""
+    if q.dtype != torch.int8 or out.dtype not in (torch.bfloat16, torch.float16) or scale.dtype != torch.float32:
+        raise ValueError(f"dequantize_int8: expected int8 values, float32 scales and a bf16/fp16 out, got "
+                         f"{q.dtype}, {scale.dtype}, {out.dtype}")
+    if q.dim() != 3 or q.shape != out.shape or tuple(scale.shape) != tuple(q.shape[:2]) or not (
+            q.is_contiguous() and scale.is_contiguous() and out.is_contiguous()):
+        raise ValueError(f"dequantize_int8: expected contiguous q, out [tokens, heads, head_dim] and scales "
+                         f"[tokens, heads], got {tuple(q.shape)}, {tuple(scale.shape)}, {tuple(out.shape)}")
+    n = q.numel()
+    if n:
+        block = 4096
+        _dequantize_int8_kernel[(triton.cdiv(n, block),)](q, scale, out, n, HEAD_DIM=q.shape[2], BLOCK=block,
+                                                          num_warps=8)
+    return out
