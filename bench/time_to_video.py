@@ -10,7 +10,9 @@ functions the nodes call, one or more variants per process (each loads its exper
 A variant is NAME or NAME=key=value,...; keys: cache (EasyCache threshold), warmup,
 cfg_truncate, attention (auto|sdpa|sage|flash), preset (lightning_4step), steps, lora
 (a LoRA file; strength by lora_high / lora_low, default 1), batch_cfg (0/1), vae (fp32, the
-reference, or bf16: the VAE nodes' precision input, for encode and decode). The variant
+reference, or bf16: the VAE nodes' precision input, for encode and decode), weights (fp8 or
+int8: the experts' linears converted on load, the GEMMs in 8 bits; default: as the package
+stores them, the exact path's bf16 products). The variant
 named "exact" must have no keys. The first variant's final latent and video are the
 reference for the deviation columns unless --reference DIR names a saved one
 (--save-reference DIR writes the reference there: latent.pt and a float16 video.pt).

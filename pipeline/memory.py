@@ -365,9 +365,11 @@ MIN_BLOCKS_ON_GPU = 1
 # The share of blocks that may be swapped while their copies still hide behind the other
 # blocks' compute (block swap spreads them: wan/runtime/block_swap.py). At half, every
 # second block is swapped and its copy has two blocks' compute to arrive in: an fp8 A14B
-# block (0.46 GB) takes ~9 ms over PCIe 5 against ~5.5 ms of compute per block and pass in
-# a Fast chunk. A block's kept camera terms (0.09 GiB at 480x832) save ~4 ms a chunk
-# (bench/RESULTS.md), so under block swap the plan swaps up to this share to keep them.
+# block (0.46 GB) took 8.7 ms from pinned RAM on an H100 (52 GB/s) against ~5.5 ms of
+# compute per block and pass in a Fast chunk. A block's kept camera terms (0.09 GiB at
+# 480x832) save ~4 ms a chunk, so under block swap the plan swaps up to this share to keep
+# them: measured under a 24 GiB cap on an H100, 31 blocks on the GPU with terms of 4 ran a
+# chunk in 1.311 s, 21 blocks with terms of all 40 in 1.200 s (bench/RESULTS.md, seventh session).
 SWAP_HIDDEN_SHARE = 0.5
 # A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
 # chunk, beside its carried state): what the overlap adds beside the next chunk's generation.
@@ -416,9 +418,9 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
     then the fewest blocks off it that fit (at least ``MIN_BLOCKS_ON_GPU`` kept); the VAE
     on the GPU, then on the CPU. The decode overlaps the next chunk when its working memory
     also fits (a VAE on the CPU: always, its memory is the host's). Last, the camera terms of
-    as many blocks as fit beside the rest are kept per chunk (under block swap, more blocks
-    are swapped for them, up to ``SWAP_HIDDEN_SHARE`` of the blocks) (``terms_bytes``: one block's,
-    ``camera_terms_bytes``; 0: not offered), after the CUDA graphs' memory pool when it fits
+    as many blocks as fit beside the rest are kept per chunk (``terms_bytes``: one block's,
+    ``camera_terms_bytes``; 0: not offered; under block swap more blocks are swapped for
+    them, up to ``SWAP_HIDDEN_SHARE`` of the blocks), after the CUDA graphs' memory pool when it fits
     (``graph_bytes``: ``graph_pool_bytes``; 0: not offered; only with every block on the
     GPU: a swapped block's weights arrive at new addresses every pass). Each fit keeps
     ``ALLOCATOR_SLACK`` free."""

@@ -75,9 +75,10 @@ SPREAD_ENV = "LINGBOT_SWAP_SPREAD"
 
 def swapped_blocks(resident: int, num_layers: int) -> list[int]:
     """The blocks block swap keeps off the device when ``resident`` of ``num_layers`` stay,
-    ascending: spread evenly, the j-th at floor((j + 1) * N / S) - 1 for S swapped blocks,
-    so the last block is swapped and at least one block computes before the first swapped
-    one whenever any stays (its copy starts with the forward)."""
+    ascending: spread evenly, the j-th at floor((j + 1) * N / S) - 1 for S swapped blocks.
+    The last block is always swapped; while at most half are, a swapped block follows at
+    least one that stays, so its copy (started with the forward or with the previous
+    swapped block) overlaps that block's compute."""
     resident = min(max(int(resident), 0), int(num_layers))
     count = num_layers - resident
     if count <= 0:
@@ -288,10 +289,11 @@ class BlockSwapper:
         self._swapped = tuple(swapped_blocks(self.resident, len(blocks)))
         # the swapped block whose copy starts when each swapped block starts computing
         self._next = dict(zip(self._swapped, self._swapped[1:]))
+        swapped = set(self._swapped)
         # (layer, parameter name) per block; nothing for resident blocks. Layers, not
         # Parameters, are held so that a released model's weights are really freed.
         self._weights: list[list[tuple[nn.Module, str]]] = [
-            [(layer, "weight") for _, layer in swappable_weights(block)] if index in set(self._swapped) else []
+            [(layer, "weight") for _, layer in swappable_weights(block)] if index in swapped else []
             for index, block in enumerate(blocks)
         ]
         self.device = torch.device(device) if device is not None else _compute_device(model, self._weights)

@@ -149,7 +149,7 @@ fused.register_kernel(dequantize_int8_pytorch, _dequantize_int8_cuda)
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out`` [tokens, heads, head_dim] <- q * scale, in out's dtype, without temporaries.
     Every layer's pass of an int8 cache runs this over the committed frames' keys and values
-    (0.1 GB of int8 each at 480x832, window 9): on CUDA one Triton pass
+    (48 MB of int8 each at 480x832, window 9): on CUDA one Triton pass
     (``triton_kernels.dequantize_int8``, bit for bit the definition) instead of the
     definition's two passes over the bf16 output; elsewhere, or with LINGBOT_FUSED=0,
     ``dequantize_int8_pytorch``."""
