@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-fast", action="store_true")
     p.add_argument("--attention-compare", metavar="NAMES",
                    help="sp: only one GPU's Fast chunk, once per attention backend (comma list, e.g. "
-                        "sdpa,flash,flash_fp8), each with its time and deviation from the first")
+                        "sdpa,flash,flash_fp8,flash_fp8:cast; :cast keeps no fp8 operands in the cache), each "
+                        "with its time and deviation from the first")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--devices", action="append", choices=PLACEMENTS,
@@ -522,21 +523,50 @@ def run_sp(args) -> int:
 def _compare_attention(args, model, config, height: int, width: int, device: torch.device, common: dict) -> int:
     """One GPU's Fast chunk under each backend of --attention-compare in one process (the same
     weights, noise and camera): the time per chunk and the first and last chunks' outputs'
-    relative deviation from the first backend's."""
-    from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
+    relative deviation from the first backend's. ``NAME:cast`` runs NAME with the cache
+    keeping no fp8 operands (LINGBOT_KV_FP8_KEEP=0: the kernel casts every frame every pass).
+    With 8-bit linears on CUDA, the kernel floor of that kind is measured once in the same
+    process and each figure's ratio to it recorded."""
+    import os
 
+    from fast_chunks import kernel_floor
+    from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
+    from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV, CachePolicy
+
+    floor = None
+    if device.type == "cuda" and args.weights in ("fp8", "int8"):
+        floor = kernel_floor(config, height, width, CachePolicy(window=9, sink=3), 81, args.weights, args.camera_terms)
+        print(json.dumps({"floor": args.weights, "chunk_s": round(floor["chunk_s"], 4)}), flush=True)
     records, reference = [], None
-    for name in args.attention_compare.split(","):
-        with attention_backend(name.strip()), torch.no_grad():
-            record = {"attention": backend_name(device)}
-            record["fast"], got = time_fast(model, config, height, width, args.fast_chunks, args.warmup, device,
-                                            args.camera_terms, args.cuda_graphs)
+    for entry in args.attention_compare.split(","):
+        name, _, variant = entry.strip().partition(":")
+        if variant not in ("", "cast"):
+            raise SystemExit(f"--attention-compare: {entry!r}: the only variant is NAME:cast")
+        saved = os.environ.get(KEEP_FP8_ENV)
+        if variant == "cast":
+            os.environ[KEEP_FP8_ENV] = "0"
+        try:
+            with attention_backend(name), torch.no_grad():
+                record = {"attention": backend_name(device), "kv_fp8_keep": variant != "cast"}
+                record["fast"], got = time_fast(model, config, height, width, args.fast_chunks, args.warmup, device,
+                                                args.camera_terms, args.cuda_graphs)
+        finally:
+            if saved is None:
+                os.environ.pop(KEEP_FP8_ENV, None)
+            else:
+                os.environ[KEEP_FP8_ENV] = saved
         if reference is None:
             reference = got
         record["fast"]["rel_vs_first"] = [rel_err(got[i], reference[i]) for i in range(len(got))]  # first, last chunk
+        record["fast"]["equal_to_first"] = bool(torch.equal(got, reference))
+        if floor is not None:
+            record["kernel_floor"] = floor
+            record["ratio_to_floor"] = record["fast"]["chunk_s"] / floor["chunk_s"]
         records.append(common | record)
-        print(json.dumps({"attention": record["attention"], "fast_chunk_s": round(record["fast"]["chunk_s"], 4),
-                          "rel_vs_first": record["fast"]["rel_vs_first"]}), flush=True)
+        print(json.dumps({"attention": entry.strip(), "fast_chunk_s": round(record["fast"]["chunk_s"], 4),
+                          "rel_vs_first": record["fast"]["rel_vs_first"],
+                          "equal_to_first": record["fast"]["equal_to_first"],
+                          "ratio_to_floor": None if floor is None else round(record["ratio_to_floor"], 3)}), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(records, indent=2))
     return 0

@@ -279,6 +279,15 @@ for what in "$@"; do
                          --vram-cap-gb 24 --blocks-on-gpu "$b" --camera-terms "$t" \
                          --out "$OUT/fast_81_int8_fp8w_cap24_swap${b}_terms${t}_spread${s}.json"
                  done ;;
+        # The cache's kept fp8 attention operands (flash_fp8): the kernel and sessions against casting every pass,
+        # eager and graphed; then one GPU's Fast chunk with FA3 bf16, fp8 casting every pass, fp8 kept, with
+        # the fp8 floor measured in the same process (carry .site_xz: FlashAttention 3).
+        gpu_kept) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_kv_cache_cuda.py \
+                   tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_attention_fp8_cuda.py 2>&1 \
+                   | grep -v "^Failed to load" | tail -12 ;;
+        fast_kept) python3 bench/multi_gpu.py --mode sp --ranks 1 --weights fp8 --camera-terms 40 --cuda-graphs \
+                  --fast-chunks 10 --warmup 4 --attention-compare "${ATTENTIONS:-flash,flash_fp8:cast,flash_fp8}" \
+                  --out "$OUT/fast_1gpu_fp8w_terms_graphs_kept_fp8_operands.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         gpu25) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_kv_cache_cuda.py \
                    tests/unit/test_block_swap.py tests/gpu/test_cuda_graphs_cuda.py 2>&1 | grep -v "^Failed to load" | tail -12 ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..wan.config import DiTConfig
+from ..wan.runtime.attention import attends_kept_operands
 from ..wan.runtime.camera_terms import CameraTerms
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy, KVCache
 
@@ -108,15 +109,17 @@ def vae_budgets(weights_bytes: int, height: int, width: int, precision: str = "f
 
 
 def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, latent_width: int, latent_frames: int | None,
-                   extra: int = 0) -> int:
+                   extra: int = 0, attention: str | None = None) -> int:
     """Working memory a Fast run needs beside its transformer (``config``: a ``DiTConfig``):
     the policy's KV cache (text keys and values included) and one chunk's activations,
-    plus ``extra`` bytes (e.g. ``vae_stream_budget``)."""
+    plus ``extra`` bytes (e.g. ``vae_stream_budget``). ``attention``: the run's kernel
+    choice; with ``flash_fp8`` a bf16 cache also keeps its fp8 operands."""
     _, ph, pw = config.patch_size
     frame_tokens = (latent_height // ph) * (latent_width // pw)
     cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
                                    head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
-                                   latent_frames=latent_frames, text_tokens=config.text_len)
+                                   latent_frames=latent_frames, text_tokens=config.text_len,
+                                   fp8_operands=attends_kept_operands(attention))
     return cache + activation_bytes(policy.chunk * frame_tokens, config.dim) + int(extra)
 
 

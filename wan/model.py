@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .runtime import fused
 from .runtime import parallel as sequence_parallel
-from .runtime.attention import attention, backend_name
+from .runtime.attention import attention, backend_name, kept_operands_kernel
 from .runtime.camera_terms import CameraTerms
 from .runtime.cuda_graphs import ForwardGraphs, graphs_supported
 from .runtime.dense import Dense, dense, shared_input
@@ -197,10 +197,22 @@ class _Attention(nn.Module):
             fused.run(fused.rms_rope_, out, weight, cos, sin, token_start, eps, self.head_dim)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One sample's attention: q [Lq, dim], k and v [Lk, dim] -> [Lq, dim]."""
-        heads = (self.num_heads, self.head_dim)
+        """One sample's attention: q [Lq, dim], k and v [Lk, dim] -> [Lq, dim] (dim: the heads
+        this device holds times head_dim)."""
+        heads = (-1, self.head_dim)
         out = attention(q.unflatten(-1, heads)[None], k.unflatten(-1, heads)[None], v.unflatten(-1, heads)[None])
         return out[0].reshape(q.shape[0], -1)
+
+    def _attend_to_cache(self, q: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        """One chunk's queries q [Lq, dim] attending to the cache's keys and values -> [Lq, dim]:
+        the cache's kept fp8 operands where the run's kernel takes them (flash_fp8), else
+        ``attended()``."""
+        q4 = q.unflatten(-1, (-1, self.head_dim))[None]
+        kernel = kept_operands_kernel(q4)
+        operands = None if kernel is None else cache.attended_fp8()
+        if operands is None:
+            return self._attend(q, *cache.attended())
+        return kernel(q4, *operands)[0].reshape(q.shape[0], -1)
 
 
 class SelfAttention(_Attention):
@@ -244,7 +256,7 @@ class SelfAttention(_Attention):
             self._project_norm_(wk, self.norm_k, h, k[start:stop], rope, start)
             wv(h, out=v[start:stop])
             del h
-        out = None if q is None else self._attend(q, *cache.attended())
+        out = None if q is None else self._attend_to_cache(q, cache)
         cache.stored()
         return out
 
@@ -285,10 +297,7 @@ class SelfAttention(_Attention):
             dst_v.copy_(values)
         out = None
         if queries:
-            k, v = cache.attended()
-            local = queries[0].shape[1] // self.head_dim  # this rank's heads
-            attended = attention(queries[0].unflatten(-1, (local, -1))[None], k.unflatten(-1, (local, -1))[None],
-                                 v.unflatten(-1, (local, -1))[None])[0]
+            attended = self._attend_to_cache(queries[0], cache).unflatten(-1, (-1, self.head_dim))  # this rank's heads
             del queries
             pad = sp.size * length - run.length
             out = sp.heads_to_seq(F.pad(attended, (0, 0, 0, 0, 0, pad))).flatten(1)

@@ -99,7 +99,7 @@ class FastDiT:
 def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
                latent_frames: int | None, extra: int = 0) -> int:
     """Working memory to keep free beside the transformer for a run (``fast_run_bytes``)."""
-    return fast_run_bytes(fast.config, policy, latent_height, latent_width, latent_frames, extra)
+    return fast_run_bytes(fast.config, policy, latent_height, latent_width, latent_frames, extra, fast.attention)
 
 
 def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,

@@ -34,9 +34,11 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def session(model, graphs: bool, keep: int | str, camera: bool, kv_dtype: str = "bf16",
-            latent: tuple[int, int] = (8, 8), frames: int = 3) -> tuple[torch.Tensor, object]:
+            latent: tuple[int, int] = (8, 8), frames: int = 3,
+            kept_fp8: list | None = None) -> tuple[torch.Tensor, object]:
     """Every pass's output of a CHUNKS-chunk session (a new camera and new noise per chunk),
-    and the cache's graphs (None when not made)."""
+    and the cache's graphs (None when not made); ``kept_fp8`` gets whether the cache kept
+    fp8 attention operands."""
     g = torch.Generator().manual_seed(11)
     h, w = latent
     device = model.patch_embedding.weight.device
@@ -60,6 +62,8 @@ def session(model, graphs: bool, keep: int | str, camera: bool, kv_dtype: str = 
                          commit=True) is None
     found = cache.graphs
     stats = None if found is None else (found.captures, found.replays, found.disabled)
+    if kept_fp8 is not None:
+        kept_fp8.append(cache._fp8 is not None)
     cache.close()
     return torch.stack(outs), stats
 
@@ -91,6 +95,32 @@ def test_graphed_session_equals_eager_bit_for_bit(folders, kind, kv_dtype, keep,
     assert torch.equal(graphed, eager), (
         f"first differing pass {int((graphed != eager).flatten(1).any(1).nonzero()[0])}, "
         f"max |diff| {float((graphed - eager).abs().max())}")
+
+
+def test_fp8_attention_with_kept_operands_equals_casting_every_pass(folders, monkeypatch) -> None:
+    """flash_fp8 (FlashAttention 3 on fp8 operands) with the cache keeping the committed
+    frames' cast: the same outputs bit for bit as every pass casting all its keys and values
+    (LINGBOT_KV_FP8_KEEP=0), eagerly and replayed from graphs (the commit's moves, the last
+    layer's stale cast, scales that move from pass to pass)."""
+    from comfyui_lingbot_world.wan.runtime import attention as attn
+    from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV
+
+    _need("fp8")
+    if not attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", torch.cuda.get_device_capability()):
+        pytest.skip("flash_fp8 runs on Hopper only")
+    if attn._fa3() is None:
+        pytest.skip("FlashAttention 3 is not installed (pip install fa3-fwd)")
+    model = load_expert(folders["fp8"], CUDA, quantize="fp8")
+    kept: list[bool] = []
+    with attn.attention_backend("flash_fp8"):
+        eager, _ = session(model, False, "all", True, kept_fp8=kept)
+        graphed, (captures, replays, disabled) = session(model, True, "all", True, kept_fp8=kept)
+        monkeypatch.setenv(KEEP_FP8_ENV, "0")
+        cast, _ = session(model, False, "all", True, kept_fp8=kept)
+    assert kept == [True, True, False]
+    assert disabled is None and (captures, replays) == (2, 18)
+    assert torch.equal(eager, cast), f"max |diff| {float((eager - cast).abs().max())}"
+    assert torch.equal(graphed, eager), f"max |diff| {float((graphed - eager).abs().max())}"
 
 
 def test_block_swap_runs_eagerly_and_the_same(folders) -> None:

@@ -63,3 +63,28 @@ def test_an_int8_cache_attends_the_same_bits_with_and_without_the_kernel(monkeyp
         cache.close()
     assert len(attended["1"]) == len(attended["0"]) > 0
     assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(attended["1"], attended["0"]))
+
+
+def test_the_kept_fp8_cast_is_the_definition_bit_for_bit() -> None:
+    """``requantize_heads_fp8`` (what a bf16 cache runs to keep flash_fp8's operands) at a
+    Fast layer's shape: 9 frames of 1,560 tokens, 40 heads of 128, six committed frames whose
+    cast is kept for some heads and stale for others, three fresh frames."""
+    _cuda()
+    from comfyui_lingbot_world.wan.runtime.weights8 import FP8_MAX, requantize_heads, requantize_heads_pytorch
+
+    g = torch.Generator(device=CUDA).manual_seed(2)
+    rows, fresh = 9 * 1560, 6 * 1560
+    x = (torch.randn(rows, 40, 128, generator=g, device=CUDA) * torch.logspace(-2, 1, 40, device=CUDA)[None, :, None]
+         ).to(torch.bfloat16)
+    scales = x.float().abs().amax(dim=(0, 2)) / FP8_MAX
+    kept = scales.clone()
+    kept[::3] = -1.0  # every third head's cast is stale
+    old = torch.randn(rows, 40, 128, generator=g, device=CUDA).to(torch.float8_e4m3fn)
+    cast = (x.float() / scales[None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    old[:fresh] = cast[:fresh]  # the invariant: the kept rows hold the cast with their scale
+    old[:fresh, ::3] = torch.randn(fresh, 14, 128, generator=g, device=CUDA).to(torch.float8_e4m3fn)
+    want = requantize_heads_pytorch(x, old.clone(), scales, kept, fresh)
+    got = triton_kernels.requantize_heads_fp8(x, old.clone(), scales, kept, fresh, FP8_MAX)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(want.view(torch.uint8), cast.view(torch.uint8))  # every row is the cast again
+    assert torch.equal(requantize_heads(x, old.clone(), scales, kept, fresh).view(torch.uint8), want.view(torch.uint8))

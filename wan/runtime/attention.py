@@ -82,21 +82,43 @@ def _load_flash() -> Kernel | None:
 FA3_FP8_HEAD_DIMS = (64, 96, 128, 192, 256)  # FlashAttention 3's fp8 forward kernels
 
 
+# A kernel on keys and values its caller keeps quantized (a KV cache's, ``LayerKV.attended_fp8``):
+# (q [B, Lq, H, D] bf16/fp16, k, v [B, Lk, H, D] fp8 e4m3, k_scales, v_scales [B, H] float32)
+# -> [B, Lq, H, D] in q's dtype; q is quantized inside (it changes on every call).
+KeptKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _load_flash_fp8_kept() -> KeptKernel | None:
+    """FlashAttention 3 on fp8 e4m3 operands quantized per (sample, head)
+    (``weights8.quantize_heads``: q here, k and v by the caller), the scales passed as the
+    kernel's descale factors, the output in q's dtype."""
+    fa3 = _fa3()
+    if fa3 is None:
+        return None
+    from .weights8 import quantize_heads
+
+    def run(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scales: torch.Tensor,
+            v_scales: torch.Tensor) -> torch.Tensor:
+        q8, q_scales = quantize_heads(q)
+        return _first(fa3(q8, k8, v8, q_descale=q_scales, k_descale=k_scales, v_descale=v_scales)).to(q.dtype)
+    return run
+
+
 def _load_flash_fp8() -> Kernel | None:
     """FlashAttention 3 on fp8 e4m3 operands: q, k and v quantized per head on the fly
     (``weights8.quantize_heads``), their scales passed as the kernel's descale factors, the
     output in bf16. Hopper's fp8 tensor cores run it at about twice the bf16 rate; the
     rounding of q, k and v to 3 mantissa bits is what it costs (bench/attention_backends.py)."""
-    fa3 = _fa3()
-    if fa3 is None:
+    kept = _LOADERS["flash_fp8_kept"]()
+    if kept is None:
         return None
     from .weights8 import quantize_heads
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.shape[-1] not in FA3_FP8_HEAD_DIMS:  # e.g. the tiny test geometry: SDPA instead of an error
             return _sdpa(q, k, v)
-        (q8, qs), (k8, ks), (v8, vs) = (quantize_heads(t) for t in (q, k, v))
-        return _first(fa3(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)).to(q.dtype)
+        (k8, ks), (v8, vs) = quantize_heads(k), quantize_heads(v)
+        return kept(q, k8, v8, ks, vs)
     return run
 
 
@@ -116,7 +138,8 @@ def _load_sage() -> Kernel | None:
     return run
 
 
-_LOADERS = {"flash": _load_flash, "flash_fp8": _load_flash_fp8, "sage": _load_sage}
+_LOADERS = {"flash": _load_flash, "flash_fp8": _load_flash_fp8, "flash_fp8_kept": _load_flash_fp8_kept,
+            "sage": _load_sage}
 
 
 @dataclass(frozen=True)
@@ -137,6 +160,10 @@ class AttentionBackend:
     min_capability: tuple[int, int] | None  # least CUDA compute capability (None: any)
     supports_sequence_parallel: bool
     max_capability: tuple[int, int] | None = None  # greatest one (None: any): kernels built for one architecture
+    # The same kernel on fp8 keys and values the caller keeps quantized per (sample, head),
+    # ``weights8.quantize_heads``' layout (a KV cache casts its committed frames once, not
+    # on every pass); None: the backend attends to the keys and values as they are.
+    kept: Callable[[], KeptKernel | None] | None = None
 
     def runs_on(self, device_type: str, capability: tuple[int, int] | None = None) -> bool:
         """Whether the backend can run on this device (capability of a CUDA device, if known)."""
@@ -158,7 +185,8 @@ ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     # Hopper only: FlashAttention 3's fp8 kernels are built for sm90.
     "flash_fp8": AttentionBackend("flash_fp8", lambda: _LOADERS["flash_fp8"](),
                                   "FlashAttention 3 (the fa3-fwd wheel, or flash_attn_interface)", ("cuda",), _HALF,
-                                  FA3_FP8_HEAD_DIMS, (9, 0), True, max_capability=(9, 0)),
+                                  FA3_FP8_HEAD_DIMS, (9, 0), True, max_capability=(9, 0),
+                                  kept=lambda: _LOADERS["flash_fp8_kept"]()),
     "sage": AttentionBackend("sage", lambda: _LOADERS["sage"](), "sageattention", ("cuda",), _HALF,
                              SAGE_HEAD_DIMS, (8, 0), True),
 }
@@ -306,6 +334,35 @@ def reset_backend_choice() -> None:
     """Forget the cached choice (after changing LINGBOT_ATTENTION, e.g. in tests)."""
     _select.cache_clear()
     _chosen.cache_clear()
+    _kept_kernel.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _kept_kernel(name: str) -> KeptKernel | None:
+    return ATTENTION_BACKENDS[name].kept()
+
+
+def attends_kept_operands(choice: str | None) -> bool:
+    """Whether a run choosing backend ``choice`` attends with a kernel on kept fp8 operands
+    (so a bf16 KV cache keeps them beside itself: memory plans count them). ``auto`` never
+    picks such a kernel."""
+    backend = ATTENTION_BACKENDS.get(choice or "")
+    return backend is not None and backend.kept is not None
+
+
+def kept_operands_kernel(q: torch.Tensor) -> KeptKernel | None:
+    """The kernel of this context's backend on keys and values kept quantized by the caller
+    (``AttentionBackend.kept``), for queries like ``q`` [B, L, H, D]; None when the backend
+    attends to unquantized operands (all but ``flash_fp8``) or does not take q's dtype or
+    head size. A Fast KV cache then gives ``LayerKV.attended_fp8()`` in place of its keys
+    and values: the same operands the kernel would make, cast once per chunk."""
+    name, _ = _kernel_for(q.device)
+    backend = ATTENTION_BACKENDS.get(name)
+    if backend is None or backend.kept is None or q.dtype not in backend.dtypes:
+        return None
+    if backend.head_dims is not None and q.shape[-1] not in backend.head_dims:
+        return None
+    return _kept_kernel(name)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -42,11 +42,21 @@ each layer's pass dequantizes them into one work buffer shared by all layers, be
 the current chunk writes its own keys and values unquantized (a chunk's own K/V are never
 quantized). Quantization error per element is at most scale / 2 (round to nearest).
 
-Every tensor is allocated when the cache is created; nothing grows with the video's
+fp8 attention operands (``LayerKV.attended_fp8``): an attention kernel on fp8 keys and
+values with one scale per head (``flash_fp8``) would cast all 9 frames' keys and values on
+every pass, 6 of them committed frames that do not change within a chunk. A bf16 cache
+keeps their fp8 cast per layer instead (the window's slots again in one byte: 5.75 GB at
+480x832 beside the cache's 11.5) with each frame's per-head absmax, so a pass casts the
+chunk's own 3 frames, and a committed frame only when the head's scale (the absmax over
+all attended frames) moved. The operands are bit for bit ``weights8.quantize_heads`` of
+``attended()``. Allocated on the first such call; LINGBOT_KV_FP8_KEEP=0 turns it off.
+
+Every other tensor is allocated when the cache is created; nothing grows with the video's
 length. Pure PyTorch: nothing here imports the model.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -55,9 +65,17 @@ import torch
 from ..geometry import CHUNK_FRAMES, MAX_TOKENS
 from . import fused
 from .cuda_graphs import ForwardGraphs
+from .weights8 import FP8, head_absmax, heads_scale, requantize_heads
 
 KV_DTYPES = ("bf16", "int8")
 INT8_MAX = 127
+# "0": a cache keeps no fp8 attention operands (an fp8 kernel casts every attended frame on
+# every pass), e.g. to compare.
+KEEP_FP8_ENV = "LINGBOT_KV_FP8_KEEP"
+
+
+def _keep_fp8_allowed() -> bool:
+    return os.environ.get(KEEP_FP8_ENV, "1").strip() != "0"
 
 
 @dataclass(frozen=True)
@@ -215,6 +233,15 @@ class LayerKV:
         contiguous slice (committed frames first, the chunk last). int8: dequantized now."""
         return self.cache._attended(self.index)
 
+    def attended_fp8(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The keys and values of ``attended()`` as an fp8 attention kernel takes them,
+        (k, v [1, L, heads, head_dim] fp8 e4m3, k_scales, v_scales [1, heads] float32): bit
+        for bit ``weights8.quantize_heads`` of each, with the committed frames cast only when
+        their head's scale moved (see the module's docstring). Call after the pass wrote the
+        chunk's keys and values (``new_kv``). None where the cache keeps none (int8 caches,
+        LINGBOT_KV_FP8_KEEP=0)."""
+        return self.cache._attended_fp8(self.index)
+
     def stored(self) -> None:
         """Call after the layer's attention: in the commit pass, the chunk's keys and values
         become committed frames (int8: quantized; bf16: moved into evicted slots)."""
@@ -268,6 +295,9 @@ class KVCache:
                 self._k = torch.empty(layers, slots, dim, dtype=dtype, device=self.device)
                 self._v = torch.empty_like(self._k)
         self._cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        # fp8 attention operands kept between passes (``attended_fp8``): made on first use.
+        self.keeps_fp8 = not self.int8 and _keep_fp8_allowed()
+        self._fp8: _KeptFP8 | None = None
         self._layers = [LayerKV(self, i) for i in range(layers)]
         self.slot_frames: list[int] = []  # absolute latent frame held by each committed slot
         self.frame_start = 0  # the chunk being generated starts at this absolute latent frame
@@ -285,20 +315,27 @@ class KVCache:
         """Bytes this cache holds on its device (self-attention slots, scales, work buffer and
         the cross-attention keys and values computed so far)."""
         tensors = [self._k, self._v] + ([self._k8, self._v8, self._k_scale, self._v_scale] if self.int8 else [])
+        if self._fp8 is not None:
+            tensors += self._fp8.tensors()
         total = sum(t.numel() * t.element_size() for t in tensors)
         return total + sum(t.numel() * t.element_size() for kv in self._cross if kv for t in kv)
 
     @staticmethod
     def estimate_bytes(policy: CachePolicy, *, layers: int, heads: int, head_dim: int, frame_tokens: int,
-                       dtype_bytes: int = 2, latent_frames: int | None = None, text_tokens: int = MAX_TOKENS) -> int:
-        """What ``nbytes`` will be once the cross-attention cache is filled, without allocating."""
+                       dtype_bytes: int = 2, latent_frames: int | None = None, text_tokens: int = MAX_TOKENS,
+                       fp8_operands: bool = False) -> int:
+        """What ``nbytes`` will be once the cross-attention cache is filled, without allocating.
+        ``fp8_operands``: the run attends with an fp8 kernel, so a bf16 cache also keeps
+        the fp8 operands (``attended_fp8``; LINGBOT_KV_FP8_KEEP=0 aside)."""
         window, _ = policy.resolve(latent_frames)
         dim, tokens = heads * head_dim, window * frame_tokens
         cross = 2 * layers * text_tokens * dim * dtype_bytes
         if policy.dtype == "int8":
             stored = (window - policy.chunk) * frame_tokens
             return 2 * (layers * stored * dim + layers * stored * heads * 4 + tokens * dim * dtype_bytes) + cross
-        return 2 * layers * tokens * dim * dtype_bytes + cross
+        kept = _KeptFP8.estimate_bytes(layers, tokens, heads, head_dim, window) if (
+            fp8_operands and _keep_fp8_allowed()) else 0
+        return 2 * layers * tokens * dim * dtype_bytes + cross + kept
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -357,6 +394,8 @@ class KVCache:
                              "is past its end")
         self._in_pass = True
         self.committing = commit
+        if self._fp8 is not None:
+            self._fp8.ran = [False] * self.layers
         self._plan = plan_commit(self.slot_frames, range(self.frame_start, self.frame_start + self.chunk),
                                  self.capacity, self.sink) if commit else None
 
@@ -384,6 +423,7 @@ class KVCache:
         for name in ("_k", "_v", "_k8", "_v8", "_k_scale", "_v_scale"):
             if hasattr(self, name):
                 setattr(self, name, None)
+        self._fp8 = None
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
@@ -411,10 +451,34 @@ class KVCache:
         stop = n + self.chunk * self.frame_tokens
         return k[:stop], v[:stop]
 
+    def _attended_fp8(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if not self.keeps_fp8:
+            return None
+        if self._fp8 is None:
+            with torch.inference_mode(False), torch.no_grad():
+                self._fp8 = _KeptFP8(self.layers, self.window * self.frame_tokens, self.heads, self.head_dim,
+                                     self.window, self.device)
+        kept, ft, n = self._fp8, self.frame_tokens, self.committed
+        stop = (n + self.chunk) * ft
+        shape = (self.heads, self.head_dim)
+        out: list[torch.Tensor] = []
+        for j, (source, values) in enumerate(zip(self._buffers(index), (kept.k[index], kept.v[index]))):
+            new = source[n * ft:stop].view(self.chunk, ft, *shape)
+            kept.amax[j, index, n:n + self.chunk] = head_absmax(new)  # per frame: a commit moves frames
+            scales = heads_scale(kept.amax[j, index, :n + self.chunk].amax(0))  # the max over all: exact
+            requantize_heads(source[:stop].view(stop, *shape), values[:stop], scales, kept.scale[j, index], n * ft)
+            kept.scale[j, index].copy_(scales)
+            out += [values[:stop], scales]
+        kept.ran[index] = True
+        k8, k_scales, v8, v_scales = out
+        return k8[None], v8[None], k_scales[None], v_scales[None]
+
     def _store(self, index: int) -> None:
         """The commit pass's keys and values of layer ``index`` become committed frames."""
         ft, n = self.frame_tokens, self.committed
         k, v = self._buffers(index)
+        if self._fp8 is not None:
+            self._store_fp8(index)
         if self.int8:
             shape = (self.chunk * ft, self.heads, self.head_dim)
             new = slice(n * ft, (n + self.chunk) * ft)
@@ -432,10 +496,51 @@ class KVCache:
                 v[dest * ft:(dest + 1) * ft] = v[src * ft:(src + 1) * ft]
 
 
+    def _store_fp8(self, index: int) -> None:
+        """The kept fp8 operands follow the commit's moves. A layer whose pass cast none
+        (the last layer of a commit pass attends to nothing) has its chunk frames' absmax
+        taken here and its cast marked stale, so the next pass casts every frame again."""
+        kept, ft, n, chunk = self._fp8, self.frame_tokens, self.committed, self.chunk
+        if not kept.ran[index]:
+            for j, source in enumerate(self._buffers(index)):
+                new = source[n * ft:(n + chunk) * ft].view(chunk, ft, self.heads, self.head_dim)
+                kept.amax[j, index, n:n + chunk] = head_absmax(new)
+            kept.scale[:, index].fill_(-1.0)  # no scale is -1: every head's cast is stale
+        for j, dest in enumerate(self._plan.dest):
+            src = n + j
+            if dest is None or dest == src:
+                continue
+            kept.amax[:, index, dest] = kept.amax[:, index, src]
+            if kept.ran[index]:
+                for values in (kept.k[index], kept.v[index]):
+                    values[dest * ft:(dest + 1) * ft] = values[src * ft:(src + 1) * ft]
+
+
+class _KeptFP8:
+    """A bf16 cache's fp8 attention operands (``KVCache._attended_fp8``): per layer the
+    window's keys and values cast to fp8 e4m3, each slot's per-head absmax (keys, values),
+    and the scale each layer's cast was made with (-1: stale)."""
+
+    def __init__(self, layers: int, tokens: int, heads: int, head_dim: int, slots: int,
+                 device: torch.device) -> None:
+        self.k = torch.empty(layers, tokens, heads, head_dim, dtype=FP8, device=device)
+        self.v = torch.empty_like(self.k)
+        self.amax = torch.zeros(2, layers, slots, heads, dtype=torch.float32, device=device)
+        self.scale = torch.full((2, layers, heads), -1.0, dtype=torch.float32, device=device)
+        self.ran = [False] * layers  # layers whose cast this pass made (the commit's moves need it)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v, self.amax, self.scale]
+
+    @staticmethod
+    def estimate_bytes(layers: int, tokens: int, heads: int, head_dim: int, slots: int) -> int:
+        return 2 * layers * tokens * heads * head_dim + 4 * 2 * layers * heads * (slots + 1)
+
+
 def frames_bytes(frames: int, frame_tokens: int, layers: int, dim: int, dtype_bytes: int = 2) -> int:
     """K+V bytes of ``frames`` latent frames over all layers (1.28 GB a frame at 480x832, A14B)."""
     return 2 * frames * frame_tokens * layers * dim * dtype_bytes
 
 
-__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KVCache", "KV_DTYPES", "LayerKV", "dequantize_int8",
-           "dequantize_int8_pytorch", "frames_bytes", "plan_commit", "quantize_int8"]
+__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KEEP_FP8_ENV", "KVCache", "KV_DTYPES", "LayerKV",
+           "dequantize_int8", "dequantize_int8_pytorch", "frames_bytes", "plan_commit", "quantize_int8"]

@@ -329,6 +329,53 @@ def scale_heads_fp8(x: torch.Tensor, scales: torch.Tensor, limit: float) -> torc
     return values
 
 
+@triton.jit
+def _requantize_heads_kernel(x_ptr, q_ptr, s_ptr, kept_ptr, rows, fresh_from, limit,
+                             WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                             DIM_BLOCK: tl.constexpr):
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    start = block * ROWS
+    s = tl.load(s_ptr + head)
+    # Rows before fresh_from hold values already cast with the head's kept scale: only a
+    # changed scale makes them stale. A block reaching past fresh_from always runs (its kept
+    # rows, cast again with an unchanged scale, get the same bytes).
+    if (start + ROWS > fresh_from) | (tl.load(kept_ptr + head) != s):
+        r = start + tl.arange(0, ROWS)
+        d = tl.arange(0, DIM_BLOCK)
+        offs = r[:, None].to(tl.int64) * WIDTH + head * HEAD_DIM + d[None, :]
+        mask = (r[:, None] < rows) & (d[None, :] < HEAD_DIM)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s), -limit), limit)
+        tl.store(q_ptr + offs, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=mask)
+
+
+def requantize_heads_fp8(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, kept: torch.Tensor,
+                         fresh_from: int, limit: float) -> torch.Tensor:
+    """``values`` [L, H, D] (fp8 e4m3) <- x [L, H, D] (bf16, fp16 or float32) cast per head
+    as ``scale_heads_fp8`` casts it, only where the bytes may differ: rows from
+    ``fresh_from`` on always, earlier rows of a head only when its scale (float32 [H]) is
+    not the one they were cast with (``kept`` [H]). ``kept`` is not updated here. Every
+    tensor contiguous; a few programs per head find nothing to do."""
+    if x.dim() != 3 or values.shape != x.shape or values.dtype != torch.float8_e4m3fn or not (
+            x.is_contiguous() and values.is_contiguous()):
+        raise ValueError(f"requantize_heads_fp8: expected contiguous x and fp8 values [tokens, heads, head_dim], got "
+                         f"{tuple(x.shape)} {x.dtype}, {tuple(values.shape)} {values.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"requantize_heads_fp8: x must be bf16, fp16 or float32, got {x.dtype}")
+    rows, heads, head_dim = x.shape
+    for name, t in (("scales", scales), ("kept", kept)):
+        if tuple(t.shape) != (heads,) or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"requantize_heads_fp8: {name} must be contiguous float32 [{heads}], got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    if rows:
+        block = 64
+        _requantize_heads_kernel[(triton.cdiv(rows, block), heads)](
+            x, values, scales, kept, rows, fresh_from, limit, WIDTH=heads * head_dim, HEAD_DIM=head_dim,
+            ROWS=block, DIM_BLOCK=triton.next_power_of_2(head_dim), num_warps=4)
+    return values
+
+
 # ------------------------------------------- the int8 KV cache's committed frames, dequantized
 
 @triton.jit

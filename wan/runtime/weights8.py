@@ -108,16 +108,39 @@ def quantize_heads_pytorch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """The definition of ``quantize_heads`` in PyTorch ops (what runs off CUDA)."""
     if x.dim() != 4:
         raise ValueError(f"quantize_heads expects [batch, tokens, heads, head_dim], got shape {tuple(x.shape)}")
-    amax = x.abs().amax(dim=(1, 3)).float().clamp_(min=_TINY)  # [B, H]
-    scales = amax / FP8_MAX
+    scales = heads_scale(x.abs().amax(dim=(1, 3)).float())  # [B, H]
     values = (x.float() / scales[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return values, scales
 
 
+def head_absmax_pytorch(x: torch.Tensor) -> torch.Tensor:
+    """The definition of ``head_absmax`` in PyTorch ops (what runs off CUDA)."""
+    return x.abs().amax(dim=(1, 3)).float()
+
+
+def _head_absmax_cuda(kernels, x: torch.Tensor) -> torch.Tensor:
+    return kernels.head_amax(x)
+
+
+fused.register_kernel(head_absmax_pytorch, _head_absmax_cuda)
+
+
+def head_absmax(x: torch.Tensor) -> torch.Tensor:
+    """float32 [B, H]: the absmax of each (sample, head) of x [B, L, H, D], the first half of
+    ``quantize_heads`` (on CUDA ``triton_kernels.head_amax``; a maximum is exact, so the same
+    values everywhere)."""
+    return fused.run(head_absmax_pytorch, x)
+
+
+def heads_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The fp8 scales of ``quantize_heads`` from each head's absmax (float32): the one rule,
+    for whoever assembles a head's absmax from parts (a KV cache's frames)."""
+    return amax.clamp(min=_TINY) / FP8_MAX
+
+
 def _quantize_heads_cuda(kernels, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # a layout the kernels refuse (ValueError) runs the definition, which names the mistake
-    amax = kernels.head_amax(x).clamp_(min=_TINY)  # the same values as abs().amax: a maximum is exact
-    scales = amax / FP8_MAX
+    scales = heads_scale(kernels.head_amax(x))  # the same values as abs().amax: a maximum is exact
     return kernels.scale_heads_fp8(x, scales, FP8_MAX), scales
 
 
@@ -134,6 +157,37 @@ def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``scale_heads_fp8``; bit for bit the definition); elsewhere, or with
     LINGBOT_FUSED=0, the PyTorch ops of ``quantize_heads_pytorch``."""
     return fused.run(quantize_heads_pytorch, x)
+
+
+def requantize_heads_pytorch(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, kept: torch.Tensor,
+                             fresh_from: int) -> torch.Tensor:
+    """The definition of ``requantize_heads`` in PyTorch ops (what runs off CUDA)."""
+    cast = (x.float() / scales[None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    fresh = torch.arange(x.shape[0], device=x.device)[:, None, None] >= fresh_from
+    redo = fresh | (kept != scales)[None, :, None]
+    bytes_ = values.view(torch.uint8)  # torch.where has no fp8 kernels; the bytes are the values
+    bytes_.copy_(torch.where(redo, cast.view(torch.uint8), bytes_))
+    return values
+
+
+def _requantize_heads_cuda(kernels, x, values, scales, kept, fresh_from):
+    return kernels.requantize_heads_fp8(x, values, scales, kept, fresh_from, FP8_MAX)
+
+
+fused.register_kernel(requantize_heads_pytorch, _requantize_heads_cuda)
+
+
+def requantize_heads(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, kept: torch.Tensor,
+                     fresh_from: int) -> torch.Tensor:
+    """Keep ``values`` [L, H, D] (fp8) equal to ``quantize_heads``' cast of x [L, H, D] with
+    ``scales`` (float32 [H]) while casting only what changed: rows from ``fresh_from`` on
+    always, earlier rows of a head only when its scale is not ``kept[h]``, the scale they
+    were cast with (the caller's invariant: rows before ``fresh_from`` hold x's cast with
+    ``kept``; set ``kept`` to ``scales`` afterwards). A KV cache's committed frames are cast
+    once this way, not on every pass. On CUDA one Triton pass (``requantize_heads_fp8``;
+    programs of unchanged heads return at once); elsewhere, or with LINGBOT_FUSED=0,
+    ``requantize_heads_pytorch``."""
+    return fused.run(requantize_heads_pytorch, x, values, scales, kept, fresh_from)
 
 
 @dataclass(frozen=True)
