@@ -101,7 +101,7 @@ def test_fp8_attention_with_kept_operands_equals_casting_every_pass(folders, mon
     """flash_fp8 (FlashAttention 3 on fp8 operands) with the cache keeping the committed
     frames' cast: the same outputs bit for bit as every pass casting all its keys and values
     (LINGBOT_KV_FP8_KEEP=0), eagerly and replayed from graphs (the commit's moves, the last
-    layer's stale cast, scales that move from pass to pass)."""
+    layer's stale cast)."""
     from comfyui_lingbot_world.wan.runtime import attention as attn
     from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from comfyui_lingbot_world.wan.runtime import attention as attn
+from triton_interpreter import run_interpreted
 
 
 @pytest.mark.parametrize("capability,installed,expected", [
@@ -133,14 +134,4 @@ def test_per_head_absmax_kernel_under_the_cpu_interpreter():
     """The Triton absmax of ``quantize_heads`` equals the definition's (a maximum is exact, so
     Triton's CPU interpreter checks it bit for bit; the fp8 cast is checked on the GPU:
     tests/gpu/test_attention_fp8_cuda.py)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from _standalone import import_pack; import_pack()\n"
-    done = subprocess.run([sys.executable, "-c", code + _INTERPRETED_AMAX], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    run_interpreted(_INTERPRETED_AMAX)

@@ -14,6 +14,7 @@ from comfyui_lingbot_world.wan.runtime.kv_cache import (CachePolicy, KVCache, de
 from fast_helpers import LAT_H, LAT_W, prompt, whole_camera, video_frames
 from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 from reference.official_fast import OfficialFastModel, generate_fast
+from triton_interpreter import run_interpreted
 
 FRAME_TOKENS = (LAT_H // 2) * (LAT_W // 2)
 
@@ -168,17 +169,7 @@ def test_the_int8_dequantize_kernel_is_the_definition_bit_for_bit_under_the_cpu_
     definition's (a float32 product, one rounding half to even), so Triton's CPU interpreter
     checks it bit for bit in float16, and layouts it does not take are refused (they run
     the definition). bf16 bit for bit: the GPU twin in tests/gpu/test_attention_fp8_cuda.py."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from _standalone import import_pack; import_pack()\n"
-    done = subprocess.run([sys.executable, "-c", code + _INTERPRETED_DEQUANT],
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    run_interpreted(_INTERPRETED_DEQUANT)
 
 
 def test_int8_cache_deviation_from_the_float_cache_is_small(model):

@@ -29,6 +29,7 @@ from comfyui_lingbot_world.wan.runtime.weights8 import (
     quantize_rows,
 )
 from safetensors import safe_open
+from triton_interpreter import run_interpreted
 
 KINDS = ("fp8", "int8")
 
@@ -349,17 +350,7 @@ def test_triton_quantizer_under_the_cpu_interpreter() -> None:
     definition under Triton's CPU interpreter. The interpreter casts to bf16 and fp8 by
     truncation (the GPU rounds half to even), so bf16 rows and fp8 values are checked bit for
     bit only on the GPU: tests/gpu/test_weights8_cuda.py."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    code = f"import sys; sys.path.insert(0, {str(root)!r}); from _standalone import import_pack; import_pack()\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code + _INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_interpreted(_INTERPRETED)
 
 
 def test_fp8_dense_writes_its_product_into_out(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -495,7 +495,6 @@ class KVCache:
                 k[dest * ft:(dest + 1) * ft] = k[src * ft:(src + 1) * ft]
                 v[dest * ft:(dest + 1) * ft] = v[src * ft:(src + 1) * ft]
 
-
     def _store_fp8(self, index: int) -> None:
         """The kept fp8 operands follow the commit's moves. A layer whose pass cast none
         (the last layer of a commit pass attends to nothing) has its chunk frames' absmax

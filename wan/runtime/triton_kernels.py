@@ -356,7 +356,8 @@ def requantize_heads_fp8(x: torch.Tensor, values: torch.Tensor, scales: torch.Te
     as ``scale_heads_fp8`` casts it, only where the bytes may differ: rows from
     ``fresh_from`` on always, earlier rows of a head only when its scale (float32 [H]) is
     not the one they were cast with (``kept`` [H]). ``kept`` is not updated here. Every
-    tensor contiguous; a few programs per head find nothing to do."""
+    tensor contiguous; a program over kept rows of a head whose scale did not move returns
+    at once, so the committed frames cost a load of two scales."""
     if x.dim() != 3 or values.shape != x.shape or values.dtype != torch.float8_e4m3fn or not (
             x.is_contiguous() and values.is_contiguous()):
         raise ValueError(f"requantize_heads_fp8: expected contiguous x and fp8 values [tokens, heads, head_dim], got "
