@@ -33,6 +33,7 @@ from torch import nn
 from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_size, video_frames
 from ...wan.play_camera import format_actions
 from ...wan.runtime.kv_cache import CachePolicy
+from ...wan.scheduler import DEFAULT_FAST_STEPS, fast_step_indices
 from ...wan.vae import WanVAE
 from ..fast.conditions import StreamedI2V
 from ..fast.generator import DEFAULT_POLICY, ChunkPlan, FastGenerator, FastParams
@@ -67,6 +68,7 @@ class PlaySettings:
     attention: str | None = None
     camera_terms: int = 0  # FastParams.camera_terms: blocks whose camera terms a chunk keeps
     cuda_graphs: bool = False  # FastParams.cuda_graphs: the chunk's passes replayed from CUDA graphs
+    steps: int = DEFAULT_FAST_STEPS  # denoising steps a chunk (wan.scheduler.FAST_STEP_INDICES); in the log
     poll_s: float = 0.1  # how often a waiting session looks at the interrupt flag and the page
 
     def __post_init__(self) -> None:
@@ -81,6 +83,7 @@ class PlaySettings:
                              "give a window (e.g. 9 latent frames with kv_sink 3)")
         if not 1 <= int(self.fps) <= 120:
             raise ValueError(f"fps must be 1..120, got {self.fps!r}")
+        fast_step_indices(self.steps)  # refused naming steps
 
 
 class FrameDecoder(Protocol):
@@ -220,8 +223,8 @@ class PlaySession:
         # decoder's exists; bounded, as an open-ended session has no length to stop at.
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
-                            attention=settings.attention, camera_terms=settings.camera_terms,
-                            cuda_graphs=settings.cuda_graphs)
+                            timestep_indices=fast_step_indices(settings.steps), attention=settings.attention,
+                            camera_terms=settings.camera_terms, cuda_graphs=settings.cuda_graphs)
         self._decoder = self._make_decoder() if self._make_decoder is not None else self.vae.stream_decoder()
         device = self.model.patch_embedding.weight.device
         overlap = device.type == "cuda" if self._overlap is None else self._overlap
@@ -358,8 +361,9 @@ class PlaySession:
         return {
             "actions": format_actions(keys), "frames": frames, "chunks": self.chunks_done,
             "chunk_keys": [keys_text(k) for k in self.camera.chunk_keys[:self.chunks_done]],
-            "seed": settings.seed, "shift": settings.shift, "kv_window": settings.policy.window,
-            "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype, "keyframes": KEYFRAMES_PLAY,
+            "seed": settings.seed, "shift": settings.shift, "steps": settings.steps,
+            "kv_window": settings.policy.window, "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype,
+            "keyframes": KEYFRAMES_PLAY,
             "width": settings.width, "height": settings.height, "vae_precision": settings.vae_precision,
             "fps": settings.fps, "mode": settings.mode, "ended": self.end_reason,
             **self.recipe,
