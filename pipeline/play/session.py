@@ -290,11 +290,13 @@ class PlaySession:
             self.controls.wait(self.settings.poll_s)
 
     def _deliver(self, c: int, x0: torch.Tensor) -> None:
-        """Decode chunk ``c``, write it to the file and send it to the page (on the decode
+        """Decode chunk ``c``, send it to the page and write it to the file (on the decode
         worker when overlapped: in order, one chunk at a time), one latent frame at a time:
-        each latent frame's frames (1 for the video's first, 4 after) are written and sent
+        each latent frame's frames (1 for the video's first, 4 after) are sent and written
         as soon as they are decoded, so the chunk's first frame does not wait for its last
-        (the stream decoder's pieces together are bitwise the whole chunk's decode)."""
+        (the stream decoder's pieces together are bitwise the whole chunk's decode). The
+        page gets them before the .mp4 does: the file's H.264 encode, the slowest step on
+        the CPU, is not in the key → frame time."""
         request, started, generated = self._jobs.pop(c)
         # The decoder may be on the CPU or another GPU than the transformer.
         latent = x0[None].to(device=getattr(self._decoder, "device", self.vae.device),
@@ -311,17 +313,18 @@ class PlaySession:
             video = self._decoder.decode_next(latent[:, :, part:part + 1],
                                               cancel=self._check if part == 0 else None)[0].float().cpu()
             decode_s += self.clock() - begun
-            if self.writer is not None:
-                self.writer.write(video)
             frames = jpeg_frames(video)
+            sent_at = self.clock()
             if part == 0 and request.asked_at is not None:
-                # Key to the chunk's first frame as the page meets it: decoded, written to
-                # the file and encoded for it (every part carries the chunk's figure).
-                latency = self.clock() - request.asked_at
+                # Key to the chunk's first frame as the page meets it: decoded and encoded
+                # for it (every part carries the chunk's figure).
+                latency = sent_at - request.asked_at
                 self.latency_s.append(latency)
             self._emit(EVENT_FRAMES, {"chunk": c, "first_frame": self.frames_done + sent, "frames": frames,
                                       "part": part, "last": part == parts - 1, "chunk_frames": chunk_frames,
-                                      "keys": keys, "latency_s": latency, "chunk_s": chunk_s})
+                                      "keys": keys, "latency_s": latency, "chunk_s": chunk_s, "sent_at": sent_at})
+            if self.writer is not None:
+                self.writer.write(video)
             sent += len(frames)
         self.decode_s.append(decode_s)
         self.chunk_s.append(chunk_s)

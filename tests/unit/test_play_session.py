@@ -171,6 +171,9 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
                                  (1, 0, 9, 4, False, 12, "wl"), (1, 1, 13, 4, False, 12, "wl"),
                                  (1, 2, 17, 4, True, 12, "wl")]
     assert all(f["latency_s"] is not None and 0 <= f["latency_s"] < 60 and f["chunk_s"] > 0 for f in frames)
+    # sent_at: the session's clock (time.monotonic) when each part went out, in order
+    sent = [f["sent_at"] for f in frames]
+    assert sent == sorted(sent) and all(abs(time.monotonic() - at) < 120 for at in sent)
     # one latency per chunk: the key to the chunk's first part, carried by all its parts
     assert [f["latency_s"] for f in frames] == [out["result"].latency_s[0]] * 3 + [out["result"].latency_s[1]] * 3
     picture = Image.open(io.BytesIO(base64.b64decode(frames[3]["frames"][0])))
@@ -219,7 +222,10 @@ def test_a_chunk_sent_per_latent_frame_is_bit_for_bit_the_whole_chunk_decode(mod
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_chunks_first_frames_are_written_and_sent_before_its_last_latent_frame_is_decoded(model, vae, overlap):
+def test_a_chunks_first_frames_are_sent_and_written_before_its_last_latent_frame_is_decoded(model, vae, overlap):
+    """Each part is sent to the page before it is written to the .mp4 (the file's H.264
+    encode is not in the key → frame time), and a chunk's first part before its last
+    latent frame is decoded."""
     order: list[tuple] = []
     session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=2, overlap=overlap,
                                            emit=lambda event, data: order.append(
@@ -245,7 +251,7 @@ def test_a_chunks_first_frames_are_written_and_sent_before_its_last_latent_frame
     for c, sizes in enumerate(([1, 4, 4], [4, 4, 4])):
         first = 0 if c == 0 else 9
         for part, n in enumerate(sizes):
-            expected += [("decode", 3 * c + part, 1), ("written", n), ("sent", c, part, first)]
+            expected += [("decode", 3 * c + part, 1), ("sent", c, part, first), ("written", n)]
             first += n
     assert order == expected
     # the chunk's first frames are out before its last latent frame is decoded
