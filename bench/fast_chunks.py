@@ -16,7 +16,7 @@ low-noise folder): the synthetic A14B expert of ``python . make_checkpoint --pre
 3. unless ``--no-clip``: an 81-frame clip end to end with the DiT resident (T5 load and
    encode of a new prompt → VAE encode → ``sample_fast`` → VAE decode);
 4. on CUDA, the kernel floor of one chunk: the block's bf16 GEMMs and SDPA timed alone at
-   the chunk's query tokens and the cache's key tokens, x blocks x 5 forwards (the text
+   the chunk's query tokens and the cache's key tokens, x blocks x (steps + 1) forwards (the text
    keys/values are cached, so their projections are not counted); on a card with fp8 tensor
    cores (sm89+) also the fp8 floor (the same with the linears as fp8 GEMMs, activation
    quantization included), and with ``--weights int8`` the int8 floor, in the same run.
@@ -67,6 +67,7 @@ from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS, fast_step_indices  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
 from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 
@@ -97,6 +98,12 @@ def policy_name(policy: CachePolicy) -> str:
     return "full" if policy.full else f"window{policy.window}_sink{policy.sink}"
 
 
+def fast_params(args: argparse.Namespace, policy: CachePolicy, seed: int) -> FastParams:
+    """The flags' ``FastParams`` (``--steps``: the first N official timesteps)."""
+    return FastParams(seed=seed, shift=args.shift, policy=policy, timestep_indices=fast_step_indices(args.steps),
+                      attention=args.attention, camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
+
+
 def load_image(path: str | None, height: int, width: int):
     from PIL import Image
 
@@ -119,8 +126,7 @@ def run_stream(args, model, text: torch.Tensor, vae_file: Path, image, policy: C
     latent_frames = fast_latent_frames(frames)
     camera = stream_camera(args, frames, height, width)
     pixels = image_to_tensor(as_pil(image), height, width)
-    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
+    params = fast_params(args, policy, seed=0)
     chunk_s, decode_s = [], []
     record: dict = {}
     with watch.phase("chunks") as phase:
@@ -192,8 +198,7 @@ def run_pipelined(args, model, text: torch.Tensor, vae_file: Path, image, policy
     height, width = (int(v) for v in args.size.lower().split("x"))
     frames = args.frames
     camera = stream_camera(args, frames, height, width)
-    params = FastParams(seed=0, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
+    params = fast_params(args, policy, seed=0)
     ends, written = [], []
 
     def chunk_done(_done: int, _total: int, _x0: torch.Tensor) -> None:
@@ -226,8 +231,7 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
     """T5 → VAE encode → chunks → decode for an 81-frame clip, the DiT already resident."""
     height, width = (int(v) for v in args.size.lower().split("x"))
     frames = 81
-    params = FastParams(seed=1, shift=args.shift, policy=policy, attention=args.attention,
-                        camera_terms=args.camera_terms, cuda_graphs=args.cuda_graphs)
+    params = fast_params(args, policy, seed=1)
     phases = {}
     sync(device)
     started = time.perf_counter()
@@ -257,9 +261,9 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
 
 
 def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: int, weights: str = "bf16",
-                 camera_terms: int = 0) -> dict:
-    """One chunk's kernels timed alone: five forwards of every block; the camera layers of
-    ``camera_terms`` blocks run once a chunk instead of five times (kept terms)."""
+                 camera_terms: int = 0, steps: int = DEFAULT_FAST_STEPS) -> dict:
+    """One chunk's kernels timed alone: steps + 1 forwards of every block (five at 4 steps); the
+    camera layers of ``camera_terms`` blocks run once a chunk instead of every forward (kept terms)."""
     from kernel_floor import block_floor_ms
 
     frame_tokens = geometry.video_tokens(1, *geometry.latent_size(height, width), config.patch_size)
@@ -268,9 +272,11 @@ def kernel_floor(config, height: int, width: int, policy: CachePolicy, frames: i
     block = block_floor_ms(chunk_tokens, config.dim, config.ffn_dim, config.num_heads, camera=True,
                            key_tokens=window * frame_tokens, cross_kv=False, weights=weights)
     kept = min(int(camera_terms), config.num_layers)
+    forwards = steps + 1
     return {"weights": weights, "query_tokens": chunk_tokens, "key_tokens": window * frame_tokens, "block": block,
-            "forward_s": block["block_ms"] * config.num_layers / 1000.0, "camera_terms": kept,
-            "chunk_s": (5 * block["block_ms"] * config.num_layers - 4 * block["camera_ms"] * kept) / 1000.0}
+            "forward_s": block["block_ms"] * config.num_layers / 1000.0, "camera_terms": kept, "steps": steps,
+            "chunk_s": (forwards * block["block_ms"] * config.num_layers
+                        - (forwards - 1) * block["camera_ms"] * kept) / 1000.0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-sink", type=int, default=3)
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--steps", type=int, default=DEFAULT_FAST_STEPS, choices=FAST_STEPS,
+                   help="denoising steps a chunk: 4 (official) or the first 3, 2, 1 of its timesteps")
     p.add_argument("--camera-terms", type=int, default=None,
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
@@ -338,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     cap_vram(args.vram_cap_gb, device)
     config = read_config(dit)
     record: dict = {
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "ranks": 1, "steps": args.steps,
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "torch": torch.__version__, "size": args.size, "frames": args.frames,
@@ -374,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         record["peak_rss_file_gb"] = watch.peak_file / GB
         if device.type == "cuda":
             terms = args.camera_terms
-            floors = {"bf16": kernel_floor(config, height, width, policy, args.frames, camera_terms=terms)}
+            floors = {"bf16": kernel_floor(config, height, width, policy, args.frames, camera_terms=terms,
+                                           steps=args.steps)}
             if torch.cuda.get_device_capability(device) >= (8, 9):
-                floors["fp8"] = kernel_floor(config, height, width, policy, args.frames, "fp8", terms)
+                floors["fp8"] = kernel_floor(config, height, width, policy, args.frames, "fp8", terms, args.steps)
             if record["weights"] == "int8":
-                floors["int8"] = kernel_floor(config, height, width, policy, args.frames, "int8", terms)
+                floors["int8"] = kernel_floor(config, height, width, policy, args.frames, "int8", terms, args.steps)
             record["kernel_floor"] = floors["bf16"]
             record["kernel_floors"] = floors
             own = floors.get(record["weights"], floors["bf16"])  # NF4 runs bf16 GEMMs after its dequantize

@@ -38,8 +38,8 @@ so fp8 x sequence parallel is measured against fp8 on one GPU.
 
 Per group size: ``link`` (a timed 64 MB all-to-all: seconds, GB/s, what ``devices=auto`` would
 pick), ``fast`` (LingBot-World Fast at ``--fast-size``, window 9 sink 3, the head-sharded cache:
-``chunk_s`` median over the chunks after ``--warmup`` — four denoising forwards and the commit
-pass of each chunk, as FastGenerator runs them — with ``fps`` = 12 video frames per chunk) and
+``chunk_s`` median over the chunks after ``--warmup`` — ``--steps`` denoising forwards (4, or 3, 2,
+1: the first official timesteps) and the commit pass of each chunk, as FastGenerator runs them — with ``fps`` = 12 video frames per chunk) and
 ``exact`` (one guided step of ``--size`` x ``--frames`` = one batch-of-two forward, ``s_per_step``),
 on 4+ ranks also ``exact_cfg_split`` (Ulysses x CFG split: the prompt branch on the first half of
 the GPUs, the negative one on the second, one all-gather between the pairs),
@@ -79,7 +79,8 @@ from comfyui_lingbot_world.pipeline.placement import (  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.geometry import latent_frames, latent_size  # noqa: E402
-from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
+from comfyui_lingbot_world.wan.scheduler import (DEFAULT_FAST_STEPS, fast_schedule, fast_step_indices,  # noqa: E402
+                                                  make_sampler)
 
 GB = 1024**3
 BF16_TOLERANCE = 1.6e-2  # 2**-6: bf16 keeps 8 significant bits
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="placements to run, in order (the first is the reference); default: all")
     p.add_argument("--size", default="480x832")
     p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps: placements, of the exact sampler (default 40); sp, of each Fast chunk "
+                        "(4, 3, 2 or 1: wan.scheduler.FAST_STEP_INDICES; default 4)")
     p.add_argument("--shift", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-swap", type=int, default=0)
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.mode == "sp":
         return run_sp(args)
+    args.steps = 40 if args.steps is None else args.steps
     if args.tiny:
         args.device, args.size, args.frames, args.steps = "cpu", "32x48", 5, 4
         if not args.package:
@@ -267,20 +271,19 @@ def _plucker(config, frames: int, lat_h: int, lat_w: int, device: torch.device, 
 
 
 def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
-              device: torch.device, camera_terms: int = 0, graphs: bool = False) -> tuple[dict, torch.Tensor]:
-    """Fast chunks with the window-9 cache: 4 denoising forwards + the commit pass each;
+              device: torch.device, camera_terms: int = 0, graphs: bool = False,
+              steps: int = DEFAULT_FAST_STEPS) -> tuple[dict, torch.Tensor]:
+    """Fast chunks with the window-9 cache: ``steps`` denoising forwards + the commit pass each;
     ``camera_terms`` blocks keep their camera terms for the chunk (``CameraTerms``);
     ``graphs``: the passes replayed from CUDA graphs once the cache is full (chunk 2 on).
     Returns the timings and the first and last chunks' last outputs (stacked)."""
     from comfyui_lingbot_world.wan.runtime.kv_cache import CHUNK_FRAMES, CachePolicy
-    from comfyui_lingbot_world.wan.scheduler import fast_schedule
-
     lat_h, lat_w = _latent_grid(config, height, width)
     g = torch.Generator().manual_seed(7)
     cache = model.new_kv_cache(CachePolicy(window=9, sink=3), lat_h, lat_w, graphs=graphs)
     text = [torch.randn(config.text_len, config.text_dim, generator=g).to(device)]
     times, first, last, stats = [], None, None, None
-    schedule = fast_schedule()
+    schedule = fast_schedule(indices=fast_step_indices(steps))
     try:
         for chunk in range(chunks):
             x = torch.randn(1, 16, CHUNK_FRAMES, lat_h, lat_w, generator=g).to(device)
@@ -307,21 +310,21 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
     steady = times[warmup:] or times
     chunk_s = statistics.median(steady)
     return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": 4 * CHUNK_FRAMES / chunk_s,
-            "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms,
+            "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms, "steps": steps,
             "cuda_graphs": stats}, torch.stack([first, last.float().cpu()])
 
 
 def profile_fast(model, config, height: int, width: int, device: torch.device, camera_terms: int,
-                 graphs: bool = False) -> dict:
+                 graphs: bool = False, steps: int = DEFAULT_FAST_STEPS) -> dict:
     """Two Fast chunks on rank 0 under torch.profiler: the kernels' GPU time against the
     wall time (what the GPU sat idle for), and the kernels that took the most."""
     from torch.profiler import ProfilerActivity, profile
 
-    time_fast(model, config, height, width, 1, 0, device, camera_terms)  # warm
+    time_fast(model, config, height, width, 1, 0, device, camera_terms, steps=steps)  # warm
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         started = time.perf_counter()
         # with graphs: chunks 0-1 fill the cache, 2-3 capture, 4-5 replay only
-        time_fast(model, config, height, width, 6 if graphs else 2, 0, device, camera_terms, graphs)
+        time_fast(model, config, height, width, 6 if graphs else 2, 0, device, camera_terms, graphs, steps)
         wall = time.perf_counter() - started
     events = prof.key_averages()
     device_us = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
@@ -442,7 +445,9 @@ def run_sp(args) -> int:
     fh, fw = (int(v) for v in fast_size.split("x"))
     eh, ew = (int(v) for v in exact_size.split("x"))
     factory = SyntheticDiT(config, dtype, weights=args.weights)
-    common = {"gpu": torch.cuda.get_device_name(0) if devices[0].type == "cuda" else "cpu",
+    steps = DEFAULT_FAST_STEPS if args.steps is None else args.steps
+    fast_step_indices(steps)  # refused before anything is built
+    common = {"gpu": torch.cuda.get_device_name(0) if devices[0].type == "cuda" else "cpu", "steps": steps,
               "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
               "weights": args.weights,
@@ -454,15 +459,15 @@ def run_sp(args) -> int:
     common["linear_kinds"] = sorted({gemm_kind(m).name for m in model.modules() if isinstance(m, torch.nn.Linear)})
     common["attention"] = backend_name(devices[0])  # what every rank runs (workers inherit the environment)
     if args.attention_compare:
-        return _compare_attention(args, model, config, fh, fw, devices[0], common)
+        return _compare_attention(args, model, config, fh, fw, devices[0], common | {"ranks": 1})
     baseline: dict = {"ranks": 1}
     with torch.no_grad():
         if not args.skip_fast:
             baseline["fast"], fast_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
-                                                       args.camera_terms, args.cuda_graphs)
+                                                       args.camera_terms, args.cuda_graphs, steps)
             if args.cuda_graphs:  # the same chunks eagerly, in the same process: the speed-up and bit equality
                 baseline["fast_eager"], eager_ref = time_fast(model, config, fh, fw, args.fast_chunks, args.warmup,
-                                                              devices[0], args.camera_terms)
+                                                              devices[0], args.camera_terms, steps=steps)
                 baseline["fast"]["graphs_speedup"] = baseline["fast_eager"]["chunk_s"] / baseline["fast"]["chunk_s"]
                 baseline["fast"]["graphs_equal_eager"] = bool(torch.equal(fast_ref, eager_ref))
         if not args.skip_exact:
@@ -492,12 +497,12 @@ def run_sp(args) -> int:
                     experts["low"].close()
                 if not args.skip_fast:
                     record["fast"], got = time_fast(parallel, config, fh, fw, args.fast_chunks, args.warmup, devices[0],
-                                                    args.camera_terms, args.cuda_graphs)
+                                                    args.camera_terms, args.cuda_graphs, steps)
                     record["fast"]["speedup_vs_1gpu"] = baseline["fast"]["chunk_s"] / record["fast"]["chunk_s"]
                     record["fast"]["max_rel_vs_1gpu"] = rel_err(got, fast_ref)
                     if args.profile:
                         record["fast"]["profile"] = profile_fast(parallel, config, fh, fw, devices[0], args.camera_terms,
-                                                                 args.cuda_graphs)
+                                                                 args.cuda_graphs, steps)
                 if not args.skip_exact:
                     # Ulysses over all ranks; with 4+ (even) ranks also Ulysses x CFG split (half the GPUs per branch)
                     for key, split in (("exact", False), ("exact_cfg_split", True)):
@@ -535,7 +540,8 @@ def _compare_attention(args, model, config, height: int, width: int, device: tor
 
     floor = None
     if device.type == "cuda" and args.weights in ("fp8", "int8"):
-        floor = kernel_floor(config, height, width, CachePolicy(window=9, sink=3), 81, args.weights, args.camera_terms)
+        floor = kernel_floor(config, height, width, CachePolicy(window=9, sink=3), 81, args.weights, args.camera_terms,
+                             common["steps"])
         print(json.dumps({"floor": args.weights, "chunk_s": round(floor["chunk_s"], 4)}), flush=True)
     records, reference = [], None
     for entry in args.attention_compare.split(","):
@@ -549,7 +555,7 @@ def _compare_attention(args, model, config, height: int, width: int, device: tor
             with attention_backend(name), torch.no_grad():
                 record = {"attention": backend_name(device), "kv_fp8_keep": variant != "cast"}
                 record["fast"], got = time_fast(model, config, height, width, args.fast_chunks, args.warmup, device,
-                                                args.camera_terms, args.cuda_graphs)
+                                                args.camera_terms, args.cuda_graphs, common["steps"])
         finally:
             if saved is None:
                 os.environ.pop(KEEP_FP8_ENV, None)

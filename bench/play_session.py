@@ -71,6 +71,7 @@ from comfyui_lingbot_world.pipeline.video_file import VideoWriter  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
 from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
@@ -197,7 +198,7 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
     settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
                             idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
                             attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001,
-                            cuda_graphs=args.cuda_graphs)
+                            cuda_graphs=args.cuda_graphs, steps=args.steps)
     record: dict = {"mode": mode, "chunks_asked": chunks, "decoder": decoder_name}
     with watch.phase(f"session_{mode}_{decoder_name}") as phase:
         # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
@@ -307,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
     p.add_argument("--vae-precision", default="fp32", choices=tuple(VAE_PRECISIONS))
     p.add_argument("--shift", type=float, default=10.0)
+    p.add_argument("--steps", type=int, default=DEFAULT_FAST_STEPS, choices=FAST_STEPS,
+                   help="denoising steps a chunk: 4 (official) or the first 3, 2, 1 of its timesteps")
     p.add_argument("--camera-terms", type=int, default=None,
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
@@ -374,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
         "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
         "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "synthetic": args.synthetic,
-        "ranks": args.ranks, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "ranks": args.ranks, "steps": args.steps, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "attention": _attention_used(args.attention, device),
         "env": env_record(),
     }

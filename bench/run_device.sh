@@ -11,6 +11,8 @@
 #   the session writes its .mp4 with PyAV. A 60-second session per mode takes ~4 minutes: one mode per call)
 #   bash bench/run_device.sh fast957_pipe; PLAY_MODES=turn bash bench/run_device.sh play60_pipe   (decode overlapped)
 #   bash bench/run_device.sh fast81_cap16 fast81_cap12; bash bench/run_device.sh fast957_cap16   (16 / 12 GB cards)
+#   STEPS=2 bash bench/run_device.sh fast_kept   (LingBot-World Fast's steps per chunk, 4 by default, for the fast*,
+#   play*, fast_kept and play_client modes; each JSON records it as "steps")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Wheels carried to the machine: .whl (bitsandbytes), or .whl2 (bitsandbytes without the
@@ -69,12 +71,13 @@ ensure_vae() {  # the synthetic Wan 2.1 VAE alone (seconds): what the synthetic 
 # Play with the transformer built in memory (synthetic fp8 A14B on every rank, random prompt states) and
 # either the Wan VAE or ComfyUI's tiny video VAE as the live decoder (carry .bench_host: ComfyUI's sources).
 play_syn() { ensure_vae; server_wheels; python3 bench/play_session.py --synthetic a14b --weights fp8 --vae "$VAEPKG/Wan2.1_VAE.pth" \
+                 --steps "${STEPS:-4}" \
                  --image "$CAM/image.jpg" --size 480x832 --kv-dtype bf16 --vae-precision bf16 --camera-terms 40 \
                  --cuda-graphs --pipeline overlap --comfy .bench_host "$@" 2>&1 | grep -v "^Failed to load" | tail -3; }
-play() { ensure_package; python3 bench/play_session.py --package "$PKG" --image "$CAM/image.jpg" \
+play() { ensure_package; python3 bench/play_session.py --package "$PKG" --image "$CAM/image.jpg" --steps "${STEPS:-4}" \
              --modes "${PLAY_MODES:-turn,continuous}" "$@" 2>&1 | grep -v "^Failed to load" | tail -3; }
 bench() { ensure_package; python3 bench/bench_pipeline.py "$@" --package "$PKG" 2>&1 | tail -3; }
-fast() { ensure_package; python3 bench/fast_chunks.py --package "$PKG" --image "$CAM/image.jpg" "$@" 2>&1 \
+fast() { ensure_package; python3 bench/fast_chunks.py --package "$PKG" --image "$CAM/image.jpg" --steps "${STEPS:-4}" "$@" 2>&1 \
              | grep -v "^Failed to load" | tail -3; }
 for what in "$@"; do
     echo "=== $what"
@@ -285,9 +288,9 @@ for what in "$@"; do
         gpu_kept) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_kv_cache_cuda.py \
                    tests/gpu/test_cuda_graphs_cuda.py tests/gpu/test_attention_fp8_cuda.py 2>&1 \
                    | grep -v "^Failed to load" | tail -12 ;;
-        fast_kept) python3 bench/multi_gpu.py --mode sp --ranks 1 --weights fp8 --camera-terms 40 --cuda-graphs \
+        fast_kept) python3 bench/multi_gpu.py --mode sp --ranks 1 --weights fp8 --camera-terms 40 --cuda-graphs --steps "${STEPS:-4}" \
                   --fast-chunks 10 --warmup 4 --attention-compare "${ATTENTIONS:-flash,flash_fp8:cast,flash_fp8}" \
-                  --out "$OUT/fast_1gpu_fp8w_terms_graphs_kept_fp8_operands.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
+                  --out "$OUT/fast_1gpu_fp8w_terms_graphs_kept_fp8_operands_steps${STEPS:-4}.json" 2>&1 | grep -v "^Failed to load" | tail -5 ;;
         gpu25) python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_kv_cache_cuda.py \
                    tests/unit/test_block_swap.py tests/gpu/test_cuda_graphs_cuda.py 2>&1 | grep -v "^Failed to load" | tail -12 ;;
         play60_fp8) play --size 480x832 --seconds 60 --kv-dtype int8 --vae-precision bf16 --weights fp8 \

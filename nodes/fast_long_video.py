@@ -25,7 +25,7 @@ from ..wan.camera import CameraError
 from ..wan.conditioning import check_size
 from ..wan.geometry import latent_frames as count_latent_frames, latent_size
 from ..wan.long_video import MAX_FRAMES
-from ..wan.scheduler import fast_schedule
+from ..wan.scheduler import DEFAULT_FAST_STEPS
 from . import inputs
 from .host.devices import check_interrupt
 from .host.fast_model import prepared_fast_run
@@ -85,6 +85,7 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
                 inputs.precision_input("Here the VAE encodes the start frame and decodes every chunk as it comes: "
                                        "bf16 also halves the stream decoder's carried state (3.8 GB in fp32 at "
                                        "480x832)."),
+                inputs.fast_steps_input(),
             ],
             outputs=[io.Video.Output("video", display_name="video",
                                      tooltip="The saved .mp4 (for Save Video, Get Video Components, ...).")],
@@ -98,17 +99,17 @@ class LingBotWorldFastLongVideo(io.ComfyNode):
     @classmethod
     def execute(cls, fast_dit, image, vae, width, height, frames, kv_cache, kv_window, kv_sink, kv_dtype, shift,
                 seed, decode_tile, fps, filename_prefix, text=None, positive=None, camera_path=None, vae_model=None,
-                precision: str = "fp32") -> io.NodeOutput:
+                precision: str = "fp32", steps: int = DEFAULT_FAST_STEPS) -> io.NodeOutput:
         prompt = inputs.fast_prompt(fast_dit, text, positive)
         inputs.check_image(image)
         inputs.check_precision(precision)
         check_size(height, width)
         made, note = frames_made(frames)  # bad counts fail before any load
-        params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed)
+        params = inputs.fast_params(kv_cache, kv_window, kv_sink, kv_dtype, shift, seed, steps)
         camera = stream_camera(camera_path, frames, height, width)  # the count asked, as the official
         source_vae, vae_bytes, latent_frames = *inputs.vae_source_bytes(vae, vae_model), count_latent_frames(made)
         progress = ChunkProgress(latent_frames // params.policy.chunk, images=False,  # an output node: the page
-                                 steps=fast_schedule(params.shift, params.timestep_indices).steps)  # ends on the video
+                                 steps=params.steps)  # ends on the video
         path, name, subfolder = output_file(filename_prefix, width, height)
         writer = None
         try:  # room for the cache and a chunk beside the transformer, and for the VAE and its streams

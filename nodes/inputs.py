@@ -18,7 +18,7 @@ from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy
 from ..wan.geometry import MAX_SEED
 from ..wan.long_video import MAX_FRAMES
-from ..wan.scheduler import SAMPLERS
+from ..wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS, SAMPLERS, fast_step_indices
 from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP
 from .host.expert_patcher import QUANTIZE_CHOICES, ExpertLoadOptions
 from .host.fast_model import FastDiT
@@ -259,9 +259,20 @@ def fast_cache_inputs() -> list:
 def fast_sampling_inputs(seed_tooltip: str) -> list:
     return [
         io.Float.Input("shift", default=10.0, min=0.1, max=100.0, step=0.1,
-                       tooltip="Flow-matching sigma shift of the 4 fixed timesteps (10 as the official Fast CLI)."),
+                       tooltip="Flow-matching sigma shift of the fixed timesteps (10 as the official Fast CLI)."),
         io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True, tooltip=seed_tooltip),
     ]
+
+
+def fast_steps_input() -> io.Int.Input:
+    """LingBot-World Fast's steps per chunk (optional and declared after every other widget of
+    the Fast nodes: graphs saved without it load with 4, the official schedule)."""
+    return io.Int.Input("steps", default=DEFAULT_FAST_STEPS, min=min(FAST_STEPS), max=max(FAST_STEPS), optional=True,
+                        tooltip="Denoising steps per 12-frame chunk. 4: the official schedule. 3, 2 or 1: its first "
+                        "timesteps only, the same model and loop: fewer transformer passes per chunk (4 steps = 5 "
+                        "passes with the one that stores the chunk, 2 steps = 3 passes, 1 step = 2), so faster. The "
+                        "model was trained for 4: the picture quality of fewer steps on the real weights is not "
+                        "measured here.")
 
 
 FAST_SEED_TOOLTIP = ("Seed of the noise. Each 12-frame chunk draws its noise from (seed, chunk): a chunk's noise "
@@ -407,10 +418,12 @@ def check_shift(shift: float) -> float:
     return float(shift)
 
 
-def fast_params(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str, shift: float, seed: int) -> FastParams:
+def fast_params(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str, shift: float, seed: int,
+                steps: int = DEFAULT_FAST_STEPS) -> FastParams:
     """The Fast nodes' cache and sampling widgets as ``FastParams`` (kv_dtype auto: bf16,
     fitted to the device when the run is prepared); errors name the widget."""
-    return FastParams(seed=seed, shift=check_shift(shift), policy=cache_policy(kv_cache, kv_window, kv_sink, kv_dtype))
+    return FastParams(seed=seed, shift=check_shift(shift), policy=cache_policy(kv_cache, kv_window, kv_sink, kv_dtype),
+                      timestep_indices=fast_step_indices(steps))
 
 
 def fast_prompt(fast_dit, text, positive) -> torch.Tensor:

@@ -26,6 +26,7 @@ from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET
 from ..pipeline.play.protocol import MODES
 from ..wan.conditioning import check_size, image_to_tensor
 from ..wan.geometry import latent_size
+from ..wan.scheduler import DEFAULT_FAST_STEPS
 from . import inputs
 from .host.fast_model import prepared_fast_run
 from .host.outputs import output_file
@@ -102,6 +103,7 @@ class LingBotWorldPlay(io.ComfyNode):
                 inputs.vae_model_input(),
                 inputs.precision_input(),
                 io.Vae.Input("live_decoder", optional=True, tooltip=LIVE_DECODER_TOOLTIP),
+                inputs.fast_steps_input(),
             ],
             outputs=[
                 io.Video.Output("video", display_name="video", tooltip="The session's .mp4 (output folder)."),
@@ -127,7 +129,7 @@ class LingBotWorldPlay(io.ComfyNode):
     @classmethod
     def execute(cls, fast_dit, image, vae, width, height, shift, seed, chunk_budget, mode, idle_timeout, kv_window,
                 kv_sink, kv_dtype, fps, filename_prefix, text=None, positive=None, vae_model=None,
-                precision: str = "fp32", live_decoder=None) -> io.NodeOutput:
+                precision: str = "fp32", live_decoder=None, steps: int = DEFAULT_FAST_STEPS) -> io.NodeOutput:
         prompt = inputs.fast_prompt(fast_dit, text, positive)
         if live_decoder is not None:
             tiny_video_vae(live_decoder)  # refused before anything loads
@@ -137,7 +139,7 @@ class LingBotWorldPlay(io.ComfyNode):
         policy = inputs.cache_policy("sliding_window", kv_window, kv_sink, kv_dtype)
         settings = PlaySettings(width=width, height=height, seed=seed, shift=shift, chunk_budget=chunk_budget,
                                 mode=mode, idle_timeout_s=float(idle_timeout), policy=policy, fps=fps,
-                                vae_precision=precision)
+                                vae_precision=precision, steps=steps)
         pixels = image_to_tensor(as_pil(image[0]), height, width)
         source, vae_bytes = inputs.vae_source_bytes(vae, vae_model)
         path, name, subfolder = output_file(filename_prefix, width, height)

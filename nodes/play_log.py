@@ -2,8 +2,8 @@
 output folder) read back as the inputs of the Fast clip nodes, so that the session renders
 again from the log file alone: the prompt texts for T5 Encode, the start image (the file
 the log names, checked against its recorded hashes), the keys and size for the Camera node
-(source actions, keyframes per chunk (Play)), the frames for VAE Encode, and the seed, shift
-and cache settings for the Fast Sampler."""
+(source actions, keyframes per chunk (Play)), the frames for VAE Encode, and the seed, shift,
+steps and cache settings for the Fast Sampler."""
 from __future__ import annotations
 
 import hashlib
@@ -68,8 +68,8 @@ class LingBotWorldPlayLog(io.ComfyNode):
                 ".mp4 in the output folder) and outputs what the Fast clip nodes need to render the same video "
                 "again, bit for bit: the prompt texts (T5 Encode), the start image (the Load Image file the log "
                 "names, checked against its recorded sha256), the keys, frames and size (Camera with source "
-                "actions and keyframes per chunk (Play); VAE Encode), the seed, shift and cache settings (Fast "
-                "Sampler). The template 'LingBot-World Play replay' wires it."
+                "actions and keyframes per chunk (Play); VAE Encode), the seed, shift, steps and cache settings "
+                "(Fast Sampler). The template 'LingBot-World Play replay' wires it."
             ),
             inputs=[
                 io.Combo.Input("log", options=logs or [NO_FILE], default=logs[0] if logs else NO_FILE,
@@ -102,6 +102,9 @@ class LingBotWorldPlayLog(io.ComfyNode):
                                   "the Fast Sampler's kv_dtype."),
                 ComboValue.Output("precision", display_name="precision",
                                   tooltip="The VAE precision of the session, for VAE Encode's precision."),
+                io.Int.Output("steps", display_name="steps",
+                              tooltip="The Fast Sampler's steps: the session's steps per chunk (4 for a log saved "
+                              "before the steps choice)."),
             ],
         )
 
@@ -132,7 +135,7 @@ class LingBotWorldPlayLog(io.ComfyNode):
         start = start_image(recipe, image, log)
         return io.NodeOutput(start, recipe.prompt, recipe.negative_prompt, recipe.actions, recipe.frames,
                              recipe.width, recipe.height, recipe.seed, recipe.shift, recipe.kv_window,
-                             recipe.kv_sink, recipe.kv_dtype, recipe.vae_precision)
+                             recipe.kv_sink, recipe.kv_dtype, recipe.vae_precision, recipe.steps)
 
 
 def start_image(recipe: PlayLog, image: torch.Tensor | None, log: str) -> torch.Tensor:

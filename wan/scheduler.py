@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 __all__ = [
+    "DEFAULT_FAST_STEPS",
+    "FAST_STEPS",
+    "FAST_STEP_INDICES",
     "FAST_TIMESTEP_INDICES",
     "FastSchedule",
     "SAMPLERS",
@@ -32,6 +35,7 @@ __all__ = [
     "FlowUniPCSampler",
     "flow_sigmas",
     "fast_schedule",
+    "fast_step_indices",
     "flow_timesteps",
     "make_sampler",
 ]
@@ -260,6 +264,22 @@ def make_sampler(name: str, steps: int, shift: float, schedule: str = "wan") -> 
 # The Fast model's 4 steps are these entries of a 1000-step schedule (docs/conventions.md#lingbot-world-fast).
 FAST_TIMESTEP_INDICES = (0, 179, 358, 679)
 FAST_TABLE_STEPS = 1000
+# Fewer steps, the same model (docs/conventions.md#fewer-fast-steps): N steps take the first N
+# entries of the official list, as the official ``generate(timesteps_index=...)`` would run them
+# with that argument (the loop unchanged: the last step's x0 is the chunk, then the commit at
+# t = 0). 1 step is the official 4-step schedule's first (t, sigma), NVIDIA flashdreams' 1-step
+# LingBot-World setting (``denoising_timesteps=[1000]``). 4 is the official default.
+FAST_STEP_INDICES: dict[int, tuple[int, ...]] = {n: FAST_TIMESTEP_INDICES[:n] for n in (4, 3, 2, 1)}
+FAST_STEPS = tuple(FAST_STEP_INDICES)  # 4, 3, 2, 1: the choices offered
+DEFAULT_FAST_STEPS = 4
+
+
+def fast_step_indices(steps: int) -> tuple[int, ...]:
+    """The timestep indices of a Fast run of ``steps`` steps (``FAST_STEP_INDICES``)."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or int(steps) not in FAST_STEP_INDICES:
+        raise ValueError(f"steps: {steps!r} is not one of {', '.join(map(str, FAST_STEPS))} (LingBot-World Fast "
+                         f"runs 4, its official schedule, or the first 3, 2 or 1 of those timesteps)")
+    return FAST_STEP_INDICES[int(steps)]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """The chunk engine of LingBot-World Fast, and the clip sampler built on it.
 
 Per chunk of 3 latent frames (12 video frames), the official few-step rule (docs/conventions.md#lingbot-world-fast,
-``wan.scheduler.fast_schedule``): start from noise; 4 times, the model predicts the flow v
+``wan.scheduler.fast_schedule``): start from noise; 4 times (``FastParams.timestep_indices``:
+fewer steps take the first entries of the official list), the model predicts the flow v
 at the step's timestep, x0 = x_t − σ·v, and (except after the last step) the chunk is
 re-noised to the next timestep with fresh noise; no CFG. Then one more forward on the final
 x0 at t = 0 — the *commit* — stores the chunk's keys and values in the KV cache, where the
-following chunks see them. 5 forwards a chunk; only the commit writes the cache's committed
+following chunks see them. 5 forwards a chunk (steps + 1); only the commit writes the cache's committed
 frames (the denoising passes write the chunk's own slots, which the next pass overwrites).
 
 ``FastGenerator`` is the engine for all three callers — the clip sampler (``sample_fast``),
@@ -52,6 +53,8 @@ class FastParams:
     seed: int = 0
     shift: float = 10.0  # generate_fast.py's sample_shift for i2v-A14B (its function default is 5.0)
     policy: CachePolicy = DEFAULT_POLICY
+    # Entries of the 1000-step table a chunk steps through: the official 4, or the first 3, 2 or
+    # 1 of them (wan.scheduler.fast_step_indices(steps), the nodes' ``steps``).
     timestep_indices: tuple[int, ...] = FAST_TIMESTEP_INDICES
     attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
     # Blocks whose camera scale and shift are kept for the chunk's five forwards (bit for bit
@@ -62,6 +65,11 @@ class FastParams:
     # (bit for bit the eager result; ~1,200 fewer kernel launches a forward). Off the GPU, or
     # with block swap, the passes run eagerly whatever this says.
     cuda_graphs: bool = False
+
+    @property
+    def steps(self) -> int:
+        """Denoising steps a chunk takes (its forwards: these + the commit)."""
+        return len(self.timestep_indices)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.shift) or self.shift <= 0:
@@ -332,7 +340,7 @@ def sample_fast(
     (``KeyframeCamera``) or None. ``on_chunk(index, x0)`` and ``on_preview(done, total, x0)``
     (ComfyUI's previewer: the chunk's latent [16, 3, H/8, W/8] on the device) after every
     chunk; ``on_step(done, total)`` after every denoising step. The last chunk skips its
-    commit pass (5 forwards a chunk, 4 for the last). A CUDA OOM frees the cache and is
+    commit pass (steps + 1 forwards a chunk, steps for the last). A CUDA OOM frees the cache and is
     raised again as ``torch.cuda.OutOfMemoryError`` naming the size and what to change.
     """
     latent_frames = fast_latent_frames(frames, params.policy.chunk)

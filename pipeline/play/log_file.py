@@ -1,6 +1,7 @@
 """A Play session's action log read back as a recipe (``PlaySession.action_log``, the .json
 beside the session's .mp4): every field the Fast clip nodes need to render the session
-again, checked, each error naming the file and the field."""
+again, checked, each error naming the file and the field. ``steps`` may be absent: a log
+written before the steps choice was a session of the official 4 steps."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 from ...wan.camera_actions import action_frames
 from ...wan.geometry import MAX_SEED
 from ...wan.runtime.kv_cache import KV_DTYPES
+from ...wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS
 from ..guards import VAE_PRECISIONS
 from .session import KEYFRAMES_PLAY
 
@@ -53,6 +55,7 @@ class PlayLog:
     vae_precision: str
     vae: str | None
     fps: int
+    steps: int = DEFAULT_FAST_STEPS
 
 
 def _is_int(value) -> bool:
@@ -109,6 +112,10 @@ def parse_play_log(text: str, name: str) -> PlayLog:
     kv_dtype = field("kv_dtype", lambda v: v in KV_DTYPES, f"one of {', '.join(KV_DTYPES)}")
     precision = field("vae_precision", lambda v: v in VAE_PRECISIONS, f"one of {', '.join(VAE_PRECISIONS)}")
     fps = field("fps", lambda v: _is_int(v) and 1 <= v <= 120, "a frame rate of 1..120")
+    # A log saved before the steps choice was a session of the official 4 steps.
+    steps = log.get("steps", DEFAULT_FAST_STEPS)
+    if not (_is_int(steps) and steps in FAST_STEPS):
+        raise bad("steps", f"is {steps!r}, expected one of {', '.join(map(str, FAST_STEPS))}")
     vae = log.get("vae")
     if vae is not None and not isinstance(vae, str):
         raise bad("vae", f"is {vae!r}, expected the VAE file's name")
@@ -129,7 +136,8 @@ def parse_play_log(text: str, name: str) -> PlayLog:
         raise bad("start_image.sha256", f"is {file_hash!r}, expected a sha256 in hex")
     return PlayLog(prompt=prompt, negative_prompt=negative, start_image=StartImage(file, file_hash, pixels),
                    actions=actions, frames=frames, width=width, height=height, seed=seed, shift=float(shift),
-                   kv_window=window, kv_sink=sink, kv_dtype=kv_dtype, vae_precision=precision, vae=vae, fps=fps)
+                   kv_window=window, kv_sink=sink, kv_dtype=kv_dtype, vae_precision=precision, vae=vae, fps=fps,
+                   steps=steps)
 
 
 def read_play_log(path: Path, name: str) -> PlayLog:

@@ -33,6 +33,7 @@ from torch import nn
 from ...wan.geometry import LATENT_CHANNELS, VAE_STRIDE_T, latent_size, video_frames
 from ...wan.play_camera import format_actions
 from ...wan.runtime.kv_cache import CachePolicy
+from ...wan.scheduler import DEFAULT_FAST_STEPS, fast_step_indices
 from ...wan.vae import WanVAE
 from ..fast.conditions import StreamedI2V
 from ..fast.generator import DEFAULT_POLICY, ChunkPlan, FastGenerator, FastParams
@@ -67,6 +68,7 @@ class PlaySettings:
     attention: str | None = None
     camera_terms: int = 0  # FastParams.camera_terms: blocks whose camera terms a chunk keeps
     cuda_graphs: bool = False  # FastParams.cuda_graphs: the chunk's passes replayed from CUDA graphs
+    steps: int = DEFAULT_FAST_STEPS  # denoising steps a chunk (wan.scheduler.FAST_STEP_INDICES); in the log
     poll_s: float = 0.1  # how often a waiting session looks at the interrupt flag and the page
 
     def __post_init__(self) -> None:
@@ -81,6 +83,7 @@ class PlaySettings:
                              "give a window (e.g. 9 latent frames with kv_sink 3)")
         if not 1 <= int(self.fps) <= 120:
             raise ValueError(f"fps must be 1..120, got {self.fps!r}")
+        fast_step_indices(self.steps)  # refused naming steps
 
 
 class FrameDecoder(Protocol):
@@ -220,8 +223,8 @@ class PlaySession:
         # decoder's exists; bounded, as an open-ended session has no length to stop at.
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
-                            attention=settings.attention, camera_terms=settings.camera_terms,
-                            cuda_graphs=settings.cuda_graphs)
+                            timestep_indices=fast_step_indices(settings.steps), attention=settings.attention,
+                            camera_terms=settings.camera_terms, cuda_graphs=settings.cuda_graphs)
         self._decoder = self._make_decoder() if self._make_decoder is not None else self.vae.stream_decoder()
         device = self.model.patch_embedding.weight.device
         overlap = device.type == "cuda" if self._overlap is None else self._overlap
@@ -287,11 +290,13 @@ class PlaySession:
             self.controls.wait(self.settings.poll_s)
 
     def _deliver(self, c: int, x0: torch.Tensor) -> None:
-        """Decode chunk ``c``, write it to the file and send it to the page (on the decode
+        """Decode chunk ``c``, send it to the page and write it to the file (on the decode
         worker when overlapped: in order, one chunk at a time), one latent frame at a time:
-        each latent frame's frames (1 for the video's first, 4 after) are written and sent
+        each latent frame's frames (1 for the video's first, 4 after) are sent and written
         as soon as they are decoded, so the chunk's first frame does not wait for its last
-        (the stream decoder's pieces together are bitwise the whole chunk's decode)."""
+        (the stream decoder's pieces together are bitwise the whole chunk's decode). The
+        page gets them before the .mp4 does: the file's H.264 encode, the slowest step on
+        the CPU, is not in the key → frame time."""
         request, started, generated = self._jobs.pop(c)
         # The decoder may be on the CPU or another GPU than the transformer.
         latent = x0[None].to(device=getattr(self._decoder, "device", self.vae.device),
@@ -308,17 +313,18 @@ class PlaySession:
             video = self._decoder.decode_next(latent[:, :, part:part + 1],
                                               cancel=self._check if part == 0 else None)[0].float().cpu()
             decode_s += self.clock() - begun
-            if self.writer is not None:
-                self.writer.write(video)
             frames = jpeg_frames(video)
+            sent_at = self.clock()
             if part == 0 and request.asked_at is not None:
-                # Key to the chunk's first frame as the page meets it: decoded, written to
-                # the file and encoded for it (every part carries the chunk's figure).
-                latency = self.clock() - request.asked_at
+                # Key to the chunk's first frame as the page meets it: decoded and encoded
+                # for it (every part carries the chunk's figure).
+                latency = sent_at - request.asked_at
                 self.latency_s.append(latency)
             self._emit(EVENT_FRAMES, {"chunk": c, "first_frame": self.frames_done + sent, "frames": frames,
                                       "part": part, "last": part == parts - 1, "chunk_frames": chunk_frames,
-                                      "keys": keys, "latency_s": latency, "chunk_s": chunk_s})
+                                      "keys": keys, "latency_s": latency, "chunk_s": chunk_s, "sent_at": sent_at})
+            if self.writer is not None:
+                self.writer.write(video)
             sent += len(frames)
         self.decode_s.append(decode_s)
         self.chunk_s.append(chunk_s)
@@ -358,8 +364,9 @@ class PlaySession:
         return {
             "actions": format_actions(keys), "frames": frames, "chunks": self.chunks_done,
             "chunk_keys": [keys_text(k) for k in self.camera.chunk_keys[:self.chunks_done]],
-            "seed": settings.seed, "shift": settings.shift, "kv_window": settings.policy.window,
-            "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype, "keyframes": KEYFRAMES_PLAY,
+            "seed": settings.seed, "shift": settings.shift, "steps": settings.steps,
+            "kv_window": settings.policy.window, "kv_sink": settings.policy.sink, "kv_dtype": settings.policy.dtype,
+            "keyframes": KEYFRAMES_PLAY,
             "width": settings.width, "height": settings.height, "vae_precision": settings.vae_precision,
             "fps": settings.fps, "mode": settings.mode, "ended": self.end_reason,
             **self.recipe,

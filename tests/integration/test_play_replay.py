@@ -1,9 +1,9 @@
 """Acceptance (issue 27): a LingBot-World Play session replays from its action log ALONE, in a
-real ComfyUI server (tiny Fast transformer, CPU, 48x32): a session steered over HTTP is
-stopped, then the shipped 'Play replay' graph (the UI template as the page queues it, and
+real ComfyUI server (tiny Fast transformer, CPU, 48x32): a session of 2 steps a chunk steered
+over HTTP is stopped, then the shipped 'Play replay' graph (the UI template as the page queues it, and
 workflows/api/lingbot_play_replay.json) runs with nothing but the log file's name: the Play
-Log node gives the prompt, the start image, the keys, the seed and the settings to the Fast
-clip nodes, and the Fast Sampler's latent equals the session's, bit for bit (both saved by
+Log node gives the prompt, the start image, the keys, the seed and the settings (steps
+included) to the Fast clip nodes, and the Fast Sampler's latent equals the session's, bit for bit (both saved by
 core Save Latent). The replay's .mp4 has the session's frame count."""
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def saved_latent(server: ComfyServer, result) -> "torch.Tensor":  # noqa: F821
 
 @pytest.fixture(scope="module")
 def session(comfy_server: ComfyServer) -> dict:
-    """A turn-based session of three chunks (keys w, wj, then l), stopped: its log and latent."""
+    """A turn-based session of three chunks of 2 steps (keys w, wj, then l), stopped: its log and latent."""
     before = {d["session_id"] for d in play_events(comfy_server, kind="started")}
-    prompt_id = comfy_server.queue(with_saved_latent(play_graph(seed=9), [PLAY, 2], "latents/session"))
+    prompt_id = comfy_server.queue(with_saved_latent(play_graph(seed=9, steps=2), [PLAY, 2], "latents/session"))
     started = wait_for(lambda: [d for d in play_events(comfy_server, kind="started") if d["session_id"] not in before],
                        "the session to start", comfy_server)
     session_id = started[0]["session_id"]
@@ -50,7 +50,8 @@ def session(comfy_server: ComfyServer) -> dict:
     result = stop(comfy_server, session_id, prompt_id)
     assert result.ok, result.describe()
     log_file = comfy_server.output_dir / LOG
-    assert json.loads(log_file.read_text())["actions"] == "w-8,wj-12,l-12"
+    log = json.loads(log_file.read_text())
+    assert (log["actions"], log["steps"]) == ("w-8,wj-12,l-12", 2)
     return {"latent": saved_latent(comfy_server, result), "log": log_file}
 
 

@@ -23,6 +23,7 @@ def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path):
     record = json.loads(out.read_text())
     assert KEYS <= set(record), KEYS - set(record)
     assert record["kv_policy"] == "window9_sink3" and record["kv_dtype"] == "int8" and record["frames"] == 21
+    assert record["steps"] == 4
     assert record["chunks"] == 2 and len(record["chunk_s"]["per_chunk"]) == 2 and record["fps"] > 0
     assert record["cache_bytes"] > 0 and record["y_encoded_latent_frames"] == 6
     clip = record["clip81"]
@@ -37,10 +38,11 @@ def test_fast_bench_runs_the_long_video_path_overlapped_with_the_memory_plan(tmp
     out = tmp_path / "fast_overlap.json"
     code = fast_chunks.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "33",
                              "--pipeline", "overlap", "--memory", "auto", "--vram-cap-gb", "16", "--no-clip",
-                             "--out", str(out)])
+                             "--steps", "2", "--out", str(out)])
     assert code == 0
     record = json.loads(out.read_text())
     assert record["pipeline"] == "overlap" and record["frames_written"] == 33 and record["chunks"] == 3
+    assert (record["steps"], record["ranks"], record["gpu"]) == (2, 1, "cpu")
     assert len(record["chunk_s"]["per_chunk"]) == 2 and record["fps"] > 0 and record["time_to_first_frames_s"] > 0
     plan = record["memory_plan"]
     assert plan["fits"] and plan["kv_dtype"] == "bf16" and plan["blocks_on_gpu"] is None  # a tiny model fits

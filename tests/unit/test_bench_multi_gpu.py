@@ -20,7 +20,7 @@ def test_sequence_parallel_mode_runs_tiny_on_cpu(tmp_path):
     out = tmp_path / "sp.json"
     _run("--mode", "sp", "--tiny", "--ranks", "2", "--exact-video", "2", "--out", str(out))
     one, two = json.loads(out.read_text())
-    assert one["ranks"] == 1 and two["ranks"] == 2
+    assert one["ranks"] == 1 and two["ranks"] == 2 and one["steps"] == two["fast"]["steps"] == 4
     assert one["fast"]["chunk_s"] > 0 and one["exact"]["s_per_step"] > 0
     assert two["link"]["gbps"] > 0 and two["link"]["auto_picks"] in ("sequence_parallel", "cfg_split")
     assert two["fast"]["max_rel_vs_1gpu"] < 1e-5 and two["exact"]["max_rel_vs_1gpu"] < 1e-5
@@ -37,6 +37,7 @@ def test_placements_mode_runs_tiny_on_cpu(tmp_path):
     _run("--tiny", "--out", str(out))
     records = json.loads(out.read_text())
     assert [r["devices"] for r in records] == ["single", "expert_per_gpu", "cfg_split"]
+    assert {r["steps"] for r in records} == {4}  # --tiny: 4 steps of the exact sampler
     assert all(r["video_finite"] for r in records)
     assert records[1]["latent_equal_to_single"] and records[1]["warm_run_reloaded"] is False
 
@@ -45,8 +46,10 @@ def test_sequence_parallel_mode_with_8bit_weights(tmp_path):
     """--weights fp8: every linear of the synthetic model held in fp8 on every rank (the
     loaders' convert_linear), the one-rank figure in the same kind."""
     out = tmp_path / "sp_fp8.json"
-    _run("--mode", "sp", "--tiny", "--ranks", "2", "--weights", "fp8", "--skip-exact", "--out", str(out))
+    _run("--mode", "sp", "--tiny", "--ranks", "2", "--weights", "fp8", "--skip-exact", "--steps", "2", "--out",
+         str(out))
     one, two = json.loads(out.read_text())
     assert one["weights"] == two["weights"] == "fp8"
+    assert one["steps"] == two["steps"] == two["fast"]["steps"] == 2  # --steps: each Fast chunk's denoising steps
     assert two["fast"]["max_rel_vs_1gpu"] < 1e-5 and "exact" not in two
     assert one["linear_kinds"] == two["linear_kinds"] == ["fp8"]  # every linear converted

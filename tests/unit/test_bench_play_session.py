@@ -41,8 +41,9 @@ def test_play_bench_runs_sequentially_with_the_memory_plan(tmp_path):
     out = tmp_path / "play_seq.json"
     code = play_session.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--seconds", "2",
                               "--modes", "continuous", "--pipeline", "sequential", "--memory", "auto",
-                              "--vram-cap-gb", "12", "--out", str(out)])
+                              "--vram-cap-gb", "12", "--steps", "2", "--out", str(out)])
     assert code == 0
     record = json.loads(out.read_text())
     assert record["pipeline"] == "sequential" and record["memory_plan"]["fits"]
+    assert (record["steps"], record["ranks"]) == (2, 1)
     assert record["modes"]["continuous"]["chunks"] == 2

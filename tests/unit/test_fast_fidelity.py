@@ -4,7 +4,8 @@ The reference is tests/reference/official_fast.py: an independent plain-torch re
 of the official loop and causal model (its own cache dict with global/local end indices,
 complex float64 RoPE, the scheduler's two sigma lookups, the official noise order), run
 on the same tiny float32 weights as the pack's model. Y and the camera are built once for
-the whole video and split, as the official code does.
+the whole video and split, as the official code does. Each ``steps`` setting (4, 3, 2, 1)
+is the official loop run with the same ``timesteps_index`` (docs/conventions.md#fewer-fast-steps).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from comfyui_lingbot_world.pipeline.fast import (FastGenerator, FastParams, Keyf
                                                  sample_fast)
 from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
-from comfyui_lingbot_world.wan.scheduler import FAST_TIMESTEP_INDICES, fast_schedule
+from comfyui_lingbot_world.wan.scheduler import (FAST_STEP_INDICES, FAST_STEPS, FAST_TIMESTEP_INDICES, fast_schedule,
+                                                  fast_step_indices)
 from comfyui_lingbot_world.wan.config import TINY
 from fast_helpers import (HEIGHT, LAT_H, LAT_W, WIDTH, camera_path, image, prompt, tiny_vae,
                           video_frames, whole_camera)
@@ -35,11 +37,13 @@ def conditioning(latent_frames: int):
     return y.float(), whole_camera(frames)
 
 
-def pack_clip(model, latent_frames: int, policy: CachePolicy, y: torch.Tensor, plucker: torch.Tensor):
+def pack_clip(model, latent_frames: int, policy: CachePolicy, y: torch.Tensor, plucker: torch.Tensor,
+              steps: int = 4):
     frames = video_frames(latent_frames)
     camera = CameraCondition(plucker, frames, HEIGHT, WIDTH, camera_path(frames)[0])
-    noise = OfficialOrderNoise(SEED, latent_frames, LAT_H, LAT_W)
-    return sample_fast(model, prompt(), WholeI2V(y), camera, FastParams(seed=SEED, policy=policy), frames, noise=noise)
+    noise = OfficialOrderNoise(SEED, latent_frames, LAT_H, LAT_W, renoises=steps - 1)
+    params = FastParams(seed=SEED, policy=policy, timestep_indices=fast_step_indices(steps))
+    return sample_fast(model, prompt(), WholeI2V(y), camera, params, frames, noise=noise)
 
 
 def relative_max(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -81,6 +85,56 @@ def test_fast_clip_equals_the_official_generate_fast_with_the_full_cache(model):
     print(f"full cache: max abs error {err:.3e}, relative {rel:.3e} (latent max {ref.abs().max():.3f})")
     assert rel <= 1e-5, f"max abs error {err:.3e} ({rel:.3e} of the latent's largest value)"
     assert ref.abs().max() > 0.5  # a real signal, not a vanishing one
+
+
+def test_each_steps_setting_is_a_prefix_of_the_official_timesteps():
+    """steps -> the first N entries of the official list: 3 -> 999, 978, 947; 2 -> 999, 978;
+    1 -> 999 (the 4-step schedule's first t and sigma); 4 is the official list itself."""
+    assert FAST_STEPS == (4, 3, 2, 1) and FAST_STEP_INDICES[4] == FAST_TIMESTEP_INDICES == (0, 179, 358, 679)
+    four = fast_schedule(10.0)
+    for steps in FAST_STEPS:
+        schedule = fast_schedule(10.0, fast_step_indices(steps))
+        assert schedule.steps == steps and fast_step_indices(steps) == FAST_TIMESTEP_INDICES[:steps]
+        assert schedule.timesteps == four.timesteps[:steps] and schedule.sigmas == four.sigmas[:steps]
+        assert schedule.renoise_sigmas == four.renoise_sigmas[:steps - 1]
+    assert fast_schedule(10.0, fast_step_indices(1)).timesteps == (999,)
+    for wrong in (0, 5, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="steps: .* is not one of 4, 3, 2, 1"):
+            fast_step_indices(wrong)
+
+
+@pytest.mark.parametrize("steps", FAST_STEPS)
+def test_each_steps_setting_equals_the_official_generate_with_the_same_timesteps_index(model, steps):
+    """The official loop with ``timesteps_index`` = the setting's indices (fewer denoising
+    forwards, the commit pass after each chunk, steps - 1 re-noise draws a chunk) against the
+    pack's clip with ``steps``, sliding window with eviction (5 chunks in a 6-frame window)."""
+    latent_frames = 15
+    y, plucker = conditioning(latent_frames)
+    ours = pack_clip(model, latent_frames, CachePolicy(window=6, sink=3), y, plucker, steps=steps)
+    reference = OfficialFastModel(model.state_dict(), TINY, local_attn_size=6, sink_size=3)
+    ref, trace = generate_fast(reference, prompt(), y, plucker, SEED, timesteps_index=FAST_STEP_INDICES[steps],
+                               kv_frames=6)
+    assert trace["timesteps"] == [999, 978, 947, 825][:steps] and trace["forwards"] == 5 * (steps + 1)
+    err, rel = relative_max(ours, ref)
+    print(f"{steps} steps: max abs error {err:.3e}, relative {rel:.3e}")
+    assert rel <= 1e-5, f"max abs error {err:.3e} ({rel:.3e} of the latent's largest value)"
+    assert ref.abs().max() > 0.5
+
+
+def test_four_steps_is_the_default_path_bit_for_bit(model):
+    """``steps`` 4 gives FastParams' default indices, so a run with the setting is the run
+    without it, bit for bit; another setting is another video."""
+    latent_frames = 6
+    frames = video_frames(latent_frames)
+    y, plucker = conditioning(latent_frames)
+    camera = CameraCondition(plucker, frames, HEIGHT, WIDTH, None)
+    default = sample_fast(model, prompt(), WholeI2V(y), camera, FastParams(seed=SEED), frames)
+    four = sample_fast(model, prompt(), WholeI2V(y), camera,
+                       FastParams(seed=SEED, timestep_indices=fast_step_indices(4)), frames)
+    two = sample_fast(model, prompt(), WholeI2V(y), camera,
+                      FastParams(seed=SEED, timestep_indices=fast_step_indices(2)), frames)
+    assert FastParams().steps == 4 and torch.equal(four, default)
+    assert (two - default).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("window,sink", [(6, 3), (9, 3), (6, 0)])

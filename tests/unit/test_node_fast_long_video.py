@@ -176,6 +176,22 @@ def test_the_stream_sends_progress_but_no_latent_preview(fast_installed, monkeyp
     assert [p for _, _, p in ticks] == [None] * len(ticks)
 
 
+def test_steps_sets_the_passes_of_every_chunk(fast_installed):
+    """steps 2: 3 forwards a chunk (2 for the last, which skips its commit), the whole video
+    written; another video than the official 4 steps make."""
+    text, (fast, _) = encode_prompt(), load_fast()
+    ticks = []
+    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: ticks.append((value, total)))
+    two = Path(_stream(fast, text, frames=21, steps=2, prefix="LingBotWorld/two").args[0].get_stream_source())
+    assert ticks[-1] == (5, 5)
+    four = Path(_stream(fast, text, frames=21, prefix="LingBotWorld/four").args[0].get_stream_source())
+    assert _frames(two).shape == _frames(four).shape == (21, H, W, 3)
+    assert not np.array_equal(_frames(two), _frames(four))
+    with pytest.raises(ValueError, match="steps: 0 is not one of 4, 3, 2, 1"):
+        _stream(fast, text, frames=21, steps=0)
+    assert fast_not_resident(fast)
+
+
 def test_a_failure_before_the_first_frame_leaves_no_file(fast_installed, monkeypatch):
     from comfyui_lingbot_world.nodes import fast_long_video as node
 

@@ -77,6 +77,20 @@ def test_fast_sampler_makes_the_clip_chunk_by_chunk_and_leaves_nothing_resident(
     assert fast_not_resident(fast)
 
 
+def test_steps_takes_the_first_timesteps_and_four_is_a_graph_without_the_widget(fast_installed):
+    """steps 2: 3 forwards a chunk (the bar counts them; the last chunk skips its commit);
+    steps 4 is what a graph saved before the widget runs, bit for bit."""
+    text, i2v, (fast, _) = encode_prompt(), encode_start(FAST_FRAMES), load_fast()
+    camera = _camera()
+    ticks = _record_progress()
+    two = run_fast_sampler(fast, text, i2v, camera, steps=2)["samples"]
+    assert [v for v, _, _ in ticks if v] == [1, 2, 3, 4, 5, 5] and {t for _, t, _ in ticks} == {2 * 3 - 1}
+    legacy = run_fast_sampler(fast, text, i2v, camera)["samples"]  # no steps input: an older graph
+    assert torch.equal(run_fast_sampler(fast, text, i2v, camera, steps=4)["samples"], legacy)
+    assert (two - legacy).abs().max() > 1e-3
+    assert fast_not_resident(fast)
+
+
 def test_a_short_clip_is_the_start_of_a_longer_one(fast_installed):
     """ChunkNoise: each chunk's noise comes from (seed, chunk), and the window keeps the first
     chunk's attention the same, so 9 frames are the first chunk of 21 with the same seed."""
@@ -118,7 +132,7 @@ def test_inputs_and_defaults_come_from_one_place():
     schema = LingBotWorldFastSampler.INPUT_TYPES()
     assert list(schema["required"]) == ["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift",
                                         "seed"]
-    assert list(schema["optional"]) == ["text", "positive", "camera"]
+    assert list(schema["optional"]) == ["text", "positive", "camera", "steps"]
     required = schema["required"]
     assert required["fast_dit"][0] == "LINGBOT_FAST_DIT" and required["i2v"][0] == "LINGBOT_I2V"
     assert (required["kv_window"][1]["default"], required["kv_sink"][1]["default"],
@@ -197,6 +211,8 @@ def test_other_inputs_are_checked_before_the_transformer_loads(fast_installed, m
         run_fast_sampler(fast, text, i2v, _camera(9, width=64))
     with pytest.raises(ValueError, match="shift"):
         run_fast_sampler(fast, text, i2v, shift=0.0)
+    with pytest.raises(ValueError, match="steps: 5 is not one of 4, 3, 2, 1"):
+        run_fast_sampler(fast, text, i2v, steps=5)
 
 
 # --------------------------------------------------------------------------- cancel and memory

@@ -149,6 +149,7 @@ def test_cancel_while_waiting_interrupts_keeps_the_video_and_frees_everything(fa
     ({"width": 40}, "width"),
     ({"fast_dit": "not a model"}, "fast_dit: expected the output of LingBot-World Fast DiT Loader"),
     ({"live_decoder": object()}, "live_decoder: expected a tiny video VAE for Wan 2.1"),
+    ({"steps": 5}, "steps: 5 is not one of 4, 3, 2, 1"),
 ])
 def test_bad_inputs_are_refused_before_anything_loads(fast_installed, change, message):
     fast_dit, _ = load_fast()
@@ -216,6 +217,42 @@ def test_the_action_log_file_alone_replays_the_session_bit_for_bit(fast_installe
                                              camera=camera)[0]
     assert replay["samples"].shape == latent["samples"].shape
     assert torch.equal(replay["samples"], latent["samples"])
+
+
+def test_a_two_step_session_replays_through_the_play_log_node_bit_for_bit(fast_installed):
+    """steps 2 on the Play node: the log records it, the Play Log node gives it back, and the
+    Fast clip nodes fed by the Play Log node alone (its steps into the Fast Sampler's, as the
+    replay template wires them) make the session's latent bit for bit; the Fast Sampler at
+    its default 4 steps makes another."""
+    from node_runs import T5_FILE, TOKENIZER
+    from comfyui_lingbot_world.nodes.play_log import LingBotWorldPlayLog
+    from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode
+
+    text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, "a harbour at dawn", "rain", "auto")[0]
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, text, steps=2, seed=9))
+    session = out["session"]
+    for keys in ("w", "l"):
+        press(session, keys)
+    forwards = session._generator.forwards
+    session.controls.act("stop")
+    thread.join(120)
+    video, log_text, latent = out["output"].args
+    assert json.loads(log_text)["steps"] == 2 and forwards == 2 * 3  # 2 steps + the commit, per chunk
+    del text, session
+    name = Path(video.get_stream_source()).with_suffix(".json").relative_to(fast_installed["output"]).as_posix()
+    (image, prompt, negative, actions, frames, width, height, seed, shift, kv_window, kv_sink, kv_dtype, precision,
+     steps) = LingBotWorldPlayLog.execute(name, image=start_image()).args
+    assert steps == 2
+    replay_text = LingBotWorldTextEncode.execute(T5_FILE, TOKENIZER, prompt, negative, "auto")[0]
+    camera = LingBotWorldCamera.execute("actions", "dolly_in", 1.0, NONE, NONE, width, height, frames,
+                                        actions=actions, keyframes=KEYFRAMES_PLAY)[0]
+    i2v = LingBotWorldVAEEncode.execute(image, VAE_FILE, width, height, frames, "auto", precision=precision)[0]
+    settings = dict(seed=seed, kv_window=kv_window, kv_sink=kv_sink, kv_dtype=kv_dtype, shift=shift)
+    replay = run_fast_sampler(fast_dit, replay_text, i2v, camera, steps=steps, **settings)
+    assert torch.equal(replay["samples"], latent["samples"])
+    four = run_fast_sampler(fast_dit, replay_text, i2v, camera, **settings)
+    assert (four["samples"] - latent["samples"]).abs().max() > 1e-3
 
 
 def test_a_start_image_from_another_node_is_recorded_by_its_pixels():

@@ -51,11 +51,18 @@ def session_log(comfy_dirs: dict, name: str = LOG, image: str = "street.png", **
 
 
 def test_the_log_gives_the_fast_clip_nodes_inputs(comfy_dirs):
-    log = session_log(comfy_dirs)
+    log = session_log(comfy_dirs, steps=2)
     out = LingBotWorldPlayLog.execute(LOG).args
     image, rest = out[0], out[1:]
     assert torch.equal(image, image_pixels(comfy_dirs["input"] / "street.png"))
-    assert rest == ("a street at night", "blur", "w-8,wj-12", 21, 48, 32, 7, 10.0, 6, 3, "int8", "bf16")
+    assert rest == ("a street at night", "blur", "w-8,wj-12", 21, 48, 32, 7, 10.0, 6, 3, "int8", "bf16", 2)
+    outputs = [o.id for o in LingBotWorldPlayLog.define_schema().outputs]
+    assert outputs[-1] == "steps" and len(outputs) == len(out)  # appended: saved links keep their slots
+
+
+def test_a_log_saved_before_the_steps_choice_replays_with_four_steps(comfy_dirs):
+    session_log(comfy_dirs)  # no "steps" field, as every log written before it
+    assert LingBotWorldPlayLog.execute(LOG).args[-1] == 4
 
 
 def test_the_log_combo_offers_the_play_logs_newest_first(comfy_dirs):
@@ -88,6 +95,10 @@ def test_a_log_replaced_under_the_same_name_runs_again(comfy_dirs):
     ({"kv_dtype": "fp8"}, "kv_dtype is 'fp8', expected one of bf16, int8"),
     ({"vae_precision": "fp16"}, "vae_precision is 'fp16', expected one of fp32, bf16"),
     ({"shift": -1}, "shift is -1, expected a number above 0"),
+    ({"steps": 5}, "steps is 5, expected one of 4, 3, 2, 1"),
+    ({"steps": "2"}, "steps is '2', expected one of 4, 3, 2, 1"),
+    ({"steps": True}, "steps is True, expected one of 4, 3, 2, 1"),
+    ({"steps": None}, "steps is None, expected one of 4, 3, 2, 1"),
     ({"prompt": None, "prompt_source": "positive: a CONDITIONING"}, "prompt is not recorded: the session took its "
      "prompt from a CONDITIONING input"),
     ({"start_image": {"file": "street.png", "sha256": None, "pixels_sha256": "12"}},

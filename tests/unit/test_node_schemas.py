@@ -46,13 +46,13 @@ EXPECTED_INPUTS = {
                               ["text", "camera_path", "vae_model", "positive", "negative"]),
     "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"]),  # issues 25, 26
     "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
-                                ["text", "positive", "camera"]),
+                                ["text", "positive", "camera", "steps"]),
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
                                    "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
-                                  ["text", "positive", "camera_path", "vae_model", "precision"]),
+                                  ["text", "positive", "camera_path", "vae_model", "precision", "steps"]),
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision", "live_decoder"]),
+                         ["text", "positive", "vae_model", "precision", "live_decoder", "steps"]),
     "LingBotWorldPlayLog": (["log"], ["image"]),  # issue 27: replay a session from its log
 }
 
@@ -71,7 +71,7 @@ EXPECTED_OUTPUTS = {
     "LingBotWorldPlay": ("VIDEO", "STRING", "LATENT"),
     # what the Fast clip nodes take: kv_dtype and precision link into their combo widgets
     "LingBotWorldPlayLog": ("IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT", "FLOAT", "INT", "INT",
-                            "COMBO", "COMBO"),
+                            "COMBO", "COMBO", "INT"),
 }
 
 
@@ -167,10 +167,11 @@ def test_widget_defaults():
 
 def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
     """One declaration: the loaders' quantize and block swap, and the Fast nodes' cache
-    policy, prompt, shift and seed are the same widgets everywhere (defaults: DEFAULT_POLICY)."""
+    policy, prompt, shift, seed and steps are the same widgets everywhere (defaults: DEFAULT_POLICY)."""
     from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader
     from comfyui_lingbot_world.nodes.fast_long_video import LingBotWorldFastLongVideo
     from comfyui_lingbot_world.nodes.fast_sampler import LingBotWorldFastSampler
+    from comfyui_lingbot_world.nodes.play import LingBotWorldPlay
     from comfyui_lingbot_world.pipeline.fast import DEFAULT_POLICY
 
     base, fast = LingBotWorldDiTLoader.INPUT_TYPES()["required"], LingBotWorldFastDiTLoader.INPUT_TYPES()["required"]
@@ -182,6 +183,13 @@ def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
         assert sampler["required"][name] == stream["required"][name], name
     for name in ("text", "positive"):
         assert sampler["optional"][name] == stream["optional"][name], name
+    play = LingBotWorldPlay.INPUT_TYPES()["optional"]
+    # steps: optional and the last widget of each (graphs saved before it load with 4, the official schedule)
+    assert sampler["optional"]["steps"] == stream["optional"]["steps"] == play["steps"]
+    assert {k: sampler["optional"]["steps"][1][k] for k in ("default", "min", "max")} == {"default": 4, "min": 1,
+                                                                                           "max": 4}
+    for node in (sampler, stream, {"optional": play}):
+        assert list(node["optional"])[-1] == "steps"
     assert (sampler["required"]["kv_window"][1]["default"], sampler["required"]["kv_sink"][1]["default"],
             sampler["required"]["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink,
                                                                "auto")  # fit to the device: fast_model.fit_kv_dtype

@@ -23,6 +23,7 @@ from comfyui_lingbot_world.pipeline.play.frames import jpeg_frames
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
 from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+from comfyui_lingbot_world.wan.scheduler import fast_step_indices
 from fast_helpers import HEIGHT, WIDTH, image, prompt
 from fast_helpers import one_thread, model, vae  # noqa: F401  (module fixtures)
 
@@ -89,17 +90,19 @@ def press(session: PlaySession, keys: str) -> None:
     wait_until(lambda: session.ended or (session.chunks_done > before and not session.controls.running))
 
 
-def replay(model, vae, log: dict) -> torch.Tensor:
+def replay(model, vae, log: dict, steps: int | None = None) -> torch.Tensor:
     """The Fast clip path the replay workflow takes: whole image condition, the Camera
-    node's per-chunk (Play) timing, sample_fast with the same seed and cache settings."""
+    node's per-chunk (Play) timing, sample_fast with the same seed, steps and cache settings
+    (``steps``: another count than the log's)."""
     frames = log["frames"]
     path = path_from_play_actions(log["actions"], frames, HEIGHT, WIDTH)
     camera = camera_condition(path, frames, HEIGHT, WIDTH)
     with torch.inference_mode():
         y = build_i2v_condition(vae, image(), frames)
     policy = CachePolicy(window=log["kv_window"], sink=log["kv_sink"], dtype=log["kv_dtype"])
-    return sample_fast(model, prompt(), WholeI2V(y), camera, FastParams(seed=log["seed"], shift=log["shift"],
-                                                                        policy=policy), frames)
+    params = FastParams(seed=log["seed"], shift=log["shift"], policy=policy,
+                        timestep_indices=fast_step_indices(log["steps"] if steps is None else steps))
+    return sample_fast(model, prompt(), WholeI2V(y), camera, params, frames)
 
 
 # --------------------------------------------------------------------------- replay
@@ -129,6 +132,24 @@ def test_the_action_log_replays_through_the_clip_path_bit_for_bit(model, vae, kv
     assert torch.equal(torch.cat(writer.pieces, dim=1), decoded)
 
 
+@pytest.mark.parametrize("steps", [2, 1])
+def test_a_session_of_fewer_steps_replays_from_its_log_bit_for_bit(model, vae, steps):
+    """The steps choice is in the log, and the log alone replays the session: 2 steps = 3
+    forwards a chunk (1 step = 2); replayed with the official 4 it is another video."""
+    session, _, _ = make_session(model, vae, steps=steps)
+    thread, out = start(session)
+    for keys in ["w", "wj", "l"]:  # 3 chunks: the 6-frame window evicts at chunk 2
+        press(session, keys)
+    forwards = session._generator.forwards
+    session.controls.act("stop")
+    thread.join(60)
+    result = out["result"]
+    assert result.reason == "stop" and result.chunks == 3 and forwards == 3 * (steps + 1)
+    assert result.log["steps"] == steps
+    assert torch.equal(replay(model, vae, result.log), result.latent)
+    assert (replay(model, vae, result.log, steps=4) - result.latent).abs().max() > 1e-3
+
+
 # --------------------------------------------------------------------------- what the page sees
 
 def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
@@ -150,6 +171,9 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
                                  (1, 0, 9, 4, False, 12, "wl"), (1, 1, 13, 4, False, 12, "wl"),
                                  (1, 2, 17, 4, True, 12, "wl")]
     assert all(f["latency_s"] is not None and 0 <= f["latency_s"] < 60 and f["chunk_s"] > 0 for f in frames)
+    # sent_at: the session's clock (time.monotonic) when each part went out, in order
+    sent = [f["sent_at"] for f in frames]
+    assert sent == sorted(sent) and all(abs(time.monotonic() - at) < 120 for at in sent)
     # one latency per chunk: the key to the chunk's first part, carried by all its parts
     assert [f["latency_s"] for f in frames] == [out["result"].latency_s[0]] * 3 + [out["result"].latency_s[1]] * 3
     picture = Image.open(io.BytesIO(base64.b64decode(frames[3]["frames"][0])))
@@ -198,7 +222,10 @@ def test_a_chunk_sent_per_latent_frame_is_bit_for_bit_the_whole_chunk_decode(mod
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_chunks_first_frames_are_written_and_sent_before_its_last_latent_frame_is_decoded(model, vae, overlap):
+def test_a_chunks_first_frames_are_sent_and_written_before_its_last_latent_frame_is_decoded(model, vae, overlap):
+    """Each part is sent to the page before it is written to the .mp4 (the file's H.264
+    encode is not in the key → frame time), and a chunk's first part before its last
+    latent frame is decoded."""
     order: list[tuple] = []
     session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=2, overlap=overlap,
                                            emit=lambda event, data: order.append(
@@ -224,7 +251,7 @@ def test_a_chunks_first_frames_are_written_and_sent_before_its_last_latent_frame
     for c, sizes in enumerate(([1, 4, 4], [4, 4, 4])):
         first = 0 if c == 0 else 9
         for part, n in enumerate(sizes):
-            expected += [("decode", 3 * c + part, 1), ("written", n), ("sent", c, part, first)]
+            expected += [("decode", 3 * c + part, 1), ("sent", c, part, first), ("written", n)]
             first += n
     assert order == expected
     # the chunk's first frames are out before its last latent frame is decoded
@@ -348,5 +375,7 @@ def test_settings_refuse_the_full_cache_and_bad_values(model, vae):
         settings(idle_timeout_s=0.0)
     with pytest.raises(ValueError, match="mode"):
         settings(mode="fast")
+    with pytest.raises(ValueError, match="steps: 0 is not one of 4, 3, 2, 1"):
+        settings(steps=0)
     with pytest.raises(ValueError, match=r"image: expected \[3, 32, 48\]"):
         PlaySession(model, prompt(), vae, torch.zeros(3, 16, 16), settings())
