@@ -80,6 +80,7 @@ from memwatch import GB, MemoryWatch  # noqa: E402
 # A walk: forward, look around, turn, strafe, back (cycled for as many chunks as needed).
 WALK = ("w", "w", "wj", "w", "wl", "l", "w", "d", "wi", "k", "w", "a", "s", "wj", "", "w")
 FIRST_CHUNK, CHUNK_FRAMES = 9, 12
+WARM_UP = {"auto": None, "on": True, "off": False}  # --warm-up -> PlaySettings.warm_up
 STEADY_FROM = 0.25  # steady_fps leaves out the first quarter of a session's chunks (cache filling, captures)
 
 
@@ -198,7 +199,7 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
     settings = PlaySettings(width=width, height=height, seed=0, shift=args.shift, chunk_budget=chunks, mode=mode,
                             idle_timeout_s=3600.0, policy=policy, fps=args.fps, vae_precision=args.vae_precision,
                             attention=args.attention, camera_terms=args.camera_terms or 0, poll_s=0.001,
-                            cuda_graphs=args.cuda_graphs, steps=args.steps)
+                            cuda_graphs=args.cuda_graphs, steps=args.steps, warm_up=WARM_UP[args.warm_up])
     record: dict = {"mode": mode, "chunks_asked": chunks, "decoder": decoder_name}
     with watch.phase(f"session_{mode}_{decoder_name}") as phase:
         # The VAE where the memory plan puts it (--memory auto on a small card: maybe the CPU).
@@ -233,6 +234,8 @@ def run_mode(args, mode: str, model, text: torch.Tensor, vae_file: Path, pixels:
         "presses": driver.presses, "fps": result.frames / elapsed, "steady_fps": driver.steady_fps(),
         "key_to_frame_s": summary(result.latency_s), "chunk_s": summary(result.chunk_s),
         "decode_s": summary(result.decode_s),
+        # The warm-up before the session started (null: none ran) and the first chunk after it.
+        "warm_up_s": result.warm_up_s, "first_chunk_s": result.chunk_s[0] if result.chunk_s else None,
         "peak_vram_allocated_gb": phase.get("peak_vram_allocated_gb"),
         "peak_vram_reserved_gb": phase.get("peak_vram_reserved_gb"),
         "video_bytes": (folder / f"play_{mode}_{decoder_name}.mp4").stat().st_size,
@@ -317,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each chunk's passes from CUDA graphs once the cache is full (with --memory auto: "
                         "where the plan has room for their pool)")
+    p.add_argument("--warm-up", default="auto", choices=tuple(WARM_UP),
+                   help="the generator's warm-up before each session starts (PlaySettings.warm_up; auto: on a GPU, "
+                   "as the Play node; off: the first chunk pays the kernel compilation and the graph capture)")
     p.add_argument("--vram-cap-gb", type=float, default=None)
     p.add_argument("--blocks-on-gpu", type=int, default=0)
     p.add_argument("--quantize", default=None)
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv_dtype": policy.dtype, "vae_precision": args.vae_precision, "cap_gb": args.vram_cap_gb,
         "blocks_on_gpu": args.blocks_on_gpu or None, "dit": str(dit), "modes": {},
         "pipeline": "overlap" if args.overlap else "sequential", "memory_plan": plan, "weights": args.weights,
-        "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "synthetic": args.synthetic,
+        "camera_terms": args.camera_terms, "cuda_graphs": args.cuda_graphs, "warm_up": args.warm_up,
+        "synthetic": args.synthetic,
         "ranks": args.ranks, "steps": args.steps, "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "attention": _attention_used(args.attention, device),
         "env": env_record(),

@@ -173,11 +173,15 @@ def release_module(module: nn.Module | None) -> None:
     """Drop every tensor a module holds so its memory is freed even if the module lingers.
 
     A node output or a traceback may keep a reference to the module object; clearing its
-    parameters and buffers makes sure the weights themselves go.
+    parameters and buffers makes sure the weights themselves go, and a module's
+    ``release_state()`` what it keeps beside them (the Fast transformer's kept KV cache).
     """
     if module is None:
         return
     for sub in module.modules():
+        release_state = getattr(sub, "release_state", None)
+        if callable(release_state):
+            release_state()
         for name in list(sub._parameters):
             sub._parameters[name] = None
         for name in list(sub._buffers):

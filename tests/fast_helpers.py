@@ -15,6 +15,7 @@ from comfyui_lingbot_world.wan.camera import camera_tensor
 from comfyui_lingbot_world.wan.camera_presets import preset_trajectory
 from comfyui_lingbot_world.wan.config import TINY, DiTConfig
 from comfyui_lingbot_world.wan.model import LingBotDiT
+from comfyui_lingbot_world.wan.runtime.cuda_graphs import ForwardGraphs, _Captured
 from comfyui_lingbot_world.wan.vae import VAE_TINY, WanVAE
 
 HEIGHT, WIDTH = 32, 48  # latent 4 x 6, 6 tokens a latent frame with the (1, 2, 2) patch
@@ -89,3 +90,38 @@ def model() -> LingBotDiT:
 @pytest.fixture(scope="module")
 def vae() -> WanVAE:
     return tiny_vae()
+
+
+class CpuGraphs(ForwardGraphs):
+    """``ForwardGraphs`` with a stand-in for CUDA graph capture on the CPU: a "capture" keeps
+    the body and its static inputs, a "replay" runs the body on them. A session's graph
+    bookkeeping (keys, warm-ups, captures, replays, the kept tables and camera terms read at
+    fixed addresses, inputs copied into the static ones) then runs as on CUDA; the kernels
+    themselves are captured only there (tests/gpu/test_cuda_graphs_cuda.py)."""
+
+    def __init__(self, device, warmup: int = 1) -> None:
+        super().__init__(device, warmup)
+        self.disabled = None
+
+    def _capture(self, key, inputs, body) -> _Captured:
+        entry = _Captured(None, {name: value.detach().clone() for name, value in inputs.items()}, None)
+        entry.graph = _Replay(body, entry)
+        self._graphs[key] = entry
+        self.captures += 1
+        return entry
+
+
+class _Replay:
+    def __init__(self, body, entry: _Captured) -> None:
+        self.body, self.entry = body, entry
+
+    def replay(self) -> None:
+        self.entry.output = self.body(self.entry.inputs)
+
+
+def cpu_graphs(monkeypatch) -> None:
+    """Caches made with ``graphs=True`` get ``CpuGraphs`` (for this test)."""
+    from comfyui_lingbot_world.wan import model as model_module
+
+    monkeypatch.setattr(model_module, "graphs_supported", lambda device: True)
+    monkeypatch.setattr(model_module, "ForwardGraphs", CpuGraphs)

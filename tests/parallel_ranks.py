@@ -78,7 +78,7 @@ def check_shard_gather(sp: SequenceParallel) -> dict:
     start, _ = sp.span(TOKENS)
     real = max(0, min(local.shape[1], TOKENS - start))
     cos = torch.arange(TOKENS, dtype=torch.float32).view(TOKENS, 1, 1).expand(TOKENS, 1, 4).contiguous()
-    cos_local, sin_local = sp.shard_rope((cos, cos.clone()))
+    cos_local, sin_local = LingBotDiT.sharding.split("rope", sp, (cos, cos.clone()))
     return {"gather_equal": bool(torch.equal(sp.gather(local, TOKENS), tokens)),
             "slice_is_mine": bool(torch.equal(local[:, :real], tokens[:, start:start + real])),
             "pad_is_zero": bool((local[:, real:] == 0).all()),

@@ -26,6 +26,10 @@ they are. Inference-oriented choices:
   keys and values (after norm and RoPE) straight into the cache and attends to the
   cache's contiguous slice of committed frames plus the chunk; the text keys and values
   are computed once per session. Without a cache nothing of this runs.
+
+This module holds the modules and their math. How a forward runs (the checks, the exact,
+causal and graphed passes, the sequence-parallel cuts of ``LingBotDiT.sharding``) is
+`runtime/executor.py`'s.
 """
 from __future__ import annotations
 
@@ -38,12 +42,13 @@ import torch.nn.functional as F
 
 from .runtime import fused
 from .runtime import parallel as sequence_parallel
-from .runtime.attention import attention, backend_name, kept_operands_kernel
+from .runtime.attention import attention, kept_operands_kernel
 from .runtime.camera_terms import CameraTerms
 from .runtime.cuda_graphs import ForwardGraphs, graphs_supported
 from .runtime.dense import Dense, dense, shared_input
-from .runtime.kv_cache import CachePolicy, KVCache, LayerKV
-from .runtime.parallel import SequenceParallel
+from .runtime.executor import run_forward
+from .runtime.kv_cache import CachePolicy, KeptCache, KVCache, LayerKV
+from .runtime.parallel import Gather, SequenceParallel, ShardPlan, Split
 from .config import CONTROL_CHANNELS, CONTROL_NAMES, FOLD_PIXELS, DiTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
@@ -405,10 +410,9 @@ class DiTBlock(nn.Module):
 
     def _forward_cached(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
                         camera: torch.Tensor | CameraTerms | None, cache: LayerKV) -> torch.Tensor:
-        """The block on one chunk with the causal cache: the same math as ``forward``; the
-        self-attention's keys/values go through the cache, the text's are computed once."""
-        if x.shape[0] != 1:
-            raise ValueError(f"causal execution runs one sample at a time (no CFG), got a batch of {x.shape[0]}")
+        """The block on one chunk (one sample) with the causal cache: the same math as
+        ``forward``; the self-attention's keys/values go through the cache, the text's are
+        computed once (``context`` is needed until the cache holds them)."""
         length = x.shape[1]
         spans = list(token_spans(length, self.token_chunk))
         shift1, scale1, gate1, shift2, scale2, gate2 = (m.clone() for m in (self.modulation.float() + e0).unbind(1))
@@ -425,8 +429,6 @@ class DiTBlock(nn.Module):
         cross = self.cross_attn
         text_kv = cache.cross()
         if text_kv is None:
-            if context is None:
-                raise ValueError("context: the cache holds no text keys yet; pass the text on the first pass")
             text_kv = cross.context_kv(context[0], dense(cross.k), dense(cross.v))
             cache.set_cross(*text_kv)
         wq = dense(cross.q)
@@ -539,6 +541,14 @@ class LingBotDiT(nn.Module):
     """LingBot-World expert. Build under `torch.device("meta")` to allocate nothing, then load
     weights; call `init_weights` only for synthetic (random) models."""
 
+    # Sequence parallel (runtime/parallel.py), declared once for every pass: after the patch
+    # embedding each rank keeps its slice of the tokens, of the camera tokens and of the RoPE
+    # tables (padding rotates by 0: cos 1, sin 0); the head's output is gathered whole on
+    # every rank; the causal cache holds the rank's heads of every token.
+    sharding = ShardPlan(splits={"tokens": Split(dim=1), "camera": Split(dim=1),
+                                 "rope": (Split(dim=0, fill=1.0), Split(dim=0, fill=0.0))},
+                         gathers={"head": Gather(dim=1)}, cache_heads=True)
+
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         if tuple(config.window_size) != (-1, -1):
@@ -559,8 +569,10 @@ class LingBotDiT(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.num_layers))
         self.head = Head(config)
-        # Plain attribute, not a buffer: no state-dict entry, never cast by .to(dtype).
+        # Plain attributes, not buffers: no state-dict entry, never cast by .to(dtype).
         self._rope_cache: dict[tuple, Rope] = {}
+        # The KV cache (and its CUDA graphs) kept for the next Fast session (new_kv_cache).
+        self._kept_cache = KeptCache()
 
     # ----------------------------------------------------------------- weights
     @torch.no_grad()
@@ -590,7 +602,8 @@ class LingBotDiT(nn.Module):
         # output depends on every layer and tests can tell layers apart.
 
     # --------------------------------------------------------------- embedders
-    def _patch_grid(self, shape: Sequence[int], what: str) -> tuple[int, int, int]:
+    def patch_grid(self, shape: Sequence[int], what: str) -> tuple[int, int, int]:
+        """The token grid of a latent of ``shape`` (F, H, W), each a multiple of the patch."""
         grid = []
         for size, patch, axis in zip(shape, self.config.patch_size, "FHW"):
             if size % patch:
@@ -614,7 +627,7 @@ class LingBotDiT(nn.Module):
         pt, ph, pw = self.config.patch_size
         if c * pt * ph * pw != self.config.camera_in_features:
             raise ValueError(control_mismatch_message(c, self.config))
-        f, h, w = self._patch_grid(spatial, "camera")
+        f, h, w = self.patch_grid(spatial, "camera")
         # Patch features ordered (channel, pt, ph, pw), tokens frame-major like the latent.
         tokens = (plucker.reshape(b, c, f, pt, h, ph, w, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
                   .reshape(b, f * h * w, c * pt * ph * pw))
@@ -623,7 +636,14 @@ class LingBotDiT(nn.Module):
                               F.silu(apply_linear(self.c2ws_hidden_states_layer1, embedded)))
         return embedded.to(hidden.dtype) + hidden
 
-    def _embed_time(self, t: torch.Tensor, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed_patches(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        """x (and y) -> the token stream [B, L, dim]: contiguous float32 (the fused kernels
+        read rows; .to() alone keeps the transposed view when the weights are float32)."""
+        conv_dtype = self.patch_embedding.weight.dtype
+        inputs = x.to(conv_dtype) if y is None else torch.cat([x.to(conv_dtype), y.to(x.device, conv_dtype)], dim=1)
+        return self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(torch.float32).contiguous()
+
+    def embed_time(self, t: torch.Tensor, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Timestep -> (e [B, dim], e0 [B, 6, dim]), both float32."""
         t = torch.as_tensor(t, device=device)
         if t.dim() > 1 or t.numel() not in (1, batch):
@@ -634,8 +654,8 @@ class LingBotDiT(nn.Module):
         e0 = apply_linear(self.time_projection[1], F.silu(e)).float()
         return e, e0.unflatten(1, (6, self.config.dim))
 
-    def _embed_text(self, context: torch.Tensor | Sequence[torch.Tensor], batch: int,
-                    device: torch.device) -> torch.Tensor:
+    def embed_text(self, context: torch.Tensor | Sequence[torch.Tensor], batch: int,
+                   device: torch.device) -> torch.Tensor:
         """Text states, zero-padded to text_len (all positions are attended, as the reference does)."""
         text_len, text_dim = self.config.text_len, self.config.text_dim
         items = list(context) if not isinstance(context, torch.Tensor) else None
@@ -672,25 +692,36 @@ class LingBotDiT(nn.Module):
         video's length (needed by the full cache; None for an open-ended session).
         ``parallel``: this rank's head shard of the cache (heads / group size, every token).
         ``graphs``: the session's passes, once their shapes repeat, are captured as CUDA
-        graphs and replayed (``runtime/cuda_graphs.py``; bit for bit the eager result; a
-        no-op off CUDA)."""
+        graphs and replayed (``runtime/cuda_graphs.py``; bit for bit the eager result; none
+        off CUDA), and the cache is the model's: closed, it is kept (reset) for the next
+        call with the same arguments, which gets it back with its graphs
+        (``runtime/kv_cache.KeptCache``; ``release_state`` frees it)."""
         pt, ph, pw = self.config.patch_size
         if pt != 1:
             raise ValueError(f"the causal cache needs a temporal patch of 1, the model has {pt}")
         if latent_height % ph or latent_width % pw:
             raise ValueError(f"latent {latent_height}x{latent_width} is not a multiple of the patch {ph}x{pw}")
         dtype = linear_compute_dtype(self.blocks[0].self_attn.k) or torch.float32
-        heads = self.config.num_heads
-        if parallel is not None:
-            parallel.check_heads(heads)
-            heads //= parallel.size
-        cache = KVCache(policy, layers=self.config.num_layers, heads=heads,
-                        head_dim=self.config.head_dim, frame_tokens=(latent_height // ph) * (latent_width // pw),
-                        dtype=dtype, device=device if device is not None else self.patch_embedding.weight.device,
-                        latent_frames=latent_frames)
-        if graphs and graphs_supported(cache.device):
-            cache.graphs = ForwardGraphs(cache.device)
-        return cache
+        heads = self.sharding.local_heads(parallel, self.config.num_heads)
+        device = torch.device(device if device is not None else self.patch_embedding.weight.device)
+
+        def build() -> KVCache:
+            cache = KVCache(policy, layers=self.config.num_layers, heads=heads, head_dim=self.config.head_dim,
+                            frame_tokens=(latent_height // ph) * (latent_width // pw), dtype=dtype, device=device,
+                            latent_frames=latent_frames)
+            if graphs and graphs_supported(cache.device):
+                cache.graphs = ForwardGraphs(cache.device)
+            return cache
+
+        if not graphs:
+            return build()
+        return self._kept_cache.take((policy, latent_height, latent_width, latent_frames, device, dtype, parallel),
+                                     build)
+
+    def release_state(self) -> None:
+        """Free what the model keeps between runs besides its weights (the kept KV cache and
+        its graphs); ``pipeline.memory.release_module`` calls it."""
+        self._kept_cache.release()
 
     # ------------------------------------------------------------------ forward
     def run_blocks(self, x: torch.Tensor, e0: torch.Tensor, rope: Rope, context: torch.Tensor | None,
@@ -741,211 +772,7 @@ class LingBotDiT(nn.Module):
         calls forward with the same arguments; each computes its slice of the tokens and all
         get the whole prediction. With kv_cache, the cache must be the rank's head shard
         (``new_kv_cache(..., parallel=parallel)``).
-        Returns float32 [B, out_dim, F, H, W].
+        Returns float32 [B, out_dim, F, H, W]. How it runs (the checks, the exact, causal and
+        graphed passes, the cuts of ``sharding``): ``runtime/executor.py``.
         """
-        if commit and kv_cache is None:
-            raise ValueError("commit=True needs a kv_cache")
-        if camera is not None:
-            if camera_tokens is not None:
-                raise ValueError("pass either camera (Plücker) or camera_tokens, not both")
-            camera_tokens = self.prepare_camera(camera)
-        if x.dim() != 5:
-            raise ValueError(f"x: expected [B, C, F, H, W], got shape {tuple(x.shape)}")
-        batch, device = x.shape[0], x.device
-        channels = x.shape[1] + (0 if y is None else y.shape[1])
-        if channels != self.config.in_dim:
-            hint = " (I2V needs y with the mask and image latent)" if y is None else ""
-            raise ValueError(f"x/y: {channels} input channels, the checkpoint expects {self.config.in_dim}{hint}")
-        grid = self._patch_grid(x.shape[2:], "x")
-        if kv_cache is not None and self._graphed(kv_cache):
-            return self._forward_graphed(x, t, y, grid, camera_tokens, cancel, kv_cache, commit, parallel)
-        tokens = self._embed_patches(x, y)
-        if camera_tokens is not None and (camera_tokens.dim() != 3 or camera_tokens.shape[0] not in (1, batch)
-                                          or camera_tokens.shape[1:] != tokens.shape[1:]):
-            raise ValueError(f"camera_tokens: expected [{batch} or 1, {tokens.shape[1]}, {tokens.shape[2]}] "
-                             f"for this latent, got {tuple(camera_tokens.shape)}")
-
-        length = tokens.shape[1]
-        if parallel is not None:  # this rank's slice of the tokens and of the camera tokens
-            parallel.check_heads(self.config.num_heads)
-            tokens = parallel.shard(tokens)
-            if isinstance(camera_tokens, CameraTerms):
-                camera_tokens = camera_tokens.shard(parallel)
-            elif camera_tokens is not None:
-                camera_tokens = parallel.shard(camera_tokens)
-
-        e, e0 = self._embed_time(t, batch, device)
-        if kv_cache is not None:
-            return self._forward_causal(tokens, e, e0, grid, context, camera_tokens, cancel, kv_cache, commit,
-                                        parallel, length)
-        text = self._embed_text(context, batch, device)
-        rope = self.rope_tables(grid, device)
-        if parallel is not None:
-            rope = parallel.shard_rope(rope)
-        hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
-        try:
-            with sequence_parallel.active(parallel, length):
-                tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        del text
-        return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
-
-    def _embed_patches(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-        """x (and y) -> the token stream [B, L, dim]: contiguous float32 (the fused kernels
-        read rows; .to() alone keeps the transposed view when the weights are float32)."""
-        conv_dtype = self.patch_embedding.weight.dtype
-        inputs = x.to(conv_dtype) if y is None else torch.cat([x.to(conv_dtype), y.to(x.device, conv_dtype)], dim=1)
-        return self.patch_embedding(inputs).flatten(2).transpose(1, 2).to(torch.float32).contiguous()
-
-    def _head_gathered(self, tokens: torch.Tensor, e: torch.Tensor, parallel: SequenceParallel | None,
-                       length: int) -> torch.Tensor:
-        """The head's output [B, length, patch values]; sequence parallel: every rank's slice gathered."""
-        out = self.head(tokens, e)
-        return out if parallel is None else parallel.gather(out, length)
-
-    # ------------------------------------------------------------ CUDA graphs
-    def _graphed(self, kv_cache: KVCache) -> bool:
-        """Does this causal pass run through the session's CUDA graphs? Only where its shapes
-        repeat (the cache full, the text's keys cached) and the weights stay put (no block
-        swap: a swapped block's weights arrive at new addresses every forward)."""
-        graphs = kv_cache.graphs
-        if graphs is None or graphs.disabled is not None or not kv_cache.full or not kv_cache.cross_ready:
-            return False
-        if "run_blocks" in vars(self):  # block swap (or another wrapper) owns the loop
-            return False
-        # Weights moved since the capture (unloaded and loaded again): capture anew.
-        where = tuple(next(block.parameters()).data_ptr() for block in self.blocks)
-        if graphs.state.get("weights") != where:
-            graphs.reset()
-            graphs.state["weights"] = where
-        return True
-
-    def _forward_graphed(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None, grid: Sequence[int],
-                         camera_tokens: torch.Tensor | CameraTerms | None, cancel: Callable[[], None] | None,
-                         kv_cache: KVCache, commit: bool, parallel: SequenceParallel | None) -> torch.Tensor | None:
-        """A causal pass replayed from (or captured into) the cache's ``ForwardGraphs``. What a
-        replay reads besides x, t and y sits at addresses the session keeps: the cache, the
-        RoPE tables and the camera terms of ``_graph_rope`` / ``_graph_camera``, refreshed in
-        place here. Cancel is checked once before the pass (a graph cannot stop part way)."""
-        cfg, device = self.config, x.device
-        heads = cfg.num_heads if parallel is None else cfg.num_heads // parallel.size
-        kv_cache.check_geometry(grid[0], grid[1] * grid[2], heads, cfg.head_dim, cfg.num_layers, device)
-        if x.shape[0] != 1:
-            raise ValueError(f"x: causal execution runs one sample (no CFG), got a batch of {x.shape[0]}")
-        if parallel is not None:
-            parallel.check_heads(cfg.num_heads)
-        graphs = kv_cache.graphs
-        length = math.prod(grid)
-        rope = self._graph_rope(graphs, grid, device, kv_cache.frame_start)
-        camera = self._graph_camera(graphs, camera_tokens, parallel, length)
-        t = torch.as_tensor(t, device=device).reshape(-1)
-        if cancel is not None:
-            cancel()
-        inputs = {"x": x, "t": t} if y is None else {"x": x, "t": t, "y": y}
-        kv_cache.begin_pass(commit)
-        key = (tuple(x.shape), x.dtype, None if y is None else (tuple(y.shape), y.dtype), (tuple(t.shape), t.dtype), commit,
-               kv_cache.committed, kv_cache.commit_slots, camera is None,
-               None if parallel is None else (parallel.rank, parallel.size), backend_name(device))
-
-        def body(static: dict[str, torch.Tensor]) -> torch.Tensor | None:
-            tokens = self._embed_patches(static["x"], static.get("y"))
-            table = rope
-            if parallel is not None:
-                tokens, table = parallel.shard(tokens), parallel.shard_rope(rope)
-            e, e0 = self._embed_time(static["t"], 1, device)
-            with sequence_parallel.active(parallel, length):
-                tokens = self.run_blocks(tokens, e0, table, None, camera, kv_cache=kv_cache)
-            if commit:
-                return None
-            return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
-
-        try:
-            out = graphs.run(key, inputs, body)
-        except BaseException as exc:
-            kv_cache.abort_pass(type(exc).__name__)
-            raise
-        kv_cache.end_pass()
-        return out
-
-    def _graph_rope(self, graphs: ForwardGraphs, grid: Sequence[int], device: torch.device, frame_start: int) -> Rope:
-        """The session's RoPE tables (one pair, kept at fixed addresses), holding ``frame_start``'s."""
-        kept = graphs.state.get("rope")
-        if kept is None or kept[0] != tuple(grid):
-            graphs.reset()  # graphs read the old tables
-            with torch.inference_mode(False):
-                tables = tuple(torch.empty_like(table, memory_format=torch.contiguous_format)
-                               for table in self.rope_tables(grid, device, frame_start))
-            kept = graphs.state["rope"] = (tuple(grid), tables, None)
-        if kept[2] != frame_start:
-            for table, new in zip(kept[1], self.rope_tables(grid, device, frame_start)):
-                table.copy_(new)
-            graphs.state["rope"] = kept = (kept[0], kept[1], frame_start)
-        return kept[1]
-
-    def _graph_camera(self, graphs: ForwardGraphs, camera_tokens: torch.Tensor | CameraTerms | None,
-                      parallel: SequenceParallel | None, length: int) -> CameraTerms | None:
-        """The session's camera terms (one ``CameraTerms`` at fixed addresses): when a new
-        chunk's camera arrives, its tokens (this rank's shard) are copied in and the kept
-        blocks' terms computed ahead of the forward."""
-        if camera_tokens is None:
-            return None
-        kept: CameraTerms | None = graphs.state.get("camera")
-        if kept is not None and graphs.state.get("camera_source") is camera_tokens:
-            return kept  # the chunk's camera, already in
-        source = camera_tokens.tokens if isinstance(camera_tokens, CameraTerms) else camera_tokens
-        if source.dim() != 3 or source.shape[0] != 1 or source.shape[1] != length or source.shape[2] != self.config.dim:
-            raise ValueError(f"camera_tokens: expected [1, {length}, {self.config.dim}] for this latent, got "
-                             f"{tuple(source.shape)}")
-        keep = camera_tokens.max_blocks if isinstance(camera_tokens, CameraTerms) else 0
-        keep = len(self.blocks) if keep is None else min(int(keep), len(self.blocks))
-        if parallel is not None:
-            source = parallel.shard(source)
-        if kept is None or kept.tokens.shape != source.shape or kept.tokens.dtype != source.dtype \
-                or kept.max_blocks != keep:
-            graphs.reset()  # graphs read the old terms
-            with torch.inference_mode(False):
-                kept = CameraTerms(torch.empty_like(source, memory_format=torch.contiguous_format), keep)
-            graphs.state["camera"] = kept
-        kept.refresh(source)
-        for block in self.blocks[:keep]:
-            block.keep_camera_terms(kept, kept.tokens.shape[1])
-        graphs.state["camera_source"] = camera_tokens  # held: its id is not reused while compared
-        return kept
-
-    def _forward_causal(self, tokens: torch.Tensor, e: torch.Tensor, e0: torch.Tensor, grid: Sequence[int],
-                        context: torch.Tensor | Sequence[torch.Tensor] | None,
-                        camera_tokens: torch.Tensor | CameraTerms | None,
-                        cancel: Callable[[], None] | None, kv_cache: KVCache, commit: bool,
-                        parallel: SequenceParallel | None = None, length: int = 0) -> torch.Tensor | None:
-        """``forward``'s transformer and head for one chunk with the causal cache."""
-        cfg = self.config
-        heads = cfg.num_heads if parallel is None else cfg.num_heads // parallel.size  # a head-sharded cache
-        kv_cache.check_geometry(grid[0], grid[1] * grid[2], heads, cfg.head_dim, cfg.num_layers, tokens.device)
-        if tokens.shape[0] != 1:
-            raise ValueError(f"x: causal execution runs one sample (no CFG), got a batch of {tokens.shape[0]}")
-        text = None
-        if not kv_cache.cross_ready:
-            if context is None:
-                raise ValueError("context: the cache holds no text keys yet; pass the text on the first pass")
-            text = self._embed_text(context, 1, tokens.device)
-        rope = self.rope_tables(grid, tokens.device, kv_cache.frame_start)
-        if parallel is not None:
-            rope = parallel.shard_rope(rope)
-        hooks = [block.register_forward_pre_hook(lambda *_: cancel()) for block in self.blocks] if cancel else []
-        kv_cache.begin_pass(commit)
-        try:
-            with sequence_parallel.active(parallel, length):
-                tokens = self.run_blocks(tokens, e0, rope, text, camera_tokens, kv_cache=kv_cache)
-        except BaseException as exc:
-            kv_cache.abort_pass(type(exc).__name__)
-            raise
-        finally:
-            for hook in hooks:
-                hook.remove()
-        kv_cache.end_pass()
-        del text
-        if commit:
-            return None
-        return self.unpatchify(self._head_gathered(tokens, e, parallel, length), grid).float()
+        return run_forward(self, x, t, context, y, camera_tokens, camera, cancel, kv_cache, commit, parallel)

@@ -15,15 +15,22 @@ camera of a chunk is decided when the chunk starts). ``next_chunk(camera)`` retu
 chunk's x0; ``run(plan, on_chunk)`` is the one chunk loop the three call with what differs
 (a per-chunk ``ChunkPlan`` provider, an on-chunk sink): it checks each chunk for NaN/inf
 and turns a CUDA out-of-memory into one naming the size and what to change. The cache is
-freed by ``close()``, and on any error or cancel inside a chunk.
+closed by ``close()``, and on any error or cancel inside a chunk (freed on an out-of-memory
+error; a cache made for CUDA graphs is otherwise kept by the model for its next session).
+
+``warm_up()`` (Play, before its first key) runs throwaway chunks first, so that what a
+first chunk pays once — kernel compilation and autotuning, buffers, the capture of the CUDA
+graphs — is paid before anyone waits for a frame; the session then starts on a reset cache,
+its frames bit for bit a cold session's.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -46,6 +53,7 @@ from .noise import ChunkNoise, NoiseSource
 # CachePolicy(window=9, sink=3, dtype="int8") for 16 GB; CachePolicy(window=None) is the
 # official full cache.
 DEFAULT_POLICY = CachePolicy(window=9, sink=3, dtype="bf16")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,18 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """What ``FastGenerator.warm_up`` ran: its wall time, the throwaway chunks and forwards,
+    and the CUDA graphs it captured (0 where an earlier session's are replayed, or without
+    graphs)."""
+
+    seconds: float
+    chunks: int
+    forwards: int
+    captures: int
+
+
 class FastGenerator:
     """One Fast generation session: the model, the prompt, the image condition and a KV cache.
 
@@ -149,14 +169,18 @@ class FastGenerator:
         self.cache: KVCache | None = None
         detail = None
         try:
-            self.cache = model.new_kv_cache(params.policy, self.i2v.latent_height, self.i2v.latent_width,
-                                            latent_frames, device=self.device, graphs=params.cuda_graphs)
+            self.cache = self._new_cache()
         except torch.cuda.OutOfMemoryError as exc:
             detail = str(exc)
         if detail is not None:
             raise self._out_of_memory(1, detail)
         # float32 scalars: the official re-noise is float32 arithmetic ((1 - σ')·x0 + σ'·ε).
         self._renoise = [torch.tensor(s, dtype=torch.float32) for s in self.schedule.renoise_sigmas]
+
+    def _new_cache(self) -> KVCache:
+        """The session's KV cache: the model's kept one where it has one for these arguments."""
+        return self.model.new_kv_cache(self.params.policy, self.i2v.latent_height, self.i2v.latent_width,
+                                       self.latent_frames, device=self.device, graphs=self.params.cuda_graphs)
 
     # ----------------------------------------------------------------- chunks
     @property
@@ -196,18 +220,91 @@ class FastGenerator:
         c, n = self.chunk_index, self.chunk_frames
         if self.latent_frames is not None and self.frame_start + n > self.latent_frames:
             raise ValueError(f"the video has {self.latent_frames} latent frames; all {c} chunks are done")
+        x0 = self._guarded(lambda: self._run_chunk(c, n, camera, commit, on_step))
+        self.chunk_index += 1
+        return x0
+
+    def _guarded(self, work: Callable[[], R]) -> R:
+        """``work()`` on the model's device with the run's attention kernel; any exception
+        closes the session (the cache freed on an out-of-memory error)."""
         try:
             with _on_device(self.device), attention_backend(self.params.attention), torch.inference_mode():
-                x0 = self._run_chunk(c, n, camera, commit, on_step)
+                return work()
         except BaseException as exc:
-            self.close()
+            self.close(free=isinstance(exc, torch.cuda.OutOfMemoryError))
             # The traceback would keep the chunk's activations alive for as long as the error
             # is kept (by ComfyUI: until the next prompt); the frames below this one are done.
             if exc.__traceback__ is not None:
                 traceback.clear_frames(exc.__traceback__.tb_next)
             raise
-        self.chunk_index += 1
-        return x0
+
+    # ----------------------------------------------------------------- warm-up
+    def warm_up(self, camera: bool = True) -> WarmUp:
+        """Throwaway chunks before the first one, then a reset cache for the session (see the
+        module's docstring). The chunks have the session's shapes (its first chunk's y, its
+        prompt, a zero camera when ``camera`` with its ``camera_terms``) and go through the
+        cache's real slots and commit moves, so the CUDA graphs they capture carry the keys
+        the session's passes will have; each runs one denoising pass (two where the first
+        was a graph's warm-up, so the second captures it) and the commit, until a chunk
+        with the cache full runs nothing eagerly and captures nothing (without graphs: the
+        first chunk with the cache full, every shape seen). Every forward is an ordinary
+        one, so a ``ParallelModel``'s workers warm up with it; the cache is closed and taken
+        again (the model's kept one comes back reset, with its graphs). Call it before the
+        first chunk; a CUDA out-of-memory error is raised as ``next_chunk``'s."""
+        if self.cache is None:
+            raise RuntimeError("this Fast session was closed (finished, cancelled or failed); start a new one")
+        if self.chunk_index or self.forwards:
+            raise RuntimeError("warm_up runs before the session's first chunk")
+        started = time.perf_counter()
+        detail = None
+        try:
+            chunks, captures = self._guarded(lambda: self._warm_chunks(camera))
+            self.cache.close()
+            self.cache = None
+            self.cache = self._new_cache()
+        except torch.cuda.OutOfMemoryError as exc:
+            detail = str(exc)  # only the text: the traceback holds the chunk's activations
+            self.close(free=True)
+        except BaseException:
+            self.close()
+            raise
+        if detail is not None:
+            raise self._out_of_memory(1, detail)
+        forwards, self.forwards = self.forwards, 0
+        return WarmUp(time.perf_counter() - started, chunks, forwards, captures)
+
+    def _warm_chunks(self, camera: bool) -> tuple[int, int]:
+        """The warm-up's chunks: (chunks run, graphs captured)."""
+        cache, n, device = self.cache, self.chunk_frames, self.device
+        h, w = self.i2v.latent_height, self.i2v.latent_width
+        x = torch.randn(LATENT_CHANNELS, n, h, w, generator=torch.Generator().manual_seed(0)).to(device)
+        y = self.i2v.chunk(0, n).to(device)[None]
+        t = float(self.schedule.timesteps[0])
+        graphs = cache.graphs
+        counts = (lambda: (graphs.captures, graphs.eager)) if graphs is not None else (lambda: (0, 0))
+        first_captures = counts()[0]
+        # The chunks that fill the cache; then the commits' slot moves, which repeat after at most
+        # as many chunks, each seen twice (a graph's warm-up, its capture); one chunk more that
+        # replays everything.
+        limit = 3 * -(-cache.capacity // n) + 1
+        chunks = 0
+        while chunks < limit and (self.latent_frames is None or cache.frame_start + n <= self.latent_frames):
+            full, before = cache.full, counts()
+            tokens = None  # a camera per chunk, as a real chunk's: its kept terms go with the chunk
+            if camera:
+                tokens = self.model.prepare_camera(torch.zeros(1, CAMERA_CHANNELS, n, h, w, device=device),
+                                                   keep_terms=self.params.camera_terms)
+            for _ in range(1 + (graphs.warmup if graphs is not None else 0)):
+                eager = counts()[1]
+                self._forward(x, t, y, tokens)
+                if counts()[1] == eager or not full:  # replayed or captured (or no graphs): one pass is enough
+                    break
+            self._forward(x, 0.0, y, tokens, commit=True)
+            del tokens
+            chunks += 1
+            if full and counts() == before:
+                break
+        return chunks, counts()[0] - first_captures
 
     def _run_chunk(self, c: int, n: int, camera: torch.Tensor | None, commit: bool,
                    on_step: Callable[[int, torch.Tensor], None] | None) -> torch.Tensor:
@@ -282,10 +379,15 @@ class FastGenerator:
                                                                  8 * self.i2v.latent_width, self.params.policy,
                                                                  chunk, detail))
 
-    def close(self) -> None:
-        """Free the KV cache (and the image condition's VAE, if it still holds one)."""
+    def close(self, free: bool = False) -> None:
+        """End the session: the KV cache closed (kept by the model for its next session when it
+        was made for CUDA graphs, else freed; ``free``: freed either way) and the image
+        condition's VAE released, if it still holds one."""
         if self.cache is not None:
-            self.cache.close()
+            if free:
+                self.cache.free()
+            else:
+                self.cache.close()
             self.cache = None
         self.i2v.close()
 
@@ -370,4 +472,5 @@ def sample_fast(
     return latent
 
 
-__all__: Sequence[str] = ["ChunkPlan", "DEFAULT_POLICY", "FastGenerator", "FastOutOfMemoryError", "FastParams", "fast_latent_frames", "sample_fast"]
+__all__: Sequence[str] = ["ChunkPlan", "DEFAULT_POLICY", "FastGenerator", "FastOutOfMemoryError", "FastParams", "WarmUp",
+                          "fast_latent_frames", "sample_fast"]

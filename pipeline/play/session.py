@@ -9,6 +9,11 @@ a time, and appends each latent frame's frames to the video file and sends them 
 page as soon as they are decoded. What starts a chunk comes from
 ``PlayControls``, which the server's routes feed (docs/play_protocol.md).
 
+Before the page is told the session started, the Fast generator warms up (``warm_up``:
+throwaway chunks that compile the kernels and capture the CUDA graphs a first chunk would
+otherwise pay for; the session's frames are bit for bit a cold session's); the
+``started`` event and ``PlayResult`` carry how long it took.
+
 The session ends on Stop, when ``chunk_budget`` chunks are done, after ``idle_timeout_s``
 seconds with no input and no page of the controller connected, on an interrupt (raised by
 ``check_interrupt``, checked while waiting and before every forward; it propagates) or on
@@ -69,6 +74,9 @@ class PlaySettings:
     camera_terms: int = 0  # FastParams.camera_terms: blocks whose camera terms a chunk keeps
     cuda_graphs: bool = False  # FastParams.cuda_graphs: the chunk's passes replayed from CUDA graphs
     steps: int = DEFAULT_FAST_STEPS  # denoising steps a chunk (wan.scheduler.FAST_STEP_INDICES); in the log
+    # FastGenerator.warm_up before the session starts; None: on a GPU (on the CPU there is
+    # nothing to compile or capture, only time to lose).
+    warm_up: bool | None = None
     poll_s: float = 0.1  # how often a waiting session looks at the interrupt flag and the page
 
     def __post_init__(self) -> None:
@@ -112,6 +120,7 @@ class PlayResult:
     latency_s: list[float] = field(default_factory=list)  # input → the first frames of the chunk it asked for, sent
     chunk_s: list[float] = field(default_factory=list)  # the transformer's time per chunk
     decode_s: list[float] = field(default_factory=list)  # the VAE's per chunk
+    warm_up_s: float | None = None  # the generator's warm-up before the session started (None: none ran)
 
 
 class PlaySession:
@@ -159,6 +168,7 @@ class PlaySession:
         self.latency_s: list[float] = []
         self.chunk_s: list[float] = []
         self.decode_s: list[float] = []
+        self.warm_up_s: float | None = None
         self._latents: list[torch.Tensor] = []
         self._state: str | None = None
         self._seen_at = clock()
@@ -202,11 +212,6 @@ class PlaySession:
         reason = "error"
         try:
             self._open()
-            self._emit(EVENT_STARTED, {"controller": self.controller, "mode": settings.mode, "fps": settings.fps,
-                                       "width": settings.width, "height": settings.height,
-                                       "chunk_budget": settings.chunk_budget,
-                                       "idle_timeout_s": settings.idle_timeout_s, "keys": KEYS})
-            self._publish_state(force=True)
             reason = self._loop()
         except BaseException as exc:
             reason = "interrupt" if self.interrupt_types and isinstance(exc, self.interrupt_types) else "error"
@@ -214,7 +219,20 @@ class PlaySession:
         finally:
             self._close(reason)
         return PlayResult(reason, self.latent(), self.action_log(), self.chunks_done, self.frames_done,
-                          list(self.latency_s), list(self.chunk_s), list(self.decode_s))
+                          list(self.latency_s), list(self.chunk_s), list(self.decode_s), self.warm_up_s)
+
+    def _start(self) -> None:
+        """Warm the generator up (where the settings say), then tell the page the session started."""
+        settings = self.settings
+        warm = settings.warm_up if settings.warm_up is not None else self._generator.device.type == "cuda"
+        if warm:
+            self.warm_up_s = self._generator.warm_up(camera=True).seconds
+        self._emit(EVENT_STARTED, {"controller": self.controller, "mode": settings.mode, "fps": settings.fps,
+                                   "width": settings.width, "height": settings.height,
+                                   "chunk_budget": settings.chunk_budget,
+                                   "idle_timeout_s": settings.idle_timeout_s, "keys": KEYS,
+                                   "warm_up_s": self.warm_up_s})
+        self._publish_state(force=True)
 
     def _open(self) -> None:
         settings = self.settings
@@ -247,7 +265,10 @@ class PlaySession:
             return ChunkPlan(self.camera.next_chunk(request.keys))
 
         try:
-            with generation_first(self._generator.device, self._worker.overlap):  # the decode beside yields to it
+            # The decode beside yields to the chunks; the warm-up runs on their stream, so the
+            # memory it leaves cached is what the chunks allocate from.
+            with generation_first(self._generator.device, self._worker.overlap):
+                self._start()
                 self._generator.run(plan, self._generated)
         finally:
             self.controls.chunk_done()

@@ -2,19 +2,28 @@
 path): a session whose passes are captured and replayed gives the eager session's output bit
 for bit, chunk after chunk (new cameras, new timesteps, the commit's slot moves, bf16 and
 int8 caches, fp8 and bf16 weights, kept or computed camera terms); block swap and a session
-off CUDA stay eager; the same on two GPUs with NCCL inside the graphs. The CPU side (graphs
-off, the cache's bookkeeping): tests/unit/test_cuda_graphs.py."""
+off CUDA stay eager; the same on two GPUs with NCCL inside the graphs. The warm start
+(``FastGenerator.warm_up``): a warm-started session's chunks equal a cold one's bit for bit,
+its warm-up captured every graph it replays, and the next session on the same model gets
+the kept cache back and captures nothing; a Play session warmed up (the default on CUDA)
+makes the cold session's frames. The CPU side (graphs off, the cache's bookkeeping):
+tests/unit/test_cuda_graphs.py, tests/unit/test_fast_generator_warm_up.py."""
 from __future__ import annotations
 
+import dataclasses
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from comfyui_lingbot_world.pipeline.experts import load_expert
+from comfyui_lingbot_world.pipeline.fast import FastGenerator, FastParams, WholeI2V
+from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
+from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
 from comfyui_lingbot_world.wan.runtime.dense import runs_on
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
-from fast_helpers import SHAPED, shaped_bf16_and_fp8
+from fast_helpers import HEIGHT, WIDTH, SHAPED, image, prompt, shaped_bf16_and_fp8, tiny_fast_model, tiny_vae
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -154,6 +163,110 @@ def test_weights_moved_mid_session_capture_again(folders) -> None:
     assert not cache.graphs.keys and cache.graphs.replays == replays
     assert torch.equal(got, want)
     cache.close()
+
+
+def fast_session(model, params: FastParams, warm: bool, latent: tuple[int, int] = (8, 8), frames: int = 3) -> dict:
+    """A CHUNKS-chunk open-ended Fast session (a new camera each chunk), warmed up or not: its
+    chunks, the warm-up's record, the cache's graphs and what they did during the chunks
+    (captures, eager runs, replays)."""
+    g = torch.Generator().manual_seed(13)
+    h, w = latent
+    y = torch.randn(20, frames * CHUNKS, h, w, generator=g)
+    text = torch.randn(7, model.config.text_dim, generator=g)
+    cameras = [torch.randn(1, 384, frames, h, w, generator=g) for _ in range(CHUNKS)]
+    generator = FastGenerator(model, text, WholeI2V(y), params)
+    record = generator.warm_up() if warm else None
+    graphs = generator.cache.graphs
+
+    def counts() -> tuple[int, int, int]:
+        return (0, 0, 0) if graphs is None else (graphs.captures, graphs.eager, graphs.replays)
+
+    before = counts()
+    chunks = torch.stack([generator.next_chunk(camera).cpu() for camera in cameras])
+    done = tuple(a - b for a, b in zip(counts(), before))
+    cache = generator.cache
+    generator.close()
+    return {"chunks": chunks, "record": record, "graphs": graphs, "during": done, "cache": cache}
+
+
+@pytest.mark.parametrize("kind, kv_dtype, terms", [("bf16", "bf16", 4), ("fp8", "bf16", 4), ("fp8", "int8", 0)])
+def test_a_warm_started_session_equals_a_cold_one_and_the_next_session_reuses_its_graphs(folders, kind, kv_dtype,
+                                                                                          terms) -> None:
+    _need(kind)
+    model = load_expert(folders["fp8" if kind == "fp8" else "bf16"], CUDA, quantize=None if kind == "bf16" else kind)
+    params = FastParams(seed=3, policy=CachePolicy(**POLICY, dtype=kv_dtype), camera_terms=terms, cuda_graphs=True)
+    eager = fast_session(model, dataclasses.replace(params, cuda_graphs=False), warm=False)
+    cold = fast_session(model, params, warm=False)
+    model.release_state()  # the warm session starts with nothing kept
+    warm = fast_session(model, params, warm=True)
+    second = fast_session(model, params, warm=True)
+    graphs = warm["graphs"]
+    assert graphs is not None and graphs.disabled is None
+    # Chunks 2..5 of a cold session capture their two graphs on the way (one denoising, one commit).
+    assert cold["during"][0] == 2
+    # The warm-up captured both; the session's 20 graphed passes (chunks 2..5) only replay.
+    assert warm["record"].captures == 2 and warm["during"] == (0, 0, 20)
+    # The next session: the same cache and graphs, nothing captured, its warm-up 3 chunks.
+    assert second["graphs"] is graphs and second["cache"] is warm["cache"]
+    assert (second["record"].captures, second["record"].chunks) == (0, 3) and second["during"] == (0, 0, 20)
+    assert graphs.captures == 2
+    for run in (cold, warm, second):
+        assert torch.equal(run["chunks"], eager["chunks"]), (
+            f"max |diff| {float((run['chunks'] - eager['chunks']).abs().max())}")
+    model.release_state()
+
+
+def test_a_warm_play_session_on_cuda_makes_the_cold_sessions_frames() -> None:
+    """The Play default on CUDA: the warm-up (on the chunks' stream, beside the decode
+    worker) before the session starts; graphs on; the same latents and frames as a cold
+    session, the warm-up's seconds in the result."""
+    model = tiny_fast_model().cuda()
+    vae = tiny_vae(seed=1).cuda()
+    made = {}
+    for warm in (False, None):
+        pieces: list[torch.Tensor] = []
+        writer = types.SimpleNamespace(write=lambda video, kept=pieces: kept.append(video.clone()), close=lambda: None)
+        settings = PlaySettings(width=WIDTH, height=HEIGHT, seed=11, chunk_budget=5, mode="continuous", poll_s=0.005,
+                                policy=CachePolicy(window=6, sink=3), cuda_graphs=True, warm_up=warm)
+        result = PlaySession(model, prompt(), vae, image(), settings, writer=writer, registry=SessionRegistry(),
+                             overlap=True).run()
+        made[warm] = (result, pieces)
+        model.release_state()
+    (cold, cold_pieces), (warm, warm_pieces) = made[False], made[None]
+    assert cold.warm_up_s is None and warm.warm_up_s > 0
+    assert torch.equal(warm.latent, cold.latent)
+    assert len(warm_pieces) == len(cold_pieces) == 15
+    assert all(torch.equal(a, b) for a, b in zip(warm_pieces, cold_pieces))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_the_warm_up_on_two_gpus_captures_on_every_rank_and_equals_a_cold_session() -> None:
+    """Through a ``ParallelModel``: the warm-up's forwards run on the worker too (its graphs
+    captured there in lock-step, NCCL inside), the worker's cache comes back reset with rank
+    0's, and the warm session's chunks are the cold one's bit for bit."""
+    import parallel_ranks
+    from comfyui_lingbot_world.pipeline.parallel_pool import ParallelModel, RankPool
+
+    devices = [torch.device("cuda", i) for i in range(2)]
+    pool = RankPool(devices).start()
+
+    def loaded() -> ParallelModel:  # a fresh copy on both ranks: nothing kept, nothing captured
+        local = parallel_ranks.build(devices[0])
+        return ParallelModel(pool, "tiny", pool.load("tiny", parallel_ranks.build, local=local), cfg_split=False)
+
+    try:
+        shape = (parallel_ranks.LAT_H, 8)
+        params = FastParams(seed=2, camera_terms=parallel_ranks.CONFIG.num_layers, cuda_graphs=True)
+        cold = fast_session(loaded(), params, warm=False, latent=shape, frames=parallel_ranks.FRAMES)
+        parallel = loaded()
+        warm = fast_session(parallel, params, warm=True, latent=shape, frames=parallel_ranks.FRAMES)
+        second = fast_session(parallel, params, warm=True, latent=shape, frames=parallel_ranks.FRAMES)
+        assert cold["during"][0] == 2
+        assert warm["record"].captures == 2 and warm["during"] == (0, 0, 20)
+        assert second["record"].captures == 0 and second["during"] == (0, 0, 20)
+        assert torch.equal(warm["chunks"], cold["chunks"]) and torch.equal(second["chunks"], cold["chunks"])
+    finally:
+        pool.close()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

@@ -4,6 +4,7 @@ does not grow from 81 to 957 frames, length-independent noise, and the causal mo
 against its ordinary forward."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -119,8 +120,8 @@ def test_cancel_inside_sample_fast_frees_the_cache(model, monkeypatch):
 
 def test_out_of_memory_names_the_size_and_the_cache_and_frees_it(model, monkeypatch):
     closed = []
-    original_close, original_forward = KVCache.close, LingBotDiT.forward
-    monkeypatch.setattr(KVCache, "close", lambda self: closed.append(self) or original_close(self))
+    original_free, original_forward = KVCache.free, LingBotDiT.forward
+    monkeypatch.setattr(KVCache, "free", lambda self: closed.append(self) or original_free(self))
     forwards = iter(range(100))
 
     def failing(self, *args, **kwargs):
@@ -136,6 +137,12 @@ def test_out_of_memory_names_the_size_and_the_cache_and_frees_it(model, monkeypa
     assert f"33 frames at {WIDTH}x{HEIGHT}" in message and "window 6 sink 3, int8" in message
     assert "chunk 2" in message and "kv_window" in message and "Tried to allocate 2.00 GiB" in message
     assert closed and all(c._k is None for c in closed)
+    # A cache the model keeps between sessions (made for CUDA graphs) is freed too, not kept.
+    forwards = iter(range(100))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        sample_fast(model, prompt(), WholeI2V(random_y(9)), None, dataclasses.replace(params, cuda_graphs=True),
+                    video_frames(9))
+    assert closed[-1]._k is None and model._kept_cache.cache is None
 
 
 # --------------------------------------------------------------------------- memory

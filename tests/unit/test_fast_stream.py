@@ -62,8 +62,8 @@ def test_long_requests_round_down_to_whole_chunks():
 
 def test_an_out_of_memory_keeps_the_chunks_written_and_frees_the_cache_and_the_vae(model, vae_weights, monkeypatch):
     closed, released = [], []
-    original_close, original_forward = KVCache.close, LingBotDiT.forward
-    monkeypatch.setattr(KVCache, "close", lambda self: closed.append(self) or original_close(self))
+    original_free, original_forward = KVCache.free, LingBotDiT.forward
+    monkeypatch.setattr(KVCache, "free", lambda self: closed.append(self) or original_free(self))
     real_release = stream_module.release_module
     monkeypatch.setattr(stream_module, "release_module", lambda m: released.append(type(m).__name__) or real_release(m))
     forwards = iter(range(100))

@@ -1,17 +1,20 @@
 """The causal KV cache of LingBot-World Fast (wan/runtime/kv_cache.py): what each chunk
 attends to under each policy (a probe on the keys the attention really receives), the
-int8 error bound, the sizes the docstrings quote, and inputs refused naming the input."""
+int8 error bound, the sizes the docstrings quote, inputs refused naming the input, and the
+cache a model keeps between sessions (``KeptCache``: handed back reset for the same
+arguments only, one at a time, freed on demand and with the model's weights)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from comfyui_lingbot_world.pipeline.fast import FastGenerator, FastParams, OfficialOrderNoise, WholeI2V
+from comfyui_lingbot_world.pipeline.memory import release_module
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.model import SelfAttention
 from comfyui_lingbot_world.wan.runtime.kv_cache import (CachePolicy, KVCache, dequantize_int8, frames_bytes,
                                                          plan_commit, quantize_int8)
-from fast_helpers import LAT_H, LAT_W, prompt, whole_camera, video_frames
+from fast_helpers import LAT_H, LAT_W, prompt, tiny_fast_model, whole_camera, video_frames
 from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
 from reference.official_fast import OfficialFastModel, generate_fast
 from triton_interpreter import run_interpreted
@@ -228,3 +231,69 @@ def test_full_cache_needs_a_length_and_whole_chunks():
     assert CachePolicy(window=None).resolve(21) == (21, 0)
     assert CachePolicy(window=30, sink=3).resolve(21) == (21, 0)  # covers the video: the full cache
     assert CachePolicy(window=9, sink=3).resolve(None) == (9, 3)
+
+
+# --------------------------------------------------------------------------- kept between sessions
+
+def _fill(model, cache: KVCache, chunks: int = 3) -> None:
+    """``chunks`` chunks of one pass and a commit each (a camera, the text on the first)."""
+    g = torch.Generator().manual_seed(4)
+    with torch.inference_mode():
+        for c in range(chunks):
+            x, y = torch.randn(1, 16, 3, LAT_H, LAT_W, generator=g), torch.randn(1, 20, 3, LAT_H, LAT_W, generator=g)
+            camera = torch.randn(1, 384, 3, LAT_H, LAT_W, generator=g)
+            model(x, torch.tensor([999.0]), [prompt()] if c == 0 else None, y=y, camera=camera, kv_cache=cache)
+            model(x, torch.tensor([0.0]), None, y=y, camera=camera, kv_cache=cache, commit=True)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_a_kept_cache_comes_back_reset_for_the_same_arguments(model, kv_dtype):
+    policy = CachePolicy(window=9, sink=3, dtype=kv_dtype)
+    cache = model.new_kv_cache(policy, LAT_H, LAT_W, graphs=True)
+    _fill(model, cache)
+    buffers = [cache._k.data_ptr(), cache._v.data_ptr()] + [t.data_ptr() for kv in cache._cross for t in kv]
+    cache.close()  # the session ends: the state goes, the tensors stay
+    assert cache.closed and cache.committed == 0 and not cache.cross_ready and cache._k is not None
+    with pytest.raises(RuntimeError, match="session ended"):
+        _fill(model, cache, 1)
+    again = model.new_kv_cache(policy, LAT_H, LAT_W, graphs=True)
+    assert again is cache and not again.closed and (again.frame_start, again.slot_frames) == (0, [])
+    if kv_dtype == "int8":
+        assert not again._k_scale.any() and not again._v_scale.any()
+    _fill(model, again)  # the text's keys go into the same tensors as before
+    assert [again._k.data_ptr(), again._v.data_ptr()] + [t.data_ptr() for kv in again._cross for t in kv] == buffers
+    # In use: another session gets a cache of its own, freed when it ends.
+    other = model.new_kv_cache(policy, LAT_H, LAT_W, graphs=True)
+    assert other is not again and other.keeper is None
+    other.close()
+    assert other._k is None and again._k is not None
+    again.close()
+    # Other arguments: the kept cache is freed before the new one is made, which is kept.
+    wider = model.new_kv_cache(policy, LAT_H, LAT_W + 2, graphs=True)
+    assert wider is not again and again._k is None and model._kept_cache.cache is wider
+    wider.close()
+    model.release_state()
+    assert wider._k is None and model._kept_cache.cache is None
+
+
+def test_without_graphs_a_cache_is_the_sessions_and_free_always_frees(model):
+    plain = model.new_kv_cache(CachePolicy(), LAT_H, LAT_W)
+    plain.close()
+    assert plain._k is None and model._kept_cache.cache is None
+    kept = model.new_kv_cache(CachePolicy(), LAT_H, LAT_W, graphs=True)
+    kept.free()  # e.g. after an out-of-memory error: not kept
+    assert kept._k is None and model._kept_cache.cache is None
+    assert model.new_kv_cache(CachePolicy(), LAT_H, LAT_W, graphs=True) is not kept
+    model.release_state()
+
+
+def test_releasing_the_model_frees_its_kept_cache():
+    """ComfyUI's unload (``release_module``) drops the kept cache with the weights, even while
+    something still holds the model object."""
+    tiny = tiny_fast_model(seed=1)
+    cache = tiny.new_kv_cache(CachePolicy(), LAT_H, LAT_W, graphs=True)
+    _fill(tiny, cache, 1)
+    cache.close()
+    assert cache._k is not None
+    release_module(tiny)
+    assert cache._k is None and cache._cross == [None] * TINY.num_layers

@@ -107,6 +107,20 @@ def test_kept_operands_are_counted_and_freed():
     assert cache._fp8 is None
 
 
+def test_a_reset_cache_keeps_its_operands_tensors_and_casts_as_a_new_one():
+    """``reset`` (a kept cache's next session): no absmax, every cast stale, the tensors where
+    they were; the next passes' operands are again the per-pass cast bit for bit."""
+    cache = KVCache(CachePolicy(), layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, frame_tokens=FT,
+                    dtype=torch.bfloat16, device="cpu")
+    _walk(cache, 4, torch.Generator().manual_seed(2))
+    kept = cache._fp8
+    where = [t.data_ptr() for t in kept.tensors()]
+    cache.reset()
+    assert cache._fp8 is kept and [t.data_ptr() for t in kept.tensors()] == where
+    assert not kept.amax.any() and bool((kept.scale == -1).all()) and not any(kept.ran)
+    assert _walk(cache, 4, torch.Generator().manual_seed(3)) > 0
+
+
 def test_the_memory_plan_counts_them_for_flash_fp8_only():
     policy = CachePolicy(window=9, sink=3)
     plain = fast_run_bytes(A14B, policy, 60, 104, None)

@@ -184,6 +184,39 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     assert session.status()["state"] == "ended" and out["result"].latency_s and len(out["result"].chunk_s) == 2
 
 
+# --------------------------------------------------------------------------- the warm-up
+
+def test_a_warmed_up_session_makes_the_cold_sessions_frames_and_says_how_long_it_took(model, vae):
+    """``warm_up`` (on a GPU by default, forced here): throwaway chunks before the page is told
+    the session started; the session's latents and frames are the cold session's bit for bit
+    (window 6, sink 3: the warm-up's commits evict), its time in the started event and the
+    result. None (the default) on the CPU: no warm-up."""
+    runs = {}
+    for warm in (False, True, None):
+        session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=4, warm_up=warm)
+        forwards = []
+        real = model.forward
+        model.forward = lambda *a, **k: forwards.append(session.controls.running) or real(*a, **k)
+        try:
+            result = session.run()
+        finally:
+            del model.forward
+        runs[warm] = (result, writer, events, forwards)
+    (cold, cold_writer, cold_events, cold_forwards), (warm, warm_writer, warm_events, warm_forwards) = \
+        runs[False], runs[True]
+    assert warm.chunks == cold.chunks == 4
+    assert torch.equal(warm.latent, cold.latent)
+    assert torch.equal(torch.cat(warm_writer.pieces, dim=1), torch.cat(cold_writer.pieces, dim=1))
+    assert cold.warm_up_s is None and cold_events[0][1]["warm_up_s"] is None
+    assert warm.warm_up_s > 0 and warm_events[0] == ("lingbot.play.started", {**warm_events[0][1],
+                                                                               "warm_up_s": warm.warm_up_s})
+    # Window 6, sink 3: the warm-up ran chunks 0 and 1 (the cache full from chunk 1), one
+    # denoising pass and the commit each, before any chunk of the session was asked for.
+    assert len(warm_forwards) == len(cold_forwards) + 4 and not any(warm_forwards[:4])
+    assert all(warm_forwards[4:]) and all(cold_forwards)
+    assert runs[None][0].warm_up_s is None and torch.equal(runs[None][0].latent, cold.latent)
+
+
 # --------------------------------------------------------------------------- a chunk in parts
 
 def chunk_decodes(vae, latent: torch.Tensor) -> list[torch.Tensor]:

@@ -86,11 +86,12 @@ class CameraTerms:
             raise ValueError(f"camera terms: new tokens {tuple(tokens.shape)} for kept ones {tuple(self.tokens.shape)}")
         self.tokens.copy_(tokens)
 
-    def shard(self, parallel) -> "CameraTerms":
-        """This rank's token shard (``SequenceParallel.shard``), with its own kept terms."""
+    def shard(self, parallel, cut: Callable[[torch.Tensor], torch.Tensor]) -> "CameraTerms":
+        """This rank's token shard (``cut``: the model's shard plan applied to the tokens), with
+        its own kept terms; one per rank and group size."""
         key = (parallel.rank, parallel.size)
         if key not in self._shards:
-            self._shards[key] = CameraTerms(parallel.shard(self.tokens), self.max_blocks)
+            self._shards[key] = CameraTerms(cut(self.tokens), self.max_blocks)
         return self._shards[key]
 
     @property

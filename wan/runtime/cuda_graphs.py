@@ -25,16 +25,34 @@ graph of the session overwrites it, so ``run`` returns a copy.
 All graphs of a session share one memory pool (they never run at the same time). A capture
 that fails (an operation the device cannot capture) turns the session's graphs off with the
 reason in ``disabled``; that forward and all later ones run eagerly.
+
+The graphed pass (``graphed_pass``, one of the executor's passes, ``runtime/executor.py``):
+a causal pass of LingBot-World Fast runs through its cache's graphs once its shapes repeat
+(``replays_graphs``: the cache full, the text's keys cached, no block swap). Its key is
+everything its kernels depend on besides the contents of x, t and y: their shapes and
+dtypes, whether it commits, the cache's committed frames and the commit's slot moves, the
+camera's presence, the rank and group size, the attention kernel. What it reads besides
+them sits at addresses the graphs keep: the cache's buffers, the RoPE tables and the camera
+terms (``state``), refreshed in place before each pass. A cache the model keeps between
+sessions keeps its graphs with it (``kv_cache.KeptCache``), so a later session with the same
+shapes replays what an earlier one (or a warm-up) captured.
 """
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import torch
+
+from .attention import backend_name
+from .camera_terms import CameraTerms
+
+if TYPE_CHECKING:  # kv_cache imports this module
+    from .kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +95,7 @@ class ForwardGraphs:
         self.disabled: str | None = None if graphs_supported(self.device) else f"no CUDA graphs on {self.device}"
         self.replays = 0
         self.captures = 0
+        self.eager = 0  # calls that ran the body eagerly (a key's warm-up, or graphs off)
 
     @property
     def keys(self) -> list[Hashable]:
@@ -86,13 +105,12 @@ class ForwardGraphs:
         """``body(inputs)``, replayed from the graph of ``key`` when there is one."""
         entry = self._graphs.get(key)
         if entry is None:
-            if self.disabled is not None:
-                return body(inputs)
-            self._seen[key] += 1
-            if self._seen[key] <= self.warmup:
-                return body(inputs)
-            entry = self._capture(key, inputs, body)
+            if self.disabled is None:
+                self._seen[key] += 1
+                if self._seen[key] > self.warmup:
+                    entry = self._capture(key, inputs, body)
             if entry is None:
+                self.eager += 1
                 return body(inputs)
         for name, value in inputs.items():
             entry.inputs[name].copy_(value)
@@ -134,4 +152,97 @@ class ForwardGraphs:
         self.state.clear()
 
 
-__all__ = ["ENV_VAR", "ForwardGraphs", "graphs_supported"]
+# --------------------------------------------------------------------------- the graphed pass
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def replays_graphs(model: Any, kv_cache: "KVCache") -> bool:
+    """Does this causal pass run through the cache's CUDA graphs? Only where its shapes repeat
+    (the cache full, the text's keys cached) and the weights stay put (no block swap: a
+    swapped block's weights arrive at new addresses every forward)."""
+    graphs = kv_cache.graphs
+    if graphs is None or graphs.disabled is not None or not kv_cache.full or not kv_cache.cross_ready:
+        return False
+    if "run_blocks" in vars(model):  # block swap (or another wrapper) owns the loop
+        return False
+    # Weights moved since the capture (unloaded and loaded again): capture anew.
+    where = tuple(next(block.parameters()).data_ptr() for block in model.blocks)
+    if graphs.state.get("weights") != where:
+        graphs.reset()
+        graphs.state["weights"] = where
+    return True
+
+
+def graphed_pass(model: Any, forward: Any, run_model: Callable[..., "torch.Tensor | None"]) -> torch.Tensor | None:
+    """A causal pass replayed from (or captured into) the cache's ``ForwardGraphs``.
+    ``forward``: the executor's checked inputs; ``run_model(model, forward, x, y, t, rope,
+    text, camera, head)``: the forward's embed → blocks → head, the body the graph holds. The
+    RoPE tables and camera terms it reads are the graphs' kept ones (``_kept_rope``,
+    ``_kept_camera``), refreshed in place here. Cancel is checked once before the pass (a
+    graph cannot stop part way)."""
+    cache = forward.kv_cache
+    graphs, device, commit, sp = cache.graphs, forward.x.device, forward.commit, forward.parallel
+    rope = _kept_rope(model, graphs, forward.grid, device, cache.frame_start)
+    camera = _kept_camera(model, graphs, forward.camera, sp)
+    t = torch.as_tensor(forward.t, device=device).reshape(-1)
+    if forward.cancel is not None:
+        forward.cancel()
+    x, y = forward.x, forward.y
+    inputs = {"x": x, "t": t} if y is None else {"x": x, "t": t, "y": y}
+    with cache.in_pass(commit):
+        key = (tuple(x.shape), x.dtype, None if y is None else (tuple(y.shape), y.dtype), (tuple(t.shape), t.dtype),
+               commit, cache.committed, cache.commit_slots, camera is None,
+               None if sp is None else (sp.rank, sp.size), backend_name(device))
+        return graphs.run(key, inputs, lambda static: run_model(model, forward, static["x"], static.get("y"),
+                                                                static["t"], rope, None, camera, not commit))
+
+
+def _kept_rope(model: Any, graphs: ForwardGraphs, grid: Sequence[int], device: torch.device,
+               frame_start: int) -> Rope:
+    """The graphs' RoPE tables (one pair, kept at fixed addresses), holding ``frame_start``'s."""
+    kept = graphs.state.get("rope")
+    if kept is None or kept[0] != tuple(grid):
+        graphs.reset()  # graphs read the old tables
+        with torch.inference_mode(False):
+            tables = tuple(torch.empty_like(table, memory_format=torch.contiguous_format)
+                           for table in model.rope_tables(grid, device, frame_start))
+        kept = graphs.state["rope"] = (tuple(grid), tables, None)
+    if kept[2] != frame_start:
+        for table, new in zip(kept[1], model.rope_tables(grid, device, frame_start)):
+            table.copy_(new)
+        graphs.state["rope"] = kept = (kept[0], kept[1], frame_start)
+    return kept[1]
+
+
+def _kept_camera(model: Any, graphs: ForwardGraphs, camera_tokens: "torch.Tensor | CameraTerms | None",
+                 sp: Any) -> CameraTerms | None:
+    """The graphs' camera terms (one ``CameraTerms`` at fixed addresses): when a new chunk's
+    camera arrives, its tokens (this rank's shard, by the model's shard plan) are copied in
+    and the kept blocks' terms computed ahead of the forward."""
+    if camera_tokens is None:
+        return None
+    kept: CameraTerms | None = graphs.state.get("camera")
+    source_ref = graphs.state.get("camera_source")
+    if kept is not None and source_ref is not None and source_ref() is camera_tokens:
+        return kept  # the chunk's camera, already in
+    source = camera_tokens.tokens if isinstance(camera_tokens, CameraTerms) else camera_tokens
+    blocks = model.blocks
+    keep = camera_tokens.max_blocks if isinstance(camera_tokens, CameraTerms) else 0
+    keep = len(blocks) if keep is None else min(int(keep), len(blocks))
+    source = model.sharding.split("camera", sp, source)
+    if kept is None or kept.tokens.shape != source.shape or kept.tokens.dtype != source.dtype \
+            or kept.max_blocks != keep:
+        graphs.reset()  # graphs read the old terms
+        with torch.inference_mode(False):
+            kept = CameraTerms(torch.empty_like(source, memory_format=torch.contiguous_format), keep)
+        graphs.state["camera"] = kept
+    kept.refresh(source)
+    for block in blocks[:keep]:
+        block.keep_camera_terms(kept, kept.tokens.shape[1])
+    # A weak reference: a session's last camera is not kept alive by the graphs it leaves behind.
+    graphs.state["camera_source"] = weakref.ref(camera_tokens)
+    return kept
+
+
+__all__ = ["ENV_VAR", "ForwardGraphs", "graphed_pass", "graphs_supported", "replays_graphs"]

@@ -53,12 +53,19 @@ all attended frames) moved. The operands are bit for bit ``weights8.quantize_hea
 
 Every other tensor is allocated when the cache is created; nothing grows with the video's
 length. Pure PyTorch: nothing here imports the model.
+
+Kept between sessions (``KeptCache``): a cache made for CUDA graphs (``graphs=True``) is the
+model's, not the session's. When its session closes it, it is ``reset`` (no committed frame,
+no text, the fp8 operands stale: what a new cache holds) but keeps its buffers and its
+graphs, and the model's next ``new_kv_cache`` with the same arguments gets it back: the next
+session replays what the last one (or a warm-up) captured. ``free()`` frees it for good.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import torch
 
@@ -250,10 +257,12 @@ class LayerKV:
 
     def cross(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This layer's text keys and values, once computed (they never change in a session)."""
-        return self.cache._cross[self.index]
+        return self.cache._cross[self.index] if self.cache._cross_set[self.index] else None
 
     def set_cross(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.cache._cross[self.index] = (k, v)
+        """Keep this layer's text keys and values: copied into the cache's own tensors, which
+        keep their addresses from one session to the next (graphs read them)."""
+        self.cache._set_cross(self.index, k, v)
 
 
 class KVCache:
@@ -261,8 +270,9 @@ class KVCache:
 
     ``latent_frames``: the video's length in latent frames (needed by the full cache; None
     for an open-ended session). The chunk being generated starts at latent frame
-    ``frame_start``; the model sets a pass up with ``begin_pass`` and ends it with
-    ``end_pass`` (LingBotDiT.forward does both). ``close()`` frees everything.
+    ``frame_start``; the model runs a pass inside ``in_pass`` (``begin_pass`` …
+    ``end_pass``). ``close()`` ends the session: it frees everything, unless the model keeps
+    the cache for its next session (``keeper``, a ``KeptCache``); ``free()`` always frees.
     """
 
     def __init__(self, policy: CachePolicy, *, layers: int, heads: int, head_dim: int, frame_tokens: int,
@@ -294,7 +304,10 @@ class KVCache:
             else:
                 self._k = torch.empty(layers, slots, dim, dtype=dtype, device=self.device)
                 self._v = torch.empty_like(self._k)
+        # The text's keys and values per layer (allocated on the first session's first pass) and
+        # whether this session has computed them.
         self._cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        self._cross_set = [False] * layers
         # fp8 attention operands kept between passes (``attended_fp8``): made on first use.
         self.keeps_fp8 = not self.int8 and _keep_fp8_allowed()
         self._fp8: _KeptFP8 | None = None
@@ -309,6 +322,8 @@ class KVCache:
         # The session's captured forwards (runtime/cuda_graphs.py); they read this cache's
         # buffers, so they live and die with it. None: every pass runs eagerly.
         self.graphs: ForwardGraphs | None = None
+        # The model's ``KeptCache`` when the model keeps this cache between sessions.
+        self.keeper: KeptCache | None = None
 
     # ------------------------------------------------------------------ accounting
     def nbytes(self) -> int:
@@ -355,7 +370,7 @@ class KVCache:
 
     @property
     def cross_ready(self) -> bool:
-        return all(kv is not None for kv in self._cross)
+        return all(self._cross_set)
 
     def attended_frames(self) -> list[int]:
         """Absolute latent frames the current chunk's queries see, in key order."""
@@ -413,13 +428,52 @@ class KVCache:
             self._broken = reason
         self._in_pass, self.committing, self._plan = False, False, None
 
+    @contextlib.contextmanager
+    def in_pass(self, commit: bool) -> Iterator[None]:
+        """A forward over the current chunk: ``begin_pass`` before, ``end_pass`` after, or
+        ``abort_pass`` when it raises."""
+        self.begin_pass(commit)
+        try:
+            yield
+        except BaseException as exc:
+            self.abort_pass(type(exc).__name__)
+            raise
+        self.end_pass()
+
     def skip_chunk(self) -> None:
         """Move on to the next chunk without committing this one (the last chunk of a clip:
         nothing will attend to it)."""
         self.frame_start += self.chunk
 
+    def reset(self) -> None:
+        """Back to what a new cache holds (no committed frame, the chunk at frame 0, no text,
+        the kept fp8 operands stale, an interrupted pass forgotten), in place: every tensor,
+        and the graphs that read them, stay where they are."""
+        self.slot_frames = []
+        self.frame_start = 0
+        self._in_pass, self.committing, self._plan, self._broken = False, False, None, None
+        self._cross_set = [False] * self.layers
+        if self.int8:
+            self._k_scale.zero_()
+            self._v_scale.zero_()
+        if self._fp8 is not None:
+            self._fp8.reset()
+        self.closed = False
+
     def close(self) -> None:
-        """Free every tensor now (a node output or traceback may keep the object alive)."""
+        """The session is over: every tensor freed now (a node output or traceback may keep the
+        object alive), unless the model keeps this cache for its next session (``keeper``):
+        then it is ``reset`` and refuses passes until the model hands it out again."""
+        if self.keeper is not None:
+            self.reset()
+            self.closed = True
+            return
+        self.free()
+
+    def free(self) -> None:
+        """Free every tensor now, kept by the model or not (after an out-of-memory error)."""
+        if self.keeper is not None:
+            self.keeper.forget(self)
         for name in ("_k", "_v", "_k8", "_v8", "_k_scale", "_v_scale"):
             if hasattr(self, name):
                 setattr(self, name, None)
@@ -428,10 +482,20 @@ class KVCache:
             self.graphs.close()
             self.graphs = None
         self._cross = [None] * self.layers
+        self._cross_set = [False] * self.layers
         self.slot_frames = []
         self.closed = True
 
     # ------------------------------------------------------------------ per layer
+    def _set_cross(self, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        kept = self._cross[index]
+        if kept is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(kept, (k, v))):
+            with torch.inference_mode(False), torch.no_grad():
+                kept = self._cross[index] = (torch.empty_like(k), torch.empty_like(v))
+        kept[0].copy_(k)
+        kept[1].copy_(v)
+        self._cross_set[index] = True
+
     def _buffers(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return (self._k[0], self._v[0]) if self.int8 else (self._k[index], self._v[index])
 
@@ -531,9 +595,64 @@ class _KeptFP8:
     def tensors(self) -> list[torch.Tensor]:
         return [self.k, self.v, self.amax, self.scale]
 
+    def reset(self) -> None:
+        """What a new one holds: no absmax, every cast stale (the fp8 values are never read
+        before a pass casts them)."""
+        self.amax.zero_()
+        self.scale.fill_(-1.0)
+        self.ran = [False] * len(self.ran)
+
     @staticmethod
     def estimate_bytes(layers: int, tokens: int, heads: int, head_dim: int, slots: int) -> int:
         return 2 * layers * tokens * heads * head_dim + 4 * 2 * layers * heads * (slots + 1)
+
+
+class KeptCache:
+    """The KV cache a model keeps for its next session (``LingBotDiT.new_kv_cache(...,
+    graphs=True)``): the session's CUDA graphs read the cache's buffers, so a cache handed out
+    again, reset, with the same arguments replays them, and its buffers need no allocation.
+
+    One cache at a time: ``take`` with other arguments frees the kept one first (so two never
+    take memory together); while the kept one is in use (not closed) another session gets a
+    cache of its own, freed when it closes. ``release`` frees it (the model unloaded)."""
+
+    def __init__(self) -> None:
+        self._cache: KVCache | None = None
+        self._key: Hashable = None
+
+    @property
+    def cache(self) -> "KVCache | None":
+        return self._cache
+
+    def take(self, key: Hashable, build: Callable[[], "KVCache"]) -> "KVCache":
+        """The kept cache when it was made with ``key`` and its session closed it (reset),
+        else ``build()`` (kept from now on, unless the kept one is in use)."""
+        kept = self._cache
+        if kept is not None and not kept.closed:
+            return build()
+        if kept is not None and self._key == key:
+            kept.closed = False
+            return kept
+        self.release()
+        cache = build()
+        cache.keeper = self
+        self._cache, self._key = cache, key
+        return cache
+
+    def forget(self, cache: "KVCache") -> None:
+        """``cache`` is no longer kept (it is being freed)."""
+        cache.keeper = None
+        if self._cache is cache:
+            self._cache, self._key = None, None
+
+    def release(self) -> None:
+        """Free the kept cache now; one still in use is freed when its session closes it."""
+        cache = self._cache
+        if cache is None:
+            return
+        self.forget(cache)
+        if cache.closed:
+            cache.free()
 
 
 def frames_bytes(frames: int, frame_tokens: int, layers: int, dim: int, dtype_bytes: int = 2) -> int:
@@ -541,5 +660,5 @@ def frames_bytes(frames: int, frame_tokens: int, layers: int, dim: int, dtype_by
     return 2 * frames * frame_tokens * layers * dim * dtype_bytes
 
 
-__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KEEP_FP8_ENV", "KVCache", "KV_DTYPES", "LayerKV",
+__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KEEP_FP8_ENV", "KVCache", "KV_DTYPES", "KeptCache", "LayerKV",
            "dequantize_int8", "dequantize_int8_pytorch", "frames_bytes", "plan_commit", "quantize_int8"]

@@ -2,7 +2,9 @@
 
 One process per GPU (NCCL; ``gloo`` on the CPU for tests), each holding the whole model. A
 ``SequenceParallel`` names the process group that splits one forward's tokens; it is passed
-to ``LingBotDiT.forward(..., parallel=sp)``. What changes in the forward (wan/model.py):
+to ``LingBotDiT.forward(..., parallel=sp)``. Where the forward is cut and put back together
+is declared once, beside the model, as a ``ShardPlan`` (``LingBotDiT.sharding``), and the
+executor (``runtime/executor.py``) applies it to every pass (exact, causal, graphed):
 
 * after the patch embedding every rank keeps its slice of the token sequence: the sequence
   is padded to a multiple of the group's size P and cut into P equal, contiguous slices
@@ -115,11 +117,6 @@ class SequenceParallel:
         start, stop = self.span(length)
         return x.narrow(dim, start, stop - start).contiguous()
 
-    def shard_rope(self, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RoPE tables [L, 1, D/2] cut like the tokens (padding rotates by 0: cos 1, sin 0)."""
-        cos, sin = rope
-        return self.shard(cos, 0, 1.0), self.shard(sin, 0, 0.0)
-
     def gather(self, x: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:
         """Every rank's slice along ``dim`` put back in token order, padding dropped: the whole
         sequence of ``length`` tokens on every rank."""
@@ -175,6 +172,65 @@ class SequenceParallel:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A tensor cut like the token sequence: along ``dim``, padded with ``fill`` to a multiple
+    of the group size, this rank's slice kept (``SequenceParallel.shard``)."""
+
+    dim: int
+    fill: float = 0.0
+
+    def apply(self, sp: SequenceParallel, x: torch.Tensor) -> torch.Tensor:
+        return sp.shard(x, self.dim, self.fill)
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Every rank's slice along ``dim`` put back in token order, the padding dropped
+    (``SequenceParallel.gather``)."""
+
+    dim: int
+
+    def apply(self, sp: SequenceParallel, x: torch.Tensor, length: int) -> torch.Tensor:
+        return sp.gather(x, length, self.dim)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Where a model's forward is split over a sequence-parallel group and gathered again,
+    as data (after diffusers' ``_cp_plan``): ``splits`` names the points of the forward whose
+    tensors each rank keeps a slice of (a tuple of ``Split`` for a tuple of tensors),
+    ``gathers`` the points whose slices every rank gets back whole; ``cache_heads``: the
+    causal KV cache holds this rank's heads of every token (heads / group size).
+    Everything the plan does not name runs whole on every rank (the timestep, the text).
+    Self-attention's exchange between token and head shards is the blocks' own
+    (``current().attend``)."""
+
+    splits: dict[str, Split | tuple[Split, ...]]
+    gathers: dict[str, Gather]
+    cache_heads: bool = True
+
+    def split(self, point: str, sp: SequenceParallel | None, value):
+        """``value`` at ``point`` as this rank keeps it (unchanged without a group)."""
+        if sp is None:
+            return value
+        spec = self.splits[point]
+        if isinstance(spec, tuple):
+            return tuple(part.apply(sp, item) for part, item in zip(spec, value))
+        return spec.apply(sp, value)
+
+    def gather(self, point: str, sp: SequenceParallel | None, x: torch.Tensor, length: int) -> torch.Tensor:
+        """``x`` at ``point`` whole again (``length`` real tokens; unchanged without a group)."""
+        return x if sp is None else self.gathers[point].apply(sp, x, length)
+
+    def local_heads(self, sp: SequenceParallel | None, heads: int) -> int:
+        """The heads this rank's KV cache holds (all of them without a group)."""
+        if sp is None:
+            return heads
+        sp.check_heads(heads)
+        return heads // sp.size if self.cache_heads else heads
+
+
+@dataclass(frozen=True)
 class ShardedRun:
     """The forward in progress: its group ``sp`` and the real (unpadded) token count ``length``."""
 
@@ -214,5 +270,5 @@ def strategy(name: str) -> type[SequenceParallel]:
     return STRATEGIES[name]
 
 
-__all__ = ["OVERLAP_ENV", "STRATEGIES", "Exchange", "SequenceParallel", "ShardedRun", "active", "current",
-           "overlap_exchanges", "strategy"]
+__all__ = ["OVERLAP_ENV", "STRATEGIES", "Exchange", "Gather", "SequenceParallel", "ShardPlan", "ShardedRun", "Split",
+           "active", "current", "overlap_exchanges", "strategy"]
