@@ -78,7 +78,7 @@ from comfyui_lingbot_world.pipeline.placement import (  # noqa: E402
 )
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
-from comfyui_lingbot_world.wan.geometry import latent_frames, latent_size  # noqa: E402
+from comfyui_lingbot_world.wan.geometry import VAE_STRIDE_T, latent_frames, latent_size  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
 
 GB = 1024**3
@@ -306,7 +306,7 @@ def time_fast(model, config, height: int, width: int, chunks: int, warmup: int,
         cache.close()
     steady = times[warmup:] or times
     chunk_s = statistics.median(steady)
-    return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": 4 * CHUNK_FRAMES / chunk_s,
+    return {"chunk_s": chunk_s, "chunk_seconds": times, "fps": VAE_STRIDE_T * CHUNK_FRAMES / chunk_s,
             "size": f"{height}x{width}", "window": 9, "sink": 3, "camera_terms": camera_terms,
             "cuda_graphs": stats}, torch.stack([first, last.float().cpu()])
 
