@@ -42,7 +42,7 @@ from comfyui_lingbot_world.pipeline.memory import (GIB, activation_bytes, camera
                                                    decode_chunk_bytes, fast_run_bytes, graph_pool_bytes,
                                                    release_module, vae_budgets, vae_stream_bytes)
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
-from comfyui_lingbot_world.wan.geometry import latent_size  # noqa: E402
+from comfyui_lingbot_world.wan.geometry import latent_size, video_tokens  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from _synthetic import SyntheticDiT  # noqa: E402
 from fast_chunks import load_image, sync  # noqa: E402
@@ -169,7 +169,7 @@ def measure(args: argparse.Namespace) -> dict:
                         + terms * camera_terms_bytes(config, lat_h, lat_w, policy.chunk)
                         + (graph_pool_bytes(config, lat_h, lat_w, policy.chunk) if args.cuda_graphs else 0))
             run["whole"] = part(whole, estimate, "the run: cache + terms + graphs + a chunk's passes at their peak")
-            run["activation_estimate_gib"] = gib(activation_bytes(policy.chunk * lat_h * lat_w // 4, config.dim))
+            run["activation_estimate_gib"] = gib(activation_bytes(video_tokens(policy.chunk, lat_h, lat_w), config.dim))
             runs[f"{kv}_terms{terms}"] = run
             torch.cuda.empty_cache() if device.type == "cuda" else None
     source.close()

@@ -6,7 +6,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..loaders.vae_loader import load_vae, load_vae_from_state_dict
-from ..wan.geometry import LATENT_CHANNELS
+from ..wan.geometry import LATENT_CHANNELS, pixel_size, video_frames
 from .guards import check_finite
 from .latent import check_latent_shape
 from .image import CONNECTED_VAE, VAESource, vae_dtype, vae_name
@@ -36,7 +36,7 @@ def decode(
         raise ValueError(f"latent has shape {tuple(latent.shape)}; expected [{LATENT_CHANNELS}, frames, height/8, "
                          "width/8]")
     check_latent_shape(latent)
-    frames, height, width = 1 + 4 * (latent.shape[1] - 1), 8 * latent.shape[2], 8 * latent.shape[3]
+    frames, (height, width) = video_frames(latent.shape[1]), pixel_size(latent.shape[2], latent.shape[3])
     check_video_fits(frames, height, width, bytes_per_pixel=DECODE_BYTES_PER_PIXEL)
     check_finite(latent, "the latent to decode", "a sampler run that diverged (NaN weights, extreme intrinsics)")
     device = resolve_device(device)
@@ -47,7 +47,8 @@ def decode(
         vae = build_or_release(lambda: load_vae(vae_file, device, dtype))
     try:
         if device.type == "cpu":  # the VAE's own working memory is host memory too: known now
-            region = (min(height, 8 * tile) * min(width, 8 * tile)) if tile else height * width
+            tile_height, tile_width = pixel_size(tile, tile) if tile else (height, width)  # a tile is in latent cells
+            region = min(height, tile_height) * min(width, tile_width)
             check_video_fits(frames, height, width, bytes_per_pixel=DECODE_BYTES_PER_PIXEL,
                              workspace_bytes=vae_workspace_bytes(vae.geometry.dim, region, "decode"),
                              workspace_hint=", set a decode tile (e.g. 32), or decode on a GPU")

@@ -101,3 +101,25 @@ def fast_not_resident(fast_dit) -> bool:
     import comfy.model_management as mm
 
     return fast_dit.patcher.expert is None and not any(m is fast_dit.patcher for m in mm.loaded_models())
+
+
+class MemoryPlanAsked(Exception):
+    """Raised by ``record_fast_runs``' stand-in: the node got as far as its memory plan."""
+
+
+def record_fast_runs(monkeypatch, node_module) -> list[dict]:
+    """Stand in for ``prepared_fast_run`` in a Fast node's module: each call's arguments, by
+    name, go into the list returned; then ``MemoryPlanAsked`` stops the node (nothing loads)."""
+    import inspect
+
+    from comfyui_lingbot_world.nodes.host import fast_model
+
+    calls: list[dict] = []
+    signature = inspect.signature(fast_model.prepared_fast_run)
+
+    def stand_in(*args, **kwargs):
+        calls.append(dict(signature.bind(*args, **kwargs).arguments))
+        raise MemoryPlanAsked
+
+    monkeypatch.setattr(node_module, "prepared_fast_run", stand_in)
+    return calls

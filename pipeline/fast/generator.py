@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from ...wan.conditioning import check_frame_count
-from ...wan.geometry import CHUNK_FRAMES, LATENT_CHANNELS, VAE_STRIDE_T, check_seed, latent_frames, video_frames
+from ...wan.geometry import (CHUNK_FRAMES, LATENT_CHANNELS, VAE_STRIDE_T, check_seed, latent_frames, pixel_size,
+                             video_frames)
 from ...wan.runtime.attention import CHOICES as ATTENTION_CHOICES, attention_backend
 from ...wan.runtime.camera_terms import CameraTerms
 from ...wan.runtime.kv_cache import CachePolicy, KVCache
@@ -374,10 +375,9 @@ class FastGenerator:
     def _out_of_memory(self, chunk: int, detail: str | None) -> FastOutOfMemoryError:
         """Memory given back, the error to raise (outside the ``except``: no traceback kept)."""
         empty_device_cache()
-        frames = None if self.latent_frames is None else (self.latent_frames - 1) * 4 + 1
-        return FastOutOfMemoryError(out_of_memory_message(frames, 8 * self.i2v.latent_height,
-                                                                 8 * self.i2v.latent_width, self.params.policy,
-                                                                 chunk, detail))
+        frames = None if self.latent_frames is None else video_frames(self.latent_frames)
+        height, width = pixel_size(self.i2v.latent_height, self.i2v.latent_width)
+        return FastOutOfMemoryError(out_of_memory_message(frames, height, width, self.params.policy, chunk, detail))
 
     def close(self, free: bool = False) -> None:
         """End the session: the KV cache closed (kept by the model for its next session when it

@@ -157,10 +157,6 @@ def sampler_graph_with_conditioning() -> dict:
 
 def test_core_conditioning_drives_the_lingbot_sampler(comfy_server: ComfyServer) -> None:
     """CLIPLoader -> CLIPTextEncode (positive, negative) -> LingBotWorldSampler -> VAE decode -> video."""
-    schema = comfy_server.object_info("LingBotWorldSampler")["input"]
-    offered = {**schema.get("required", {}), **schema.get("optional", {})}
-    if "positive" not in offered or "negative" not in offered:
-        pytest.skip("needs sampler CONDITIONING inputs (positive/negative on LingBotWorldSampler)")
     result = comfy_server.run(sampler_graph_with_conditioning(), timeout=300)
     videos = [f for f in comfy_server.output_files(result) if f.suffix in (".mp4", ".webm", ".mov")]
     assert len(videos) == 1, comfy_server.output_files(result)

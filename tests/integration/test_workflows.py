@@ -18,6 +18,7 @@ import pytest
 import tiny_package
 from comfy_host import ROOT
 from comfy_server import ComfyServer, PromptRejected, video_info
+from node_contract import CONTRACT, differences
 from shipped_workflows import FAST_WORKFLOWS, LIVE_TEMPLATES, REPLAY_TEMPLATES
 
 API_WORKFLOWS = sorted((ROOT / "workflows" / "api").glob("*.json"))
@@ -28,42 +29,6 @@ ELSEWHERE = FAST_WORKFLOWS + LIVE_TEMPLATES + REPLAY_TEMPLATES
 ONE_PASS_WORKFLOWS = [p for p in API_WORKFLOWS if p.stem not in ELSEWHERE and p.stem != "lingbot_long_walk"]
 LEGACY_API_WORKFLOWS = sorted(p for p in (ROOT / "tests" / "data" / "legacy_workflows" / "api").glob("*.json")
                               if p.stem not in ELSEWHERE)
-PACK_NODES = {
-    # type: (required inputs in order, optional inputs, outputs)
-    "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], [],
-                          ["LINGBOT_TEXT"]),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices", "weights"],
-                              ["LINGBOT_DIT"]),
-    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height",
-                            "frames"], ["actions", "pose_export", "normalize_scale", "window", "overlap",
-                                        "camera_axes", "keyframes"],
-                           ["LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"]),
-    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"],
-                              ["LINGBOT_I2V"]),
-    "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
-                            ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
-                             "attention", "preset"], ["LATENT"]),
-    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model", "precision"], ["IMAGE"]),
-    "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], [],
-                               ["LINGBOT_DIT"]),
-    "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
-                               "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
-                               "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
-                              ["text", "camera_path", "vae_model", "positive", "negative"], ["VIDEO"]),
-    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"],
-                                  ["LINGBOT_FAST_DIT", "STRING"]),
-    "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
-                                ["text", "positive", "camera"], ["LATENT"]),
-    "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
-                                   "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
-                                  ["text", "positive", "camera_path", "vae_model", "precision"], ["VIDEO"]),
-    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
-                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision", "live_decoder"], ["VIDEO", "STRING", "LATENT"]),
-    "LingBotWorldPlayLog": (["log"], ["image"], ["IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT",
-                                                 "FLOAT", "INT", "INT", "COMBO", "COMBO"]),
-}
-CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
 SAMPLER, VAE_ENCODE, SAVE_VIDEO = "6", "3", "9"  # node ids of the shipped graphs
 STATUS = "/lingbot/status"
@@ -103,15 +68,16 @@ def embedding_cache_entries(server: ComfyServer) -> int:
 
 
 def test_object_info_lists_every_pack_node_with_its_inputs(comfy_server: ComfyServer) -> None:
-    assert comfy_server.pack_node_types() == sorted(PACK_NODES)
+    """What the server tells the frontend keeps tests/node_contract.py."""
+    assert comfy_server.pack_node_types() == sorted(CONTRACT)
     info = comfy_server.object_info()
-    for node_type, (required, optional, outputs) in PACK_NODES.items():
+    for node_type, contract in CONTRACT.items():
         schema = info[node_type]
-        assert schema["category"].startswith(CATEGORY + "/"), node_type  # a folder per kind (issue 27)
-        assert schema["input_order"]["required"] == required, node_type
-        assert list(schema["input"]["required"]) == required, node_type
-        assert list(schema["input"].get("optional", {})) == optional, node_type
-        assert schema["output"] == outputs, node_type
+        assert schema["input_order"]["required"] == [i.name for i in contract.required], node_type
+        assert schema["input_order"].get("optional", []) == [i.name for i in contract.optional], node_type
+        outputs = list(zip(schema["output_name"], schema["output"]))
+        assert differences(node_type, schema["category"], schema["input"]["required"],
+                           schema["input"].get("optional", {}), outputs) == []
         assert schema["display_name"].startswith("LingBot"), node_type
 
     # The combos list the files the shipped workflows name (the tiny package stands in; a Play

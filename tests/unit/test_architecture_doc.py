@@ -1,10 +1,13 @@
 """docs/architecture.md against the tree: every module under wan/, loaders/, pipeline/ and
 nodes/ is named in it, every module it names exists, and imports point one way
 (nodes → pipeline → loaders → wan; tools above pipeline, beside nodes), with ComfyUI
-imported only in nodes/."""
+imported only in nodes/. And tests/README.md against tests/: every package module (tools/
+too) has a test file found by the naming rule or the table there, and one of those files
+imports it (directly, through a package's re-export, or through a helper in tests/)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -12,7 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
+TESTS = ROOT / "tests"
+TESTS_DOC = TESTS / "README.md"
 LAYERS = ("wan", "loaders", "pipeline", "nodes")
+PACKAGE = "comfyui_lingbot_world"
 # What each top-level folder may import from the pack.
 ALLOWED = {
     "wan": {"wan"},
@@ -91,3 +97,117 @@ def test_the_import_check_sees_upward_imports() -> None:
     found = _pack_imports(ROOT / "loaders" / "probe.py", source)
     assert found == [(1, "pipeline"), (2, "host:folder_paths"), (3, "loaders")]
     assert _pack_imports(ROOT / "nodes" / "host" / "probe.py", "from ...wan import camera\n") == [(1, "wan")]
+
+
+# ------------------------------------------------------------------ tests/README.md: a test per module
+
+
+def rule_test(module: str) -> str:
+    """The unit test file tests/README.md's naming rule gives ``module`` (a path under the
+    pack, e.g. ``pipeline/fast/generator.py`` -> ``test_fast_generator.py``)."""
+    parts = module[:-len(".py")].split("/")
+    if module in ("nodes/__init__.py", "nodes/inputs.py"):
+        return "test_node_schemas.py"
+    if parts[0] == "nodes":
+        return f"test_host_{parts[-1]}.py" if parts[1] == "host" else f"test_node_{parts[-1]}.py"
+    if len(parts) == 2 or parts[:2] == ["wan", "runtime"]:
+        return f"test_{parts[-1]}.py"
+    return f"test_{parts[-2]}_{parts[-1]}.py"  # a subpackage's module
+
+
+def table_tests(text: str) -> dict[str, list[str]]:
+    """Module -> the test files (relative to tests/; a bare name is in unit/) of the table."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or not cells[1].strip().startswith("`"):
+            continue
+        tests = [name if "/" in name else f"unit/{name}"
+                 for name in re.findall(r"`((?:integration/|unit/|gpu/)?test_\w+\.py)`", cells[2])]
+        for module in re.findall(r"`((?:wan|loaders|pipeline|nodes|tools)/[\w/]+\.py)`", cells[1]):
+            found.setdefault(module, []).extend(tests)
+    return found
+
+
+def _re_exports(package: str) -> dict[str, str]:
+    """Name -> module of what a pack package's __init__.py imports from its own modules."""
+    init = ROOT / package.replace(".", "/") / "__init__.py"
+    if not package or not init.is_file():
+        return {}
+    return {alias.asname or alias.name: f"{package}.{node.module}"
+            for node in ast.parse(init.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module for alias in node.names}
+
+
+@functools.lru_cache(maxsize=None)
+def imported_modules(path: Path, source: str | None = None) -> frozenset[str]:
+    """The pack modules (dotted, below the pack: ``pipeline.fast.generator``) that the test
+    file at ``path`` (or ``source`` read as that file) imports, also through a package's
+    re-export and through the helpers it imports from tests/ or its own folder."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8") if source is None else source)):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module.split(".")[0] == PACKAGE:
+                base = node.module.partition(".")[2]
+                found.add(base)
+                exports = _re_exports(base)
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}".lstrip("."))
+                    found.update([exports[alias.name]] if alias.name in exports else [])
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+            found.update(n.partition(".")[2] for n in names if n.split(".")[0] == PACKAGE)
+        for name in names:
+            helper = next((folder / f"{name}.py" for folder in (TESTS, path.parent)
+                           if (folder / f"{name}.py").is_file()), None)
+            if helper is not None and helper != path:
+                found |= imported_modules(helper)
+    return frozenset(found)
+
+
+def _package_modules() -> list[str]:
+    return [p.relative_to(ROOT).as_posix() for p in _modules((*LAYERS, "tools"))
+            if not (p.name == "__init__.py" and _only_a_docstring(p))]
+
+
+def _dotted(module: str) -> str:
+    return module[:-len(".py")].replace("/", ".").removesuffix(".__init__")
+
+
+def test_every_package_module_has_a_findable_test_that_imports_it() -> None:
+    table = table_tests(TESTS_DOC.read_text(encoding="utf-8"))
+    unfound, unheld = [], []
+    for module in _package_modules():
+        by_rule = f"unit/{rule_test(module)}"
+        tests = ([by_rule] if (TESTS / by_rule).is_file() else []) + table.get(module, [])
+        if not tests:
+            unfound.append(f"{module}: no tests/{by_rule}; write it, or add a row to tests/README.md's table")
+        elif not any(_dotted(module) in imported_modules(TESTS / t) for t in tests if (TESTS / t).is_file()):
+            unheld.append(f"{module}: none of {tests} imports it; test it there, or fix the table's row")
+    assert len(_package_modules()) > 80  # the scan sees the package
+    assert unfound + unheld == []
+
+
+def test_the_test_table_names_modules_and_tests_that_exist() -> None:
+    table = table_tests(TESTS_DOC.read_text(encoding="utf-8"))
+    assert len(table) > 20  # the parse sees the table
+    stale = sorted({m for m in table if not (ROOT / m).is_file()}
+                   | {t for tests in table.values() for t in tests if not (TESTS / t).is_file()})
+    assert stale == [], f"tests/README.md's table names files that do not exist: {stale}"
+
+
+def test_the_naming_rule_and_the_import_scan() -> None:
+    """The check itself: the rule of each layer, a re-export and a helper followed."""
+    assert [rule_test(m) for m in ("wan/runtime/kv_cache.py", "loaders/nf4.py", "pipeline/fast/generator.py",
+                                   "nodes/camera.py", "nodes/host/fast_model.py", "nodes/inputs.py",
+                                   "tools/synthetic/dit.py")] == [
+        "test_kv_cache.py", "test_nf4.py", "test_fast_generator.py", "test_node_camera.py", "test_host_fast_model.py",
+        "test_node_schemas.py", "test_synthetic_dit.py"]
+    source = ("from comfyui_lingbot_world.pipeline.fast import FastParams\nimport comfyui_lingbot_world.wan.vae\n"
+              "from comfyui_lingbot_world import nodes\nfrom node_runs import load_fast\n")
+    found = imported_modules(TESTS / "unit" / "test_probe.py", source)
+    assert {"pipeline.fast", "pipeline.fast.generator", "wan.vae", "nodes"} <= found
+    assert "pipeline.fast.stream" not in found
+    assert imported_modules(TESTS / "node_runs.py") <= found  # the helper's imports count

@@ -19,6 +19,7 @@ import torch
 from comfyui_lingbot_world.wan.model import LingBotDiT
 from comfyui_lingbot_world.wan.runtime import parallel as parallel_module
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper, SyncTransfer
+from comfyui_lingbot_world.wan.runtime.executor import check_forward
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
 from comfyui_lingbot_world.wan.runtime.parallel import SequenceParallel
 from fast_helpers import LAT_H, LAT_W, cpu_graphs, prompt
@@ -81,6 +82,17 @@ def test_each_bad_input_is_refused_alike_before_any_pass(model, monkeypatch, sta
         if cache is not None:
             cache.close()
         model.release_state()
+
+
+def test_the_checked_forward_holds_the_latent_grid_and_the_camera_tokens(model):
+    """``check_forward`` turns a Plücker camera into camera tokens once and says the latent's
+    patch grid and real token count (what every pass and the shard plan cut by)."""
+    with torch.inference_mode():
+        forward = check_forward(model, X, T, [prompt()], Y, None, PLUCKER, None, None, False, None)
+        tokens = model.prepare_camera(PLUCKER)
+    grid = (3, LAT_H // 2, LAT_W // 2)
+    assert forward.grid == grid and forward.length == 3 * (LAT_H // 2) * (LAT_W // 2) and forward.batch == 1
+    assert torch.equal(forward.camera, tokens) and forward.kv_cache is None and not forward.commit
 
 
 def test_the_first_causal_pass_needs_the_text_and_a_commit_needs_a_cache(model):

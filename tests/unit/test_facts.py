@@ -1,10 +1,12 @@
 """One owner per fact: the model's fixed numbers live in wan/geometry.py, each choice list in
 the module that interprets it. Everything else imports them; this test reads the source
 (no import) and fails on a second definition, a stray ``// 4`` / ``// 8`` on frame or pixel
-arithmetic, or a second literal copy of a choice list."""
+arithmetic or its inverse (``(f - 1) * 4 + 1``, ``8 * lat_h``: latent sizes back to video
+sizes), or a second literal copy of a choice list."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +26,11 @@ ALLOWED_DIVISIONS = {
     ("wan/vae.py", "tile // 4"): "the default overlap of decode tiles is a quarter of the tile, a tiling choice",
     ("loaders/nf4.py", "packed_bits // 8"): "bits to bytes of a packed 4-bit weight",
 }
+# A multiplication by a stride is a latent size turned back into a video size when the other
+# factor is "n - 1" (or the product is followed by "+ 1": 4n + 1 frames), or a plain name,
+# attribute or subscript (never a call's result: ``latent.numel() * 4`` counts bytes) that names
+# a latent or video size.
+SIZE_NAME = re.compile(r"lat|frame|height|width|tile|^[hw]$|_[hw]$", re.IGNORECASE)
 # Each choice list's values, and the one module that may write them as a literal.
 CHOICE_LISTS = {
     ("unipc", "euler"): "wan/scheduler.py",
@@ -54,6 +61,38 @@ def _is_seed_power(node: ast.AST) -> bool:
             and node.left.value == 2 and isinstance(node.right, ast.Constant) and node.right.value == 64)
 
 
+def _is_stride(node: ast.AST, strides: tuple[int, ...] = (4, 8)) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int and node.value in strides
+
+
+def _minus_one(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Constant)
+            and node.right.value == 1)
+
+
+def _names_a_size(node: ast.AST) -> bool:
+    parts = list(ast.walk(node))
+    if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) or any(isinstance(p, ast.Call) for p in parts):
+        return False
+    names = [p.id if isinstance(p, ast.Name) else p.attr for p in parts if isinstance(p, (ast.Name, ast.Attribute))]
+    return any(SIZE_NAME.search(name) for name in names)
+
+
+def _stride_product(node: ast.AST) -> bool:
+    """``node`` multiplies a latent size by a VAE stride (see SIZE_NAME's comment)."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+        return False
+    parent = getattr(node, "parent", None)
+    plus_one = (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Add)
+                and any(isinstance(side, ast.Constant) and side.value == 1 for side in (parent.left, parent.right)))
+    for factor, other in ((node.left, node.right), (node.right, node.left)):
+        if _is_stride(factor, (4,)) and (_minus_one(other) or plus_one):
+            return True
+        if _is_stride(factor) and _names_a_size(other):
+            return True
+    return False
+
+
 def find_problems(root: Path) -> list[str]:
     problems = []
     for path in _files(root):
@@ -69,6 +108,10 @@ def find_problems(root: Path) -> list[str]:
                     text = ast.get_source_segment(source, node) or ""
                     if not any(rel == f and snippet in text for f, snippet in ALLOWED_DIVISIONS):
                         problems.append(f"{where}: '{text}' divides by a VAE stride; use wan/geometry.py")
+            if _stride_product(node) and not owner:
+                text = ast.get_source_segment(source, node) or ""
+                problems.append(f"{where}: '{text}' multiplies by a VAE stride; use video_frames / pixel_size "
+                                "(or VAE_STRIDE_T / VAE_STRIDE_S) from wan/geometry.py")
             if _is_seed_power(node) and not owner:
                 problems.append(f"{where}: 2**64 written again; import MAX_SEED / check_seed from wan/geometry.py")
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and not owner:
@@ -123,10 +166,18 @@ def test_the_scan_finds_each_kind_of_copy(tmp_path: Path) -> None:
         "SAMPLERS = ('unipc', 'euler')\n"
         "KEYS = 'wasdijkl'\n"
         "class C:\n    text_len: int = 512\n"
+        "def back(latent, frames, h, g):\n"
+        "    return (frames - 1) * 4 + 1, 1 + 4 * (latent.shape[1] - 1), 8 * h, latent.shape[2] * 8, 4 * g + 1\n"
     )
+    # Byte counts, a float, products that are not sizes: no stride.
+    (tmp_path / "nodes" / "bytes.py").write_text(
+        "def size(latent, out_f, frames, h):\n"
+        "    return latent.numel() * 4, 4 * out_f, 4.0 * frames, 8 * (h + 1), 2 * h\n")
     found = "\n".join(find_problems(tmp_path))
     for needle in ("TEMPORAL_FACTOR defined again", "MAX_TOKENS defined again", "2**64 written again",
                    "def latent_frames again", "'(frames - 1) // 4'", "'height // 8'", "'width // 8'",
-                   "max_len=512", "('unipc', 'euler')", "('wasdijkl',)", "text_len = 512"):
+                   "max_len=512", "('unipc', 'euler')", "('wasdijkl',)", "text_len = 512", "'(frames - 1) * 4'",
+                   "'4 * (latent.shape[1] - 1)'", "'8 * h'", "'latent.shape[2] * 8'", "'4 * g'"):
         assert needle in found, f"{needle!r} not reported in:\n{found}"
+    assert "nodes/bytes.py" not in found
     assert not any(line.startswith("wan/geometry.py") for line in found.splitlines())  # the owner is never reported

@@ -18,7 +18,8 @@ HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 import comfy.utils  # noqa: E402
 
-from node_runs import H, VAE_FILE, W, encode_prompt, fast_not_resident, load_fast, run_fast_sampler  # noqa: E402
+from node_runs import (H, VAE_FILE, W, MemoryPlanAsked, encode_prompt, fast_not_resident, load_fast,  # noqa: E402
+                       record_fast_runs, run_fast_sampler)
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.fast_long_video import LingBotWorldFastLongVideo  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
@@ -223,3 +224,19 @@ def test_961_frames_with_the_long_walk_string_run_with_the_camera_over_the_961_a
     (frames, camera), = seen
     assert frames == 957 and camera.keyframes.shape[0] == 240
     assert torch.equal(camera.keyframes, path_camera(path, 961, H, W).keyframes)
+
+
+def test_the_memory_plan_gets_the_vae_streams_budget(fast_installed, monkeypatch):
+    """The room asked for the VAE and its streams is ``vae_budgets`` of the VAE file's size,
+    the video's size and the precision (as Play's: test_node_play.py)."""
+    from comfyui_lingbot_world.nodes import fast_long_video
+    from comfyui_lingbot_world.pipeline.memory import vae_budgets
+
+    calls = record_fast_runs(monkeypatch, fast_long_video)
+    text, (fast, _) = encode_prompt(), load_fast()
+    for precision in ("fp32", "bf16"):
+        with pytest.raises(MemoryPlanAsked):
+            _stream(fast, text, precision=precision)
+    size = (fast_installed["package"] / "Wan2.1_VAE.pth").stat().st_size
+    assert [(c["vae"], c["decode"]) for c in calls] == [vae_budgets(size, H, W, p) for p in ("fp32", "bf16")]
+    assert list(fast_installed["output"].rglob("*.mp4")) == []  # stopped before its first frame: no file

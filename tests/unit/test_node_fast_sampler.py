@@ -126,21 +126,6 @@ def test_fast_sampler_takes_core_conditioning_instead_of_text(fast_installed):
     assert fast_not_resident(fast)
 
 
-def test_inputs_and_defaults_come_from_one_place():
-    from comfyui_lingbot_world.pipeline.fast import DEFAULT_POLICY
-
-    schema = LingBotWorldFastSampler.INPUT_TYPES()
-    assert list(schema["required"]) == ["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift",
-                                        "seed"]
-    assert list(schema["optional"]) == ["text", "positive", "camera", "steps"]
-    required = schema["required"]
-    assert required["fast_dit"][0] == "LINGBOT_FAST_DIT" and required["i2v"][0] == "LINGBOT_I2V"
-    assert (required["kv_window"][1]["default"], required["kv_sink"][1]["default"],
-            required["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink, "auto")
-    assert required["kv_dtype"][1]["options"] == ["auto", "bf16", "int8"]
-    assert required["kv_cache"][1]["default"] == "sliding_window" and required["shift"][1]["default"] == 10.0
-
-
 def test_auto_kv_dtype_keeps_bf16_where_it_fits_and_takes_int8_where_it_does_not(fast_installed, monkeypatch,
                                                                                     caplog):
     """kv_dtype auto: the same clip as bf16 on a device with room; as int8 (the same latent as

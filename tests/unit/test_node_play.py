@@ -19,8 +19,8 @@ from comfy_host import comfy_state_reset, use_comfy_in_process
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
 import comfy.model_management as mm  # noqa: E402
 
-from node_runs import (H, VAE_FILE, W, encode_prompt, fast_not_resident, load_fast, run_fast_sampler,  # noqa: E402
-                       start_image)
+from node_runs import (H, VAE_FILE, W, MemoryPlanAsked, encode_prompt, fast_not_resident, load_fast,  # noqa: E402
+                       record_fast_runs, run_fast_sampler, start_image)
 from comfyui_lingbot_world.nodes.camera import KEYFRAMES_PLAY, LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.host.routes import live_models  # noqa: E402
@@ -289,3 +289,20 @@ def test_a_live_decoder_makes_the_frames_and_the_log_says_so(fast_installed):
     assert video_frames(Path(video.get_stream_source())) == 21
     assert latent["samples"].shape == (1, 16, 6, H // 8, W // 8)
     assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+def test_the_memory_plan_gets_the_vae_streams_budget_or_the_live_decoders(fast_installed, monkeypatch):
+    """The room asked for the VAE is ``vae_budgets`` of the VAE file's size, the size and the
+    precision (as Fast Long Video's); with a live decoder, the Wan encoder's and the tiny
+    decoder's only."""
+    from comfyui_lingbot_world.nodes import play
+    from comfyui_lingbot_world.pipeline.memory import vae_budgets
+
+    calls = record_fast_runs(monkeypatch, play)
+    text, (fast_dit, _) = encode_prompt(), load_fast()
+    for live_decoder in (None, tiny_comfy_vae()):
+        with pytest.raises(MemoryPlanAsked):
+            LingBotWorldPlay.execute(**play_inputs(fast_dit, text, precision="bf16", live_decoder=live_decoder))
+    size = (fast_installed["package"] / "Wan2.1_VAE.pth").stat().st_size
+    assert [(c["vae"], c["decode"]) for c in calls] == [vae_budgets(size, H, W, "bf16", live) for live in (False, True)]
+    assert calls[1]["vae"] < calls[0]["vae"] and SESSIONS.running() == []

@@ -1,6 +1,7 @@
-"""nodes/__init__.py and nodes/inputs.py: every node registered with its id, display name,
-inputs in the order saved workflows store them, tooltips, shared defaults, and the pack's
-own check of its combo values (inside the ComfyUI host, on the CPU)."""
+"""nodes/__init__.py and nodes/inputs.py: every node registered with its id and display name,
+keeping what tests/node_contract.py promises (folder, inputs in the order saved workflows
+store them, types, defaults, outputs), tooltips, shared defaults, and the pack's own check of
+its combo values (inside the ComfyUI host, on the CPU)."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ HOST = use_comfy_in_process()  # before comfy.model_management is imported
 from comfy_api.latest import ComfyExtension, io  # noqa: E402
 
 from comfy_host import run_async  # noqa: E402
+from node_contract import CONTRACT, Input, NodeContract, Output, differences  # noqa: E402
 from node_runs import PKG, options  # noqa: E402
 from comfyui_lingbot_world import nodes as pack_nodes  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
@@ -20,70 +22,9 @@ from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E40
 from comfyui_lingbot_world.nodes.text_encode import LingBotWorldTextEncode  # noqa: E402
 from comfyui_lingbot_world.nodes.vae import LingBotWorldVAEDecode, LingBotWorldVAEEncode  # noqa: E402
 from comfyui_lingbot_world.wan.camera_presets import CAMERA_PRESETS  # noqa: E402
-from comfyui_lingbot_world.wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT  # noqa: E402
 
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
-
-
-# The input order of every node: the UI format stores widget values in this order.
-EXPECTED_INPUTS = {
-    "LingBotWorldTextEncode": (["t5_file", "tokenizer", "prompt", "negative_prompt", "device"], []),
-    "LingBotWorldDiTLoader": (["high_noise", "low_noise", "bf16_quantize", "block_swap"], ["devices", "weights"]),
-    # New inputs appended after the original eight, optional: older workflows keep their
-    # widget values and older API prompts (without them) still validate.
-    "LingBotWorldCamera": (["source", "preset", "speed", "poses_file", "intrinsics_file", "width", "height", "frames"],
-                           ["actions", "pose_export", "normalize_scale", "window", "overlap", "camera_axes", "keyframes"]),
-    "LingBotWorldVAEEncode": (["image", "vae", "width", "height", "frames", "device"], ["vae_model", "precision"]),
-    "LingBotWorldSampler": (["dit", "i2v", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed", "sampler"],
-                            ["text", "camera", "positive", "negative", "cache_threshold", "cfg_truncate",
-                             "attention", "preset"]),
-    "LingBotWorldVAEDecode": (["samples", "vae", "tile", "device"], ["vae_model", "precision"]),
-    "LingBotWorldLoraLoader": (["dit", "lora_high_noise", "strength_high", "lora_low_noise", "strength_low"], []),
-    "LingBotWorldLongVideo": (["dit", "image", "vae", "width", "height", "frames", "window", "overlap",
-                               "scale_quantile", "steps", "shift", "cfg_high", "cfg_low", "boundary", "seed",
-                               "sampler", "decode_tile", "keep_experts", "fps", "filename_prefix"],
-                              ["text", "camera_path", "vae_model", "positive", "negative"]),
-    "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"]),  # issues 25, 26
-    "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
-                                ["text", "positive", "camera", "steps"]),
-    "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
-                                   "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
-                                  ["text", "positive", "camera_path", "vae_model", "precision", "steps"]),
-    "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
-                          "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision", "live_decoder", "steps"]),
-    "LingBotWorldPlayLog": (["log"], ["image"]),  # issue 27: replay a session from its log
-}
-
-EXPECTED_OUTPUTS = {
-    "LingBotWorldTextEncode": ("LINGBOT_TEXT",),
-    "LingBotWorldDiTLoader": ("LINGBOT_DIT",),
-    "LingBotWorldCamera": ("LINGBOT_CAMERA", "IMAGE", "LINGBOT_CAMERA_PATH"),
-    "LingBotWorldVAEEncode": ("LINGBOT_I2V",),
-    "LingBotWorldSampler": ("LATENT",),
-    "LingBotWorldVAEDecode": ("IMAGE",),
-    "LingBotWorldLoraLoader": ("LINGBOT_DIT",),
-    "LingBotWorldLongVideo": ("VIDEO",),
-    "LingBotWorldFastDiTLoader": ("LINGBOT_FAST_DIT", "STRING"),
-    "LingBotWorldFastSampler": ("LATENT",),
-    "LingBotWorldFastLongVideo": ("VIDEO",),
-    "LingBotWorldPlay": ("VIDEO", "STRING", "LATENT"),
-    # what the Fast clip nodes take: kv_dtype and precision link into their combo widgets
-    "LingBotWorldPlayLog": ("IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT", "FLOAT", "INT", "INT",
-                            "COMBO", "COMBO", "INT"),
-}
-
-
-NODE_CATEGORIES = {
-    "LingBotWorldDiTLoader": "LingBot-World/Base", "LingBotWorldSampler": "LingBot-World/Base",
-    "LingBotWorldLongVideo": "LingBot-World/Base", "LingBotWorldLoraLoader": "LingBot-World/Base",
-    "LingBotWorldFastDiTLoader": "LingBot-World/Fast", "LingBotWorldFastSampler": "LingBot-World/Fast",
-    "LingBotWorldFastLongVideo": "LingBot-World/Fast", "LingBotWorldPlay": "LingBot-World/Play",
-    "LingBotWorldPlayLog": "LingBot-World/Play",
-    "LingBotWorldCamera": "LingBot-World/Camera and Act", "LingBotWorldTextEncode": "LingBot-World/Text and VAE",
-    "LingBotWorldVAEEncode": "LingBot-World/Text and VAE", "LingBotWorldVAEDecode": "LingBot-World/Text and VAE",
-}
 
 
 def test_search_aliases_only_where_the_host_has_them(monkeypatch):
@@ -110,16 +51,14 @@ def test_search_aliases_only_where_the_host_has_them(monkeypatch):
 
 
 def test_mappings_register_every_node_with_display_names():
-    assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(EXPECTED_INPUTS)
-    assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(EXPECTED_INPUTS)
+    assert set(pack_nodes.NODE_CLASS_MAPPINGS) == set(CONTRACT)
+    assert set(pack_nodes.NODE_DISPLAY_NAME_MAPPINGS) == set(CONTRACT)
     for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items():
         assert issubclass(cls, io.ComfyNode)
         schema = cls.GET_SCHEMA()
         assert schema.node_id == name and name.startswith("LingBotWorld")
         assert schema.display_name == pack_nodes.NODE_DISPLAY_NAME_MAPPINGS[name]
         assert schema.display_name.startswith("LingBot-World ")
-        # Issue 27: one folder per kind of node, under LingBot-World (it was one flat category).
-        assert schema.category == NODE_CATEGORIES[name]
         assert schema.description.strip()
 
 
@@ -129,38 +68,45 @@ def test_comfy_entrypoint_lists_the_same_nodes():
     assert run_async(extension.get_node_list()) == list(pack_nodes.NODE_CLASS_MAPPINGS.values())
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_INPUTS))
-def test_input_and_return_types(name, comfy_dirs):
+@pytest.mark.parametrize("name", sorted(CONTRACT))
+def test_each_node_keeps_its_contract(name, comfy_dirs):
     cls = pack_nodes.NODE_CLASS_MAPPINGS[name]
-    schema = cls.INPUT_TYPES()
-    required, optional = EXPECTED_INPUTS[name]
-    assert list(schema["required"]) == required
-    assert list(schema.get("optional", {})) == optional
-    for spec in [*schema["required"].values(), *schema.get("optional", {}).values()]:
+    inputs, schema = cls.INPUT_TYPES(), cls.GET_SCHEMA()
+    outputs = [(o.display_name, o.get_io_type()) for o in schema.outputs]
+    assert differences(name, schema.category, inputs["required"], inputs.get("optional", {}), outputs) == []
+    for spec in [*inputs["required"].values(), *inputs.get("optional", {}).values()]:
         assert spec[1]["tooltip"].strip()
-    outputs = cls.GET_SCHEMA().outputs
-    assert tuple(o.get_io_type() for o in outputs) == EXPECTED_OUTPUTS[name]
-    assert all(o.display_name and o.tooltip.strip() for o in outputs)
+    assert all(o.tooltip.strip() for o in schema.outputs)
+
+
+def test_the_contract_check_names_what_a_node_breaks():
+    """``differences`` on a schema with a default and a type changed, optional inputs
+    reordered, the category and an output renamed."""
+    contract = NodeContract("LingBot-World/Fast", required=(Input("fast_dit", "LINGBOT_FAST_DIT"),
+                                                            Input("kv_window", "INT", 9), Input("seed", "INT", 0)),
+                            optional=(Input("text", "LINGBOT_TEXT"), Input("camera", "LINGBOT_CAMERA")),
+                            outputs=(Output("samples", "LATENT"),))
+    required = {"fast_dit": ["LINGBOT_FAST_DIT", {}], "kv_window": ["INT", {"default": 9}], "seed": ["INT", {"default": 0}]}
+    optional = {"text": ["LINGBOT_TEXT", {}], "camera": ["LINGBOT_CAMERA", {}]}
+    assert differences("X", contract.category, required, optional, [("samples", "LATENT")], contract) == []
+    required["kv_window"][1]["default"], required["seed"][0] = 12, "FLOAT"
+    found = differences("X", "LingBot-World", required, dict(reversed(optional.items())), [("latent", "LATENT")],
+                        contract)
+    assert found == ["X category 'LingBot-World', promised 'LingBot-World/Fast'",
+                     "X required kv_window: default 12, promised 9", "X required seed: type FLOAT, promised INT",
+                     "X optional inputs are ['camera', 'text'], promised ['text', 'camera']",
+                     "X outputs are [('latent', 'LATENT')], promised [('samples', 'LATENT')]"]
 
 
 def test_widget_defaults():
-    text = LingBotWorldTextEncode.INPUT_TYPES()["required"]
-    assert text["negative_prompt"][1]["default"] == DEFAULT_NEGATIVE_PROMPT
-    assert options(text["device"]) == ["auto", "gpu", "cpu"]
+    """What the contract (tests/node_contract.py) leaves out: combo choices, widget steps."""
+    assert options(LingBotWorldTextEncode.INPUT_TYPES()["required"]["device"]) == ["auto", "gpu", "cpu"]
     sampler = LingBotWorldSampler.INPUT_TYPES()["required"]
-    defaults = {k: sampler[k][1]["default"] for k in ("steps", "shift", "cfg_high", "cfg_low", "boundary", "sampler")}
-    assert defaults == {"steps": 40, "shift": 10.0, "cfg_high": 5.0, "cfg_low": 5.0, "boundary": 0.947, "sampler": "unipc"}
     assert sampler["seed"][1]["control_after_generate"] is True
     assert options(sampler["sampler"]) == ["unipc", "euler"]
-    optional = LingBotWorldSampler.INPUT_TYPES()["optional"]
-    assert [optional[k][0] for k in ("text", "camera", "positive", "negative")] == [
-        "LINGBOT_TEXT", "LINGBOT_CAMERA", "CONDITIONING", "CONDITIONING"]
-    for node in (LingBotWorldVAEEncode, LingBotWorldVAEDecode):
-        assert node.INPUT_TYPES()["optional"]["vae_model"][0] == "VAE"
     camera = LingBotWorldCamera.INPUT_TYPES()["required"]
     assert options(camera["preset"]) == list(CAMERA_PRESETS)
     for node in (camera, LingBotWorldVAEEncode.INPUT_TYPES()["required"]):
-        assert (node["width"][1]["default"], node["height"][1]["default"], node["frames"][1]["default"]) == (832, 480, 81)
         assert node["width"][1]["step"] == node["height"][1]["step"] == 16
         assert node["frames"][1]["step"] == 4
 
@@ -177,7 +123,6 @@ def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
     base, fast = LingBotWorldDiTLoader.INPUT_TYPES()["required"], LingBotWorldFastDiTLoader.INPUT_TYPES()["required"]
     assert fast["block_swap"] == base["block_swap"]
     assert options(fast["bf16_quantize"]) == options(base["bf16_quantize"]) == ["none", "nf4"]
-    assert (base["bf16_quantize"][1]["default"], fast["bf16_quantize"][1]["default"]) == ("none", "nf4")
     sampler, stream = LingBotWorldFastSampler.INPUT_TYPES(), LingBotWorldFastLongVideo.INPUT_TYPES()
     for name in ("kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"):
         assert sampler["required"][name] == stream["required"][name], name
@@ -190,9 +135,9 @@ def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
                                                                                            "max": 4}
     for node in (sampler, stream, {"optional": play}):
         assert list(node["optional"])[-1] == "steps"
-    assert (sampler["required"]["kv_window"][1]["default"], sampler["required"]["kv_sink"][1]["default"],
-            sampler["required"]["kv_dtype"][1]["default"]) == (DEFAULT_POLICY.window, DEFAULT_POLICY.sink,
-                                                               "auto")  # fit to the device: fast_model.fit_kv_dtype
+    assert (sampler["required"]["kv_window"][1]["default"], sampler["required"]["kv_sink"][1]["default"]) == (
+        DEFAULT_POLICY.window, DEFAULT_POLICY.sink)
+    assert options(sampler["required"]["kv_dtype"]) == ["auto", "bf16", "int8"]  # auto: fast_model.fit_kv_dtype
     frames = stream["required"]["frames"][1]
     # 81 as a fresh Camera node (issue 17: fresh nodes agree); the tooltip tells 961 -> 957.
     assert (frames["default"], frames["max"]) == (81, 961) and "957" in frames["tooltip"]

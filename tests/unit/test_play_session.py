@@ -1,13 +1,14 @@
 """A Play session (pipeline/play/session.py, registry.py, frames.py) on a tiny Fast model:
-its latents replayed through the Fast clip path bit for bit (sliding window with
-eviction, bf16 and int8 caches), the frames written and sent (each chunk in parts, one
-per latent frame, bit for bit its whole decode), every way it ends (budget,
-Stop, idle, an interrupt while waiting or mid-chunk, an error) closing the file and
-freeing the cache, and one session at a time."""
+its latents replayed from its log (read back by log_file.py) through the Fast clip path
+bit for bit (sliding window with eviction, bf16 and int8 caches), the frames written and
+sent (each chunk in parts, one per latent frame, bit for bit its whole decode), every way
+it ends (budget, Stop, idle, an interrupt while waiting or mid-chunk, an error) closing the
+file and freeing the cache, and one session at a time."""
 from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_pl
 from comfyui_lingbot_world.pipeline.fast import FastParams, WholeI2V, sample_fast
 from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
 from comfyui_lingbot_world.pipeline.play.frames import jpeg_frames
+from comfyui_lingbot_world.pipeline.play.log_file import PlayLog, parse_play_log
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
 from i2v_reference import build_i2v_condition
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
@@ -38,6 +40,11 @@ class Writer:
 
     def close(self) -> None:
         self.closed += 1
+
+
+# What the Play node adds to a session's log (nodes/host/play_run.py): the prompt texts, the start image.
+RECIPE = {"prompt": "a street", "negative_prompt": "", "prompt_source": "text",
+          "start_image": {"file": None, "sha256": None, "pixels_sha256": "0" * 64}}
 
 
 class Interrupted(Exception):
@@ -90,18 +97,20 @@ def press(session: PlaySession, keys: str) -> None:
     wait_until(lambda: session.ended or (session.chunks_done > before and not session.controls.running))
 
 
-def replay(model, vae, log: dict, steps: int | None = None) -> torch.Tensor:
-    """The Fast clip path the replay workflow takes: whole image condition, the Camera
-    node's per-chunk (Play) timing, sample_fast with the same seed, steps and cache settings
-    (``steps``: another count than the log's)."""
-    frames = log["frames"]
-    path = path_from_play_actions(log["actions"], frames, HEIGHT, WIDTH)
+def replay(model, vae, log: PlayLog | dict, steps: int | None = None) -> torch.Tensor:
+    """The Fast clip path the replay workflow takes from the log (as the Play Log node reads it,
+    or a session's own log dict): whole image condition, the Camera node's per-chunk (Play)
+    timing, sample_fast with the same seed, steps and cache settings (``steps``: another count
+    than the log's)."""
+    field = (lambda name: log[name]) if isinstance(log, dict) else (lambda name: getattr(log, name))
+    frames = field("frames")
+    path = path_from_play_actions(field("actions"), frames, HEIGHT, WIDTH)
     camera = camera_condition(path, frames, HEIGHT, WIDTH)
     with torch.inference_mode():
         y = build_i2v_condition(vae, image(), frames)
-    policy = CachePolicy(window=log["kv_window"], sink=log["kv_sink"], dtype=log["kv_dtype"])
-    params = FastParams(seed=log["seed"], shift=log["shift"], policy=policy,
-                        timestep_indices=fast_step_indices(log["steps"] if steps is None else steps))
+    policy = CachePolicy(window=field("kv_window"), sink=field("kv_sink"), dtype=field("kv_dtype"))
+    params = FastParams(seed=field("seed"), shift=field("shift"), policy=policy,
+                        timestep_indices=fast_step_indices(field("steps") if steps is None else steps))
     return sample_fast(model, prompt(), WholeI2V(y), camera, params, frames)
 
 
@@ -109,7 +118,10 @@ def replay(model, vae, log: dict, steps: int | None = None) -> torch.Tensor:
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 def test_the_action_log_replays_through_the_clip_path_bit_for_bit(model, vae, kv_dtype):
-    session, writer, events = make_session(model, vae, policy=CachePolicy(window=6, sink=3, dtype=kv_dtype))
+    """The log a session writes, read back by pipeline/play/log_file.py (what the Play Log
+    node gives the Fast clip nodes), replays the session's latent."""
+    session, writer, events = make_session(model, vae, policy=CachePolicy(window=6, sink=3, dtype=kv_dtype),
+                                           recipe=RECIPE)
     thread, out = start(session)
     for keys in ["w", "", "wj", "l", "", "dk"]:  # 4 chunks: the 6-frame window evicts from chunk 2 on
         if keys:
@@ -122,7 +134,9 @@ def test_the_action_log_replays_through_the_clip_path_bit_for_bit(model, vae, kv
     assert result.reason == "stop" and result.chunks == 4 and result.frames == 45
     assert result.log["actions"] == "w-8,wj-12,l-12,dk-12" and result.log["chunk_keys"] == ["w", "wj", "l", "dk"]
     assert result.log["keyframes"] == "per chunk (Play)" and result.log["kv_dtype"] == kv_dtype
-    again = replay(model, vae, result.log)
+    read = parse_play_log(json.dumps(result.log), "play_00001_.json")
+    assert (read.prompt, read.start_image.pixels_sha256, read.seed, read.fps) == ("a street", "0" * 64, 11, 16)
+    again = replay(model, vae, read)
     assert again.shape == result.latent.shape == (16, 12, HEIGHT // 8, WIDTH // 8)
     assert torch.equal(again, result.latent)
     # the frames written (one piece per latent frame) are the session's latent decoded whole

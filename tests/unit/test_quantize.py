@@ -19,6 +19,7 @@ from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
 from comfyui_lingbot_world.tools.synthetic.experts import save_bf16_expert
 from comfyui_lingbot_world.loaders.nf4 import nf4_tensors
 from comfyui_lingbot_world.loaders.package import find_package
+from comfyui_lingbot_world.loaders.release import ReleaseExpert, find_release
 from comfyui_lingbot_world.tools import cli, quantize
 from comfyui_lingbot_world.tools.synthetic.dit import make_synthetic_expert
 from comfyui_lingbot_world.wan.config import TINY_ACT
@@ -127,6 +128,21 @@ def _one_line(code, err, flag, *fragments):
     assert err[0].startswith(f"quantize: error: {flag}:"), err[0]
     for fragment in fragments:
         assert fragment in err[0], err[0]
+
+
+def test_the_release_is_read_as_its_experts_and_shared_files(release):
+    """loaders/release.py, what quantize converts: each expert with its role, in the order of
+    conversion, the shared files found and those missing; a lone expert folder alone."""
+    make_fast(release / "lingbot_world_fast", release / "high_noise_model")
+    shutil.rmtree(release / "tokenizer")
+    found = find_release(release)
+    assert found.experts == tuple(ReleaseExpert(release / name, name)
+                                  for name in ("high_noise_model", "low_noise_model", "lingbot_world_fast"))
+    assert found.shared == (release / "models_t5_umt5-xxl-enc-bf16.pth", release / "Wan2.1_VAE.pth")
+    assert found.missing_shared == ("tokenizer",)
+    alone = find_release(release / "low_noise_model")
+    assert alone.experts == (ReleaseExpert(release / "low_noise_model", "low_noise_model"),)
+    assert alone.shared == alone.missing_shared == ()
 
 
 def test_base_folder_with_fast_fields_is_refused(release, tmp_path, capsys, nothing_converts):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from comfyui_lingbot_world.tools import generate
@@ -63,5 +65,8 @@ def test_readme_official_act2cam_command_is_one_121_frame_pass():
 
 def test_readme_says_fast_and_play_have_no_command_line_path():
     assert "LingBot-World Fast and Play have no command-line path" in _section("Without ComfyUI")
-    tools = (ROOT / "__main__.py").read_text(encoding="utf-8")
-    assert 'TOOLS = ("make_checkpoint", "generate", "quantize")' in tools
+    listed = subprocess.run([sys.executable, str(ROOT), "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "{make_checkpoint,generate,quantize}" in listed.stdout, listed
+    for tool in ("fast", "play"):
+        refused = subprocess.run([sys.executable, str(ROOT), tool], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and refused.stderr.startswith("usage: python <checkout> {"), refused
