@@ -9,8 +9,9 @@ load left them running without a ComfyUI model standing for them) would stay.
 
 ``install_unload_hook`` wraps the host's function once, at the pack's import: after the host's
 own unload, every model of the pack still in ComfyUI's list is unloaded through ComfyUI's
-bookkeeping, on whatever device, and the worker processes stop (during a run that uses them:
-when it ends). Other packs' models are left to the host's own rule.
+bookkeeping, on whatever device, the worker processes stop (during a run that uses them: when
+it ends) and the allocator's cache is emptied on every GPU. Other packs' models are left to
+the host's own rule.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def unload_pack_models() -> int:
     pool = current_pool()
     if pool is not None and pool.running:
         stop_workers()
+    # The allocator's cached blocks on every GPU (the host empties its cache only when it unloaded
+    # something there): what a run outside ComfyUI's manager left, the VAE of decode_on_second_gpu.
+    mm.soft_empty_cache()
     if ours:
         log.info("LingBot: unloaded %d model(s) of the pack on %s", len(ours),
                  ", ".join(sorted({str(p.load_device) for p in ours})))

@@ -231,14 +231,17 @@ def _resident(server: ComfyServer) -> set[tuple[str, str]]:
     return {(e["expert"], e["device"]) for e in server.get("/lingbot/status").json()["experts_resident"]}
 
 
-def _free_and_settle(server: ComfyServer, target: list[int] | None, tolerance: list[int] | None) -> list[int]:
+def _free_and_settle(server: ComfyServer, target: list[int] | None = None,
+                     tolerance: list[int] | None = None) -> list[int]:
     """POST /free; once no expert is resident and no worker runs, the GPUs' used memory
-    (read until within ``tolerance`` of ``target``, or 60 s)."""
+    (read until within ``tolerance`` of ``target``, or 60 s; without a target, once steady)."""
     pids = sp_server.worker_pids(server)
     server.free()  # POST /free {"unload_models": true, "free_memory": true}
     sp_server.wait_for(lambda: not _resident(server) and not sp_server.worker_pids(server),
                        "/free to drop every expert and stop the workers", server, timeout=60)
     assert sp_server.wait_gone(pids) == [], f"worker processes {pids} outlived /free"
+    if target is None:
+        return sp_server.steady_gpu_used_mib()
     return sp_server.settled_gpu_used_mib(target, tolerance, timeout=60)
 
 
@@ -252,7 +255,7 @@ def _record(**fields) -> None:
 @pytest.fixture(scope="module")
 def idle(base_server: ComfyServer) -> list[int]:
     """The GPUs' used memory with the server up, before anything ran (for the records)."""
-    return sp_server.settled_gpu_used_mib()
+    return sp_server.steady_gpu_used_mib()
 
 
 def _gpu_name() -> str:
@@ -269,13 +272,13 @@ def test_free_returns_every_gpu_to_its_idle_level(base_server: ComfyServer, idle
     if devices == "auto":
         # A prompt that ends at the loader: it measures the link and, on an NVLink-class link,
         # keeps the workers warm for a run that never comes. The baseline: now.
-        base = sp_server.settled_gpu_used_mib()
+        base = sp_server.steady_gpu_used_mib()
         result = server.run(_loader_only_prompt("auto"), timeout=RUN_TIMEOUT, check=False)
     else:
         # The baseline: the same placement with one-block experts, then /free.
         result = server.run(_base_prompt(devices, ONE_BLOCK), timeout=RUN_TIMEOUT, check=False)
         assert result.ok, f"{result.describe()}\n{server.log_tail(120)}"
-        base = _free_and_settle(server, None, None)
+        base = _free_and_settle(server)
         result = server.run(_base_prompt(devices), timeout=RUN_TIMEOUT, check=False)
     assert result.ok, f"{result.describe()}\n{server.log_tail(120)}"
     warm = sp_server.gpu_used_mib()
