@@ -22,7 +22,7 @@ CPU smoke test (two CPU "devices" take the multi-GPU code path; no timings worth
         --devices single --devices expert_per_gpu --devices cfg_split --out /tmp/multi_gpu.json
 (``--tiny`` does the same with a tiny package of its own.)
 
-Sequence parallel (``--mode sp``; pipeline/parallel_pool.py, wan/runtime/parallel.py): synthetic
+Sequence parallel (``--mode sp``; pipeline/parallel_pool/, wan/runtime/parallel.py): synthetic
 bf16 weights of the A14B shapes built on every GPU (the same seed), no package needed. One
 process per GPU (this one is rank 0), one NCCL group per group size in ``--ranks``; the
 one-GPU figures come from the same model in the same run, before any group starts:
@@ -413,6 +413,7 @@ def run_sp(args) -> int:
 
     from _synthetic import SyntheticDiT
     from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, apply_env
+    from comfyui_lingbot_world.pipeline.placement import AUTO, MODELS, decide_devices
     from comfyui_lingbot_world.wan.config import A14B, TINY
     from comfyui_lingbot_world.wan.runtime.attention import ENV_VAR as ATTENTION_ENV, backend_name
     from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV
@@ -480,7 +481,10 @@ def run_sp(args) -> int:
         record: dict = {"ranks": world}
         pool = RankPool(devices[:world]).start()
         try:
-            record["link"] = pool.measure_link()
+            record["link"] = link = pool.measure_link()
+            # what each loader's devices=auto picks on this link and these GPUs (the one rule)
+            link["auto_picks"] = {model: decide_devices(AUTO, model, devices[:world], config.num_heads, "",
+                                                        lambda group: link["gbps"]).mode.name for model in MODELS}
             parallel = ParallelModel(pool, "dit", pool.load("dit", factory, local=model))
             with torch.no_grad():
                 if args.exact_video:  # the low-noise expert beside the high-noise one (another seed) on every rank

@@ -33,9 +33,11 @@ from .host.play_routes import register_play_routes  # noqa: E402
 from .host.routes import register_status_route  # noqa: E402
 from .host.client_errors import name_files_relatively  # noqa: E402
 from .host.combo_check import check_combos  # noqa: E402
+from .host.unload_all import install_unload_hook  # noqa: E402
 
 register_status_route()  # GET /lingbot/status (memory diagnostics)
 register_play_routes()  # /lingbot/play...: the Play panel's keys and controls
+install_unload_hook()  # POST /free and Unload Models also unload the pack's models on the other GPUs
 
 NODES: list[type[io.ComfyNode]] = [
     LingBotWorldTextEncode,

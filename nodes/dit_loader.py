@@ -3,20 +3,17 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from comfy_api.latest import io
-
-import comfy.model_management as mm
 
 from ..loaders.expert_config import read_expert_pair
 from ..loaders.layout import detect_expert_layout
 from ..loaders.model_kind import assumed_message, require_model
 from ..wan.config import CONTROL_NAMES
-from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
-from ..pipeline.placement import GPUS_NEEDED, PLACEMENTS, Placement, cuda_placement
+from ..pipeline.placement import BASE, NVLINK_CLASS_GBPS, DevicesDecision, devices_choices, placement_on
 from . import inputs
+from .host import gpus
 from .host.expert_patcher import DiTExperts, ExpertLoadOptions, ExpertPatcher, experts_for_placement
-from .host.workers import SequenceParallelExperts, measured_link, parallel_gpus
+from .host.workers import SequenceParallelExperts
 from .host.model_files import EXPERT_KINDS, default_expert_pair, expert_control, list_expert_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -24,23 +21,6 @@ log = logging.getLogger(__name__)
 MAX_BLOCK_SWAP = inputs.MAX_BLOCK_SWAP
 # "NF4" stays in the name: saved workflows carry it as the node's title, and messages name it.
 DISPLAY_NAME = "LingBot-World NF4 DiT Loader (also bf16)"
-
-
-def placement_for(devices: str) -> Placement | None:
-    """The multi-GPU placement the ``devices`` option asks for; None for ``single``.
-
-    The first slot is the GPU ComfyUI computes on; a clear error when too few are visible.
-    """
-    if devices not in PLACEMENTS:
-        raise ValueError(f"devices: {devices!r} is not one of {', '.join(DEVICES)}")
-    if devices == "single":
-        return None
-    comfy_device = mm.get_torch_device()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if comfy_device.type != "cuda":
-        raise ValueError(f"devices={devices} needs {GPUS_NEEDED[devices]} CUDA GPUs, but ComfyUI computes on "
-                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
-    return cuda_placement(devices, count, first=comfy_device.index or 0)
 
 
 def picked_note(high: str | None) -> str:
@@ -54,10 +34,8 @@ def picked_note(high: str | None) -> str:
     return f" A fresh node picks {high}: {kind}{why}."
 
 
-# Sequence parallel over every usable GPU, and the link-measured choice (after the placements
-# in the ``devices`` combo: saved workflows keep their values).
-PARALLEL_DEVICES = ("sequence_parallel", "auto")
-DEVICES = (*PLACEMENTS, *PARALLEL_DEVICES)
+# The placements first, then sequence_parallel and auto (saved workflows keep their values).
+DEVICES = devices_choices(BASE)
 DEVICES_TOOLTIP = (
     "single: one GPU, the experts take turns (needs ~9.6 GB of VRAM for an NF4 expert plus activations). "
     "expert_per_gpu: high-noise expert on GPU 0, low-noise on GPU 1; no switch, and both stay loaded for the "
@@ -65,28 +43,26 @@ DEVICES_TOOLTIP = (
     "branch on GPU 1 at the same time (about half the time per step). sequence_parallel: the running expert on "
     "every GPU (2 or 4; as many as divide its 40 heads), one video's tokens split between them (Ulysses), a "
     "worker process per extra GPU; with 4 GPUs, 2 x 2 with the CFG branches. Pays on NVLink; on PCIe cards "
-    "without peer-to-peer choose cfg_split. auto: times an all-to-all between the GPUs once per ComfyUI "
-    "process (64 MB) and picks sequence_parallel on an NVLink-class link (at least 40 GB/s), else cfg_split; "
-    "the log says what it measured and picked. See docs/multi_gpu.md.")
+    "without peer-to-peer choose cfg_split. auto: one GPU: single; with two or more, times an all-to-all "
+    "between them once per ComfyUI process (64 MB) and picks sequence_parallel on an NVLink-class link (at least "
+    f"{NVLINK_CLASS_GBPS:.0f} GB/s), else cfg_split; the log says what it measured and picked. "
+    "See docs/multi_gpu.md.")
 
 
-def parallel_experts(devices: str, folders: dict, options: ExpertLoadOptions, config) -> DiTExperts:
-    """``devices=sequence_parallel``, or ``auto``: the link measured once (a timed all-to-all)
-    picks sequence parallel on NVLink-class links, else cfg_split."""
-    gpus = parallel_gpus(config.num_heads)
-    mode = devices
-    if devices == "auto":
-        link = measured_link(gpus)
-        mode = link["auto_picks"]
-        log.info("LingBot DiT Loader: devices=auto picked %s (all-to-all %.1f GB/s between %s; sequence_parallel "
-                 "from %.0f GB/s)", mode, link["gbps"], ", ".join(str(g) for g in gpus), NVLINK_CLASS_GBPS)
-    if mode == "cfg_split":
-        return experts_for_placement(folders, options, config, placement_for("cfg_split"))
-    log.info("LingBot: devices=sequence_parallel on %s", ", ".join(str(g) for g in gpus))
-    high = ExpertPatcher.for_folder("high", folders["high"], options, load_device=gpus[0])
-    low = ExpertPatcher.for_folder("low", folders["low"], options, load_device=gpus[0])
-    return DiTExperts(high=high, low=low, config=config,
-                      parallel=SequenceParallelExperts(folders, options, gpus, rank0={"high": high, "low": low}))
+def experts_on(decision: DevicesDecision, folders: dict, options: ExpertLoadOptions, config) -> DiTExperts:
+    """Both experts' patchers for what ``devices`` decided: one device, expert slots on the
+    GPUs (``expert_per_gpu``, ``cfg_split``) or every forward on all of them (``sequence_parallel``)."""
+    strategy = decision.mode.strategy
+    if strategy == "expert_slots":
+        return experts_for_placement(folders, options, config, placement_on(decision.mode.name, decision.devices))
+    if strategy == "ulysses":
+        group = list(decision.devices)
+        high = ExpertPatcher.for_folder("high", folders["high"], options, load_device=group[0])
+        low = ExpertPatcher.for_folder("low", folders["low"], options, load_device=group[0])
+        return DiTExperts(high=high, low=low, config=config,
+                          parallel=SequenceParallelExperts(folders, options, group, rank0={"high": high, "low": low}))
+    return DiTExperts(high=ExpertPatcher.for_folder("high", folders["high"], options),
+                      low=ExpertPatcher.for_folder("low", folders["low"], options), config=config)
 
 
 class LingBotWorldDiTLoader(io.ComfyNode):
@@ -136,8 +112,7 @@ class LingBotWorldDiTLoader(io.ComfyNode):
     def execute(cls, high_noise: str, low_noise: str, bf16_quantize: str, block_swap: int = 0,
                 devices: str = "single", weights: str = inputs.AS_STORED) -> io.NodeOutput:
         options = inputs.load_options(bf16_quantize, block_swap, weights)
-        # before any file is read: a missing GPU fails at once
-        placement = None if devices in PARALLEL_DEVICES else placement_for(devices)
+        gpus.check_choice(devices, BASE)  # before any file is read: a missing GPU fails at once
         folders = {
             "high": resolve_model_path(high_noise, EXPERT_KINDS, "high_noise", want_dir=True),
             "low": resolve_model_path(low_noise, EXPERT_KINDS, "low_noise", want_dir=True),
@@ -153,14 +128,8 @@ class LingBotWorldDiTLoader(io.ComfyNode):
         if folders["high"].resolve() == folders["low"].resolve():
             log.warning("LingBot: high_noise and low_noise are the same folder (%s); the model ships two "
                         "different experts", folders["high"])
-        if devices in PARALLEL_DEVICES:
-            return io.NodeOutput(parallel_experts(devices, folders, options, high_config))
-        if placement is not None:
-            log.info("LingBot: devices=%s on %s", devices, ", ".join(str(d) for d in placement.devices))
-            return io.NodeOutput(experts_for_placement(folders, options, high_config, placement))
-        experts = DiTExperts(
-            high=ExpertPatcher.for_folder("high", folders["high"], options),
-            low=ExpertPatcher.for_folder("low", folders["low"], options),
-            config=high_config,
-        )
-        return io.NodeOutput(experts)
+        decision = gpus.decide(devices, BASE, high_config.num_heads)  # auto measures the link here
+        said = gpus.describe(decision)
+        if said:
+            log.info("LingBot DiT Loader: %s", said)
+        return io.NodeOutput(experts_on(decision, folders, options, high_config))

@@ -6,22 +6,19 @@ import logging
 import torch
 from comfy_api.latest import io
 
-import comfy.model_management as mm
-
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
-from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
+from ..pipeline.placement import FAST, NVLINK_CLASS_GBPS, devices_choices
 from ..pipeline.sampling import ATTENTION_CHOICES
 from . import inputs
+from .host import gpus as host_gpus
 from .host.fast_model import FastDiT
-from .host.workers import comfy_gpus, measured_link, parallel_gpus
 from .host.model_files import EXPERT_KINDS, default_fast_folder, list_fast_folders, resolve_model_path
 
 log = logging.getLogger(__name__)
 
 DISPLAY_NAME = "LingBot-World Fast DiT Loader"
-DECODE_ON_SECOND_GPU = "decode_on_second_gpu"
-FAST_DEVICES = ("single", "sequence_parallel", DECODE_ON_SECOND_GPU, "auto")
+FAST_DEVICES = devices_choices(FAST)
 DEVICES_TOOLTIP = (
     "single: one GPU. sequence_parallel: every chunk on 2 or 4 GPUs at once (as many as divide the model's 40 "
     "heads; ComfyUI's GPU first), each chunk's tokens split between them and the KV cache split by head, a worker "
@@ -39,33 +36,16 @@ def fast_devices(devices: str, heads: int) -> tuple[list[torch.device], torch.de
     """The GPUs the ``devices`` choice runs the transformer on (empty: one device), the VAE's GPU
     when it is another one (None: beside the transformer) and what model_info says of it
     (nothing for ``single``)."""
-    if devices not in FAST_DEVICES:
-        raise ValueError(f"devices: {devices!r} is not one of {', '.join(FAST_DEVICES)}")
-    if devices == "single":
-        return [], None, ""
-    if devices == "auto":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if mm.get_torch_device().type != "cuda" or count < 2:
-            return [], None, f"devices auto -> single (torch.cuda.device_count() is {count})"
-    if devices == DECODE_ON_SECOND_GPU:
-        gpus = two_gpus(devices)
-        return [], gpus[1], f"devices {devices}: the transformer on {gpus[0]}, the VAE on {gpus[1]}"
-    gpus = parallel_gpus(heads)
-    names = ", ".join(str(g) for g in gpus)
-    if devices == "sequence_parallel":
-        return gpus, None, f"devices sequence_parallel on {names}"
-    link = measured_link(gpus)
-    between = f"all-to-all {link['gbps']:.1f} GB/s between {names}"
-    if link["auto_picks"] == "sequence_parallel":
-        return gpus, None, f"devices auto -> sequence_parallel ({between})"
-    return [], gpus[1], (f"devices auto -> {DECODE_ON_SECOND_GPU} ({between}, under {NVLINK_CLASS_GBPS:.0f} GB/s: "
-                         f"the split would not pay; the transformer on {gpus[0]}, the VAE on {gpus[1]})")
-
-
-def two_gpus(devices: str) -> list[torch.device]:
-    """ComfyUI's GPU and the next visible one."""
-    first, count = comfy_gpus(devices)
-    return [torch.device("cuda", first), torch.device("cuda", (first + 1) % count)]
+    decision = host_gpus.decide(devices, FAST, heads)
+    said = host_gpus.describe(decision)
+    strategy = decision.mode.strategy
+    if strategy == "ulysses":
+        return list(decision.devices), None, said
+    if strategy == "vae_on_next_gpu":
+        first, second = decision.devices
+        head = said if decision.said else f"devices {decision.mode.name}"
+        return [], second, f"{head}: the transformer on {first}, the VAE on {second}"
+    return [], None, said
 
 
 def load_line(options) -> str:
@@ -139,8 +119,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
     def execute(cls, fast_model: str, bf16_quantize: str = "nf4", block_swap: int = 0,
                 weights: str = inputs.AS_STORED, devices: str = "single", attention: str = "auto") -> io.NodeOutput:
         options = inputs.load_options(bf16_quantize, block_swap, weights)
-        if devices not in FAST_DEVICES:  # before any file is read
-            raise ValueError(f"devices: {devices!r} is not one of {', '.join(FAST_DEVICES)}")
+        host_gpus.check_choice(devices, FAST)  # before any file is read: a missing GPU fails at once
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
         folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)

@@ -190,5 +190,5 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
 
 
 def build(device) -> LingBotDiT:
-    """A model factory for pipeline/parallel_pool.py (picklable: the workers call it)."""
+    """A model factory for pipeline/parallel_pool/ (picklable: the workers call it)."""
     return model().to(device)

@@ -186,6 +186,20 @@ def settled_gpu_used_mib(target: list[int] | None = None, tolerance_mib: list[in
         time.sleep(0.5)
 
 
+def steady_gpu_used_mib(timeout: float = 15.0) -> list[int]:
+    """``gpu_used_mib`` once two readings half a second apart agree (a process that just
+    exited, an allocator that just emptied its cache, may still be on its way), or after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = gpu_used_mib()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = gpu_used_mib()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def gpu_processes() -> dict[int, list[int]] | None:
     """pid -> the GPUs (nvidia-smi index) on which it holds memory; None where the driver lists
     no process at all (no nvidia-smi, or a container whose processes it cannot see)."""

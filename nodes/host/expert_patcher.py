@@ -100,8 +100,6 @@ def _same_device(a: torch.device | str | None, b: torch.device | str | None) -> 
 
 class ExpertPatcher(ModelPatcher):
     model: ExpertSlot
-    # A placement's copies on other GPUs that go with this one (``detach``; set by experts_for_placement).
-    companions: tuple["ExpertPatcher", ...] = ()
 
     @classmethod
     def for_folder(
@@ -184,25 +182,11 @@ class ExpertPatcher(ModelPatcher):
         return 0
 
     def unpatch_model(self, device_to=None, unpatch_weights=True):
+        # ModelPatcher.detach(unpatch_all=True) ends here and drops the expert; detach(False)
+        # keeps it, as ComfyUI means (load_models_gpu re-registering a model it uses again).
         if unpatch_weights:
             self._drop()  # unloading means dropping, never offloading to RAM
         return super().unpatch_model(device_to, unpatch_weights)
-
-    def detach(self, unpatch_all=True):
-        # ModelPatcher's detach(unpatch_all=True) ends in unpatch_model above and drops the
-        # expert; detach(unpatch_all=False) keeps it, as ComfyUI means: that is how
-        # load_models_gpu re-registers a model it is about to use again. A patcher that is
-        # garbage collected frees its expert with its slot.
-        model = super().detach(unpatch_all)
-        if unpatch_all:
-            # ComfyUI unloads only the models of the device it frees, and unload_all_models
-            # (POST /free, Unload Models) frees its own GPU alone on older hosts (0.3.75): the
-            # copies on other GPUs are dropped with this one. Dropped, not unloaded: ComfyUI may
-            # be inside free_memory's loop over current_loaded_models by index, so their entries
-            # stay, holding nothing (loaded_size 0), until ComfyUI next loads or frees there.
-            for other in self.companions:
-                other.detach()
-        return model
 
     def _drop(self) -> None:
         module = self.model.take()
@@ -267,12 +251,6 @@ def experts_for_placement(folders: dict[str, Path], options: ExpertLoadOptions, 
         (name, slot): ExpertPatcher.for_folder(name, folders[name], options, load_device=placement.devices[slot])
         for name in ("high", "low") for slot in placement.slots(name)
     }
-    # ComfyUI's own GPU is slot 0: a copy on another slot goes when the same expert's copy there
-    # goes (cfg_split), else with the high-noise expert's (expert_per_gpu; ExpertPatcher.detach).
-    for (name, slot), patcher in copies.items():
-        if slot != 0:
-            carrier = copies.get((name, 0)) or copies[("high", 0)]
-            carrier.companions = (*carrier.companions, patcher)
     return DiTExperts(high=copies[("high", placement.slots("high")[0])],
                       low=copies[("low", placement.slots("low")[0])],
                       config=config, placement=placement, copies=copies)
@@ -300,11 +278,9 @@ class ComfyExpertSource:
     the other (both resident, e.g. across a long video's windows; ComfyUI may still evict
     one under memory pressure); ``close`` unloads both. With ``expert_per_gpu`` the experts
     share no GPU (``Placement.keep_resident``): they are kept, and ``close`` leaves them
-    loaded under ComfyUI's memory manager (which evicts them when it needs the memory), so
-    the next run reloads nothing. ComfyUI unloading the high-noise expert from its own GPU
-    (``POST /free``, Unload Models, room made there) drops the low-noise one on the other
-    GPU too (``ExpertPatcher.detach``), so ``close`` keeps the low-noise expert only beside a
-    resident high-noise one. ``abort`` (error, interrupt) always unloads every copy.
+    loaded under ComfyUI's memory manager (which evicts each when its GPU needs the memory),
+    so the next run reloads nothing; ``POST /free`` and Unload Models unload both, on whichever
+    GPU (``unload_all.py``). ``abort`` (error, interrupt) always unloads every copy.
     """
 
     def __init__(self, experts: DiTExperts, inference_memory: int = 0, keep_resident: bool = False) -> None:
@@ -363,9 +339,7 @@ class ComfyExpertSource:
             unload_patcher(patcher)
 
     def close(self) -> None:
-        # A run of the low-noise expert alone (boundary 1) left no copy on ComfyUI's GPU to
-        # take it along on POST /free: nothing is kept then.
-        if self._placement_keeps() and self.experts.high.is_resident():
+        if self._placement_keeps():
             return
         self.abort()
 

@@ -1,6 +1,6 @@
 """The sequence-parallel workers as ComfyUI models: their VRAM accounted, unloaded by ComfyUI.
 
-ComfyUI's process is rank 0 of the group (pipeline/parallel_pool.py): its own copy of the
+ComfyUI's process is rank 0 of the group (pipeline/parallel_pool/): its own copy of the
 running expert is the ordinary ``ExpertPatcher`` on its GPU; each worker GPU gets a
 ``WorkerPatcher``, a ``ModelPatcher`` whose load device is that GPU and whose size is the
 expert's. ComfyUI plans memory with them like any model (its free-memory reading of a
@@ -9,10 +9,11 @@ worker's GPU already sees the worker process's allocations), and unloading one (
 stays behind on a worker GPU that ComfyUI does not know of. The worker processes themselves
 are started once and kept warm between prompts (one pool per ComfyUI process, closed at
 exit); the pool itself is one more ComfyUI model, a ``WorkerGroupPatcher`` on ComfyUI's GPU
-(rank 0's end of the group), so ``POST /free`` and Unload Models, which unload the models of
-ComfyUI's GPU only, stop the workers too: each worker's CUDA context and NCCL buffers go with
-its process and every worker GPU is back to its idle level (the next sequence-parallel run
-starts them again, a few seconds).
+(rank 0's end of the group), so ComfyUI unloading the models of its GPU stops the workers
+too; ``POST /free`` and Unload Models stop them in any case (``unload_all.py``, also a pool no
+ComfyUI model stands for): each worker's CUDA context and NCCL buffers go with its process and
+every worker GPU is back to its idle level (the next sequence-parallel run starts them again,
+a few seconds).
 
 ``SequenceParallelSource`` is the ``ExpertSource`` the sampler uses: ``acquire`` has ComfyUI
 load the expert on rank 0 and on every worker (the other expert goes first, as with one
@@ -109,15 +110,19 @@ def group_patcher(devices: Sequence[torch.device | str]) -> "WorkerGroupPatcher"
 
 def _group_unloaded(group: "WorkerGroupPatcher") -> None:
     """ComfyUI unloaded the group (``POST /free``, Unload Models, memory wanted on its GPU):
-    stop the workers, at once or when the runs using them end (a group of an earlier device
-    list, replaced since, stands for no pool any more)."""
+    stop the workers (a group of an earlier device list, replaced since, stands for no pool any more)."""
+    if group is _GROUP:
+        stop_workers()
+
+
+def stop_workers() -> None:
+    """Stop the worker processes, at once or, when runs are using them, as the last one ends
+    (a run's collectives must not lose their peers half-way)."""
     global _STOP_AFTER_RUNS
-    if group is not _GROUP:
-        return
     with _LOCK:
         if _RUNS:
             _STOP_AFTER_RUNS = True
-            log.info("LingBot: ComfyUI unloaded the sequence-parallel workers during a run: they stop when it ends")
+            log.info("LingBot: the sequence-parallel workers were unloaded during a run: they stop when it ends")
             return
     shutdown()
 
@@ -144,8 +149,8 @@ class GroupSlot(nn.Module):
 
 class WorkerGroupPatcher(ModelPatcher):
     """The sequence-parallel worker processes as one ComfyUI model on ComfyUI's GPU (where
-    ``unload_all_models`` looks: it frees that device only, never the workers' GPUs). Loading
-    it does nothing (the pool is started by the run); unloading it stops the workers."""
+    ComfyUI frees memory for its own loads). Loading it does nothing (the pool is started by
+    the run); unloading it stops the workers."""
 
     model: GroupSlot
 
@@ -308,52 +313,32 @@ class SequenceParallelSource:
 
 
 _LINKS: dict[tuple[str, ...], dict] = {}
+_STARTED_FOR_LINK = False  # the pool was started by measured_link alone (settle_link_pool decides)
 
 
 def measured_link(devices: Sequence[torch.device | str]) -> dict:
     """The link between ``devices``, measured once per process (``RankPool.measure_link``:
-    GB/s of a timed all-to-all and what ``devices=auto`` picks on it)."""
+    GB/s of a timed all-to-all)."""
+    global _STARTED_FOR_LINK
     key = tuple(str(torch.device(d)) for d in devices)
     if key not in _LINKS:
-        pool_was_running = _POOL is not None and _POOL.running
+        started_here = (_POOL is None or not _POOL.running) and not _RUNS
         _LINKS[key] = shared_pool(devices).measure_link()
-        link = _LINKS[key]
-        log.info("LingBot: link between %s: %.1f GB/s all-to-all; auto picks %s", ", ".join(key), link["gbps"],
-                 link["auto_picks"])
-        if link["auto_picks"] != "sequence_parallel" and not pool_was_running and not _RUNS:
-            # Started for the measurement alone, and the pick runs without them: no worker
-            # process is left holding a CUDA context and NCCL buffers on the other GPUs.
-            shutdown()
+        _STARTED_FOR_LINK = _STARTED_FOR_LINK or started_here
+        log.info("LingBot: link between %s: %.1f GB/s all-to-all", ", ".join(key), _LINKS[key]["gbps"])
     return _LINKS[key]
 
 
-def group_size(heads: int, count: int) -> int:
-    """The most GPUs (of ``count``) a sequence-parallel group can use: a divisor of the heads."""
-    size = max((p for p in range(2, count + 1) if heads % p == 0), default=0)
-    if not size:
-        raise ValueError(f"sequence parallel needs at least 2 GPUs whose count divides the model's {heads} heads; "
-                         f"torch.cuda.device_count() is {count}")
-    return size
-
-
-def comfy_gpus(devices: str) -> tuple[int, int]:
-    """(ComfyUI's GPU index, the visible GPU count) for a ``devices`` choice that needs two or
-    more GPUs; refused naming the choice when ComfyUI does not compute on one of several."""
-    comfy_device = mm.get_torch_device()
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if comfy_device.type != "cuda" or count < 2:
-        raise ValueError(f"devices={devices} needs 2 or more CUDA GPUs, but ComfyUI computes on "
-                         f"{comfy_device.type} (torch.cuda.device_count() is {count}); choose devices=single")
-    return comfy_device.index or 0, count
-
-
-def parallel_gpus(heads: int) -> list[torch.device]:
-    """The GPUs of a sequence-parallel group: ComfyUI's first, then the next visible ones, as
-    many as divide the model's ``heads``."""
-    first, count = comfy_gpus("sequence_parallel")
-    return [torch.device("cuda", (first + i) % count) for i in range(group_size(heads, count))]
+def settle_link_pool(keep: bool) -> None:
+    """After ``devices=auto`` decided: a pool started only to measure the link stays (warm for
+    the run) when ``keep`` (the decided mode runs on it), else it stops, so that no worker
+    process holds a CUDA context and NCCL buffers on the other GPUs for nothing."""
+    global _STARTED_FOR_LINK
+    started, _STARTED_FOR_LINK = _STARTED_FOR_LINK, False
+    if started and not keep and not _RUNS:
+        shutdown()
 
 
 __all__ = ["GroupSlot", "SequenceParallelExperts", "SequenceParallelSource", "WorkerGroupPatcher", "WorkerPatcher",
-           "begin_run", "comfy_gpus", "current_pool", "end_run", "group_patcher", "group_size", "measured_link",
-           "parallel_gpus", "pool_status", "shared_pool", "shutdown"]
+           "begin_run", "current_pool", "end_run", "group_patcher", "measured_link", "pool_status",
+           "settle_link_pool", "shared_pool", "shutdown", "stop_workers"]

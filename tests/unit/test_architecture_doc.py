@@ -211,3 +211,24 @@ def test_the_naming_rule_and_the_import_scan() -> None:
     assert {"pipeline.fast", "pipeline.fast.generator", "wan.vae", "nodes"} <= found
     assert "pipeline.fast.stream" not in found
     assert imported_modules(TESTS / "node_runs.py") <= found  # the helper's imports count
+
+
+def _where_to_add_rows() -> list[list[str]]:
+    text = DOC.read_text(encoding="utf-8").split("## Where to add things", 1)[1]
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ")]
+    return [cells for cells in rows if cells[0].strip() not in ("a new …",)]
+
+
+def test_where_to_add_things_names_tables_that_exist() -> None:
+    """Each row of "Where to add things" names the module and the table a new entry goes in
+    (`path.py` `TABLE`): the module exists and holds that table."""
+    import importlib
+
+    rows = _where_to_add_rows()
+    assert len(rows) >= 5, rows
+    for cells in rows:
+        found = re.search(r"`((?:wan|loaders|pipeline|nodes)/[\w/]+)\.py` `([A-Z_]+)`", cells[1])
+        assert found, f"docs/architecture.md, Where to add things: {cells[0].strip()!r} names no `module.py` `TABLE`"
+        module = importlib.import_module("comfyui_lingbot_world." + found.group(1).replace("/", "."))
+        table = getattr(module, found.group(2), None)
+        assert isinstance(table, dict) and table, f"{found.group(1)}.py has no table {found.group(2)}"

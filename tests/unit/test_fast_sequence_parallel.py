@@ -15,10 +15,10 @@ import comfy.utils  # noqa: E402
 
 from node_runs import (FAST, FAST_FRAMES, encode_prompt, encode_start, fast_not_resident, load_fast,  # noqa: E402
                        options, run_fast_sampler)
-from comfyui_lingbot_world.nodes import fast_dit_loader  # noqa: E402
 from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader  # noqa: E402
 from comfyui_lingbot_world.nodes.host import workers  # noqa: E402
-from comfyui_lingbot_world.pipeline.parallel_pool import ParallelModel, pick_mode  # noqa: E402
+from comfyui_lingbot_world.nodes.host import gpus  # noqa: E402
+from comfyui_lingbot_world.pipeline.parallel_pool import ParallelModel  # noqa: E402
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
 CPUS = [torch.device("cpu"), torch.device("cpu")]
@@ -40,7 +40,7 @@ def test_fast_sampler_on_two_ranks_equals_one_device_and_free_drops_the_worker_c
     text, i2v = encode_prompt(), encode_start(FAST_FRAMES)
     single, _ = load_fast()
     want = run_fast_sampler(single, text, i2v)["samples"]
-    monkeypatch.setattr(fast_dit_loader, "parallel_gpus", lambda heads: CPUS[:heads])  # the tiny model: 2 heads
+    monkeypatch.setattr(gpus, "usable_gpus", lambda: (CPUS, "two CPU ranks"))  # the tiny model: 2 heads
     fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="sequence_parallel").args
     assert fast.devices == tuple(CPUS) and info.endswith("; devices sequence_parallel on cpu, cpu")
     forwards = []
@@ -72,26 +72,27 @@ def test_the_devices_choice_and_what_auto_picks(fast_installed, monkeypatch):
     fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0)  # a saved workflow without the input
     assert fast.devices == () and "devices" not in info
     fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="auto")  # a CPU host
-    assert fast.devices == () and info.endswith("; devices auto -> single (torch.cuda.device_count() is 0)")
+    assert fast.devices == () and info.endswith("; devices auto -> single (ComfyUI computes on cpu, "
+                                                "torch.cuda.device_count() is 0)")
     with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="sequence_parallel")
-    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 or more CUDA GPUs, but ComfyUI computes on cpu"):
+    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 CUDA GPUs, but ComfyUI computes on cpu"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="decode_on_second_gpu")
     with pytest.raises(ValueError, match="devices: 'cfg_split' is not one of single, sequence_parallel, "
                                          "decode_on_second_gpu, auto"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="cfg_split")
-    gpus = [torch.device("cuda", 0), torch.device("cuda", 1)]
-    monkeypatch.setattr(mm, "get_torch_device", lambda: gpus[0])
+    two = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    monkeypatch.setattr(mm, "get_torch_device", lambda: two[0])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for gbps, devices, decode, said in (
-            (119.9, tuple(gpus), None, "auto -> sequence_parallel (all-to-all 119.9 GB/s"),
-            (12.0, (), gpus[1], "auto -> decode_on_second_gpu (all-to-all 12.0 GB/s between cuda:0, cuda:1, under 40")):
-        monkeypatch.setattr(fast_dit_loader, "measured_link", lambda g, gbps=gbps: {"gbps": gbps,
-                                                                                   "auto_picks": pick_mode(gbps)})
+            (119.9, tuple(two), None, "auto -> sequence_parallel (all-to-all 119.9 GB/s"),
+            (12.0, (), two[1], "auto -> decode_on_second_gpu (all-to-all 12.0 GB/s between cuda:0, cuda:1, under 40 "
+                               "GB/s): the transformer on cuda:0, the VAE on cuda:1")):
+        monkeypatch.setattr(gpus, "measured_link", lambda group, gbps=gbps: {"gbps": gbps})
         fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="auto")
         assert fast.devices == devices and fast.decode_device == decode and said in info
-        assert fast.patcher.load_device == gpus[0]
+        assert fast.patcher.load_device == two[0]
     fast, info = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, devices="decode_on_second_gpu")
-    assert fast.devices == () and fast.decode_device == gpus[1] and fast.patcher.load_device == gpus[0]
+    assert fast.devices == () and fast.decode_device == two[1] and fast.patcher.load_device == two[0]
     assert info.endswith("; devices decode_on_second_gpu: the transformer on cuda:0, the VAE on cuda:1")

@@ -303,7 +303,7 @@ def test_interrupt_unloads_every_copy(folders, mode):
     assert not any(_loaded(dit).values())
 
 
-# --------------------------------------------------------------------------- POST /free with expert_per_gpu
+# --------------------------------------------------------------------------- POST /free on every GPU
 
 # A second device that ComfyUI's unload_all_models() never frees, as cuda:1 on hosts before 0.28 (they free
 # only the GPU ComfyUI computes on); on the CPU host both 0.3.75 and 0.28.0 free the CPU alone. Tensors
@@ -339,51 +339,64 @@ def _registered(p) -> bool:
     return any(m.model is p for m in mm.current_loaded_models)
 
 
-@pytest.mark.parametrize("free", ["unload_all_models", "free_memory"])
-def test_free_unloads_the_expert_on_the_second_gpu_too(folders, loads, other_gpu, free):
-    """``expert_per_gpu``: ``POST /free`` / Unload Models (``unload_all_models``), or ComfyUI freeing
-    all of its GPU, drops the low-noise expert on the other GPU with the high-noise one, and
-    ComfyUI's loop over its models skips and repeats nothing."""
+@pytest.mark.parametrize("mode", ["expert_per_gpu", "cfg_split"])
+def test_free_unloads_every_copy_on_every_gpu(folders, loads, other_gpu, mode):
+    """``POST /free`` / Unload Models (``unload_all_models``) leave no copy of either expert on
+    either GPU, also where the host frees its own GPU alone; other packs' models on the other
+    GPU stay the host's to decide; the next run loads again and gives the same latent."""
     dit = experts_for_placement(folders, ExpertLoadOptions(), read_config(folders["high"]),
-                                placement_on("expert_per_gpu", (CPU, OTHER)))
-    first, last, elsewhere = Bystander(CPU), Bystander(CPU), Bystander(OTHER)
+                                placement_on(mode, (CPU, OTHER)))
+    first, elsewhere = Bystander(CPU), Bystander(OTHER)
     mm.load_models_gpu([first, elsewhere])
     text, condition = _inputs()
     source = ComfyExpertSource(dit)
     want = sample(source, text, condition, None, PARAMS)
     source.close()
-    mm.load_models_gpu([last])
-    assert _loaded(dit) == {("high", 0): True, ("low", 1): True} and dit.low.current_loaded_device() == OTHER
-    low_weight = weakref.ref(next(dit.low.expert.parameters()))
+    mm.load_models_gpu(dit.all_patchers(), force_full_load=True)  # every copy held by ComfyUI
+    assert all(_loaded(dit).values()) and {p.current_loaded_device() for p in dit.copies.values()} == {CPU, OTHER}
+    weights = [weakref.ref(next(p.expert.parameters())) for p in dit.copies.values()]
 
-    if free == "unload_all_models":
-        mm.unload_all_models()  # what POST /free {"unload_models": true} and Unload Models run
-    else:
-        mm.free_memory(1e30, CPU)  # ComfyUI evicting everything from the device it computes on
+    mm.unload_all_models()  # what POST /free {"unload_models": true} and Unload Models run
     gc.collect()
-    assert not dit.high.is_resident() and not dit.low.is_resident()
-    assert low_weight() is None and dit.low.loaded_size() == 0  # dropped, not kept anywhere
-    assert not _registered(dit.high) and not _registered(first) and not _registered(last)
-    assert first.detached == [True] and last.detached == [True]  # each unloaded once, none skipped
-    assert _registered(elsewhere) and elsewhere.detached == []  # ComfyUI's own choice: not its device
-    # The low-noise expert's entry may stay in ComfyUI's list (not removed inside ComfyUI's loop),
-    # holding nothing: ComfyUI drops it when it next frees or loads on that device.
-    assert all(m.model_loaded_memory() == 0 for m in mm.current_loaded_models if m.model is dit.low)
+    assert not any(_loaded(dit).values()) and all(w() is None for w in weights)  # dropped, not kept anywhere
+    assert not any(_registered(p) for p in dit.copies.values()) and not _registered(first)
+    assert first.detached == [True]
+    assert _registered(elsewhere) and elsewhere.detached == []  # not the pack's: the host's own rule
 
-    # The next run loads both again and gives the same latent.
+    again = ComfyExpertSource(dit)
+    assert torch.equal(sample(again, text, condition, None, PARAMS), want)
+    again.abort()
+
+
+def test_expert_per_gpu_keeps_the_second_gpus_expert_when_comfyui_makes_room_on_its_own(folders, loads, other_gpu):
+    """ComfyUI freeing its own GPU for another model drops the high-noise expert only: the
+    low-noise one on the other GPU is in nobody's way, and the next run loads the high-noise one alone."""
+    dit = experts_for_placement(folders, ExpertLoadOptions(), read_config(folders["high"]),
+                                placement_on("expert_per_gpu", (CPU, OTHER)))
+    text, condition = _inputs()
+    source = ComfyExpertSource(dit)
+    want = sample(source, text, condition, None, PARAMS)
+    source.close()
+    assert _loaded(dit) == {("high", 0): True, ("low", 1): True} and dit.low.current_loaded_device() == OTHER
+    mm.free_memory(1e30, CPU)  # ComfyUI evicting everything from the device it computes on
+    assert _loaded(dit) == {("high", 0): False, ("low", 1): True}
     again = ComfyExpertSource(dit)
     assert torch.equal(sample(again, text, condition, None, PARAMS), want)
     again.close()
-    assert _loaded(dit) == {("high", 0): True, ("low", 1): True} and loads == ["high", "low", "high", "low"]
+    assert loads == ["high", "low", "high"]
+    mm.unload_all_models()
+    assert not any(_loaded(dit).values()) and not _registered(dit.low)
 
 
-def test_a_run_of_the_low_noise_expert_alone_keeps_nothing_free_cannot_reach(folders, other_gpu):
-    """boundary 1: every step on the low-noise expert, nothing on ComfyUI's GPU to take it along
-    on POST /free; the run ends with it unloaded."""
+def test_a_run_of_the_low_noise_expert_alone_keeps_it_and_free_reaches_it(folders, other_gpu):
+    """boundary 1: every step on the low-noise expert, nothing on ComfyUI's GPU; the run keeps
+    it on the other GPU for the next run, and POST /free unloads it there."""
     dit = experts_for_placement(folders, ExpertLoadOptions(), read_config(folders["high"]),
                                 placement_on("expert_per_gpu", (CPU, OTHER)))
     text, condition = _inputs()
     source = ComfyExpertSource(dit)
     sample(source, text, condition, None, SamplingParams(steps=4, shift=5.0, seed=3, boundary=1.0))
     source.close()
-    assert not dit.high.is_resident() and not dit.low.is_resident() and not _registered(dit.low)
+    assert not dit.high.is_resident() and dit.low.is_resident() and _registered(dit.low)
+    mm.unload_all_models()
+    assert not dit.low.is_resident() and not _registered(dit.low)

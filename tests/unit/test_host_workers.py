@@ -145,14 +145,3 @@ def test_the_loaders_dit_runs_sequence_parallel_through_run_experts(folders, pac
     lora = dataclasses.replace(dit, loras=(LoraSpec(path=package / "missing.safetensors"),))
     with pytest.raises(ValueError, match="devices=sequence_parallel does not apply LoRAs yet"):
         run_experts(lora, tokens=18)
-
-
-def test_group_size_and_the_gpu_count_error():
-    from comfyui_lingbot_world.nodes.dit_loader import parallel_gpus
-
-    assert [workers.group_size(40, n) for n in (2, 3, 4, 6, 8)] == [2, 2, 4, 5, 8]
-    with pytest.raises(ValueError, match="count divides the model's 40 heads; torch.cuda.device_count\\(\\) is 1"):
-        workers.group_size(40, 1)
-    with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs, but ComfyUI computes "
-                                         "on cpu"):
-        parallel_gpus(40)

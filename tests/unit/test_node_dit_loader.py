@@ -57,7 +57,7 @@ def test_dit_loader_block_swap_input(installed):
 
 def test_dit_loader_devices_option(installed, monkeypatch):
     spec = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"]
-    # sequence_parallel and auto after the placements (issue 26): saved workflows keep their values
+    # sequence_parallel and auto after the placements: saved workflows keep their values
     assert options(spec) == ["single", "expert_per_gpu", "cfg_split", "sequence_parallel", "auto"]
     assert spec[1]["default"] == "single"
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
@@ -80,15 +80,16 @@ def test_dit_loader_devices_option(installed, monkeypatch):
 
 
 def test_dit_loader_sequence_parallel_and_auto(installed, monkeypatch, caplog):
-    from comfyui_lingbot_world.nodes import dit_loader
-    from comfyui_lingbot_world.pipeline.parallel_pool import pick_mode
+    from comfyui_lingbot_world.nodes.host import gpus
 
     tooltip = LingBotWorldDiTLoader.INPUT_TYPES()["optional"]["devices"][1]["tooltip"]
-    assert "sequence_parallel:" in tooltip and "auto: times an all-to-all" in tooltip and "40 GB/s" in tooltip
+    assert "sequence_parallel:" in tooltip and "auto: one GPU: single" in tooltip and "40 GB/s" in tooltip
     high, low = f"{PKG}/high_noise_model_bnb_nf4", f"{PKG}/low_noise_model_bnb_nf4"
-    for mode in ("sequence_parallel", "auto"):  # a CPU host: a clear error before anything starts
-        with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs.*choose devices=single"):
-            LingBotWorldDiTLoader.execute(high, low, "none", 0, mode)
+    # A CPU host: sequence_parallel is a clear error before anything starts; auto runs on one device.
+    with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more CUDA GPUs.*choose devices=single"):
+        LingBotWorldDiTLoader.execute(high, low, "none", 0, "sequence_parallel")
+    alone = LingBotWorldDiTLoader.execute(high, low, "none", 0, "auto")[0]
+    assert alone.parallel is None and alone.placement is None
     monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -99,17 +100,17 @@ def test_dit_loader_sequence_parallel_and_auto(installed, monkeypatch, caplog):
 
     def link(gpus, gbps):
         measured.append(list(gpus))
-        return {"gbps": gbps, "auto_picks": pick_mode(gbps)}
+        return {"gbps": gbps}
 
     caplog.set_level("INFO")
-    monkeypatch.setattr(dit_loader, "measured_link", lambda gpus: link(gpus, 81.6))  # 4 H200s over NVLink
+    monkeypatch.setattr(gpus, "measured_link", lambda group: link(group, 81.6))  # 4 H200s over NVLink
     nvlink = LingBotWorldDiTLoader.execute(high, low, "none", 0, "auto")[0]
     assert nvlink.parallel is not None and nvlink.placement is None
-    assert "devices=auto picked sequence_parallel (all-to-all 81.6 GB/s" in caplog.text
-    monkeypatch.setattr(dit_loader, "measured_link", lambda gpus: link(gpus, 12.0))  # peer-to-peer off
+    assert "devices auto -> sequence_parallel (all-to-all 81.6 GB/s between cuda:0, cuda:1)" in caplog.text
+    monkeypatch.setattr(gpus, "measured_link", lambda group: link(group, 12.0))  # peer-to-peer off
     pcie = LingBotWorldDiTLoader.execute(high, low, "none", 0, "auto")[0]
     assert pcie.parallel is None and pcie.placement.mode == "cfg_split"
-    assert "devices=auto picked cfg_split (all-to-all 12.0 GB/s" in caplog.text
+    assert "devices auto -> cfg_split (all-to-all 12.0 GB/s between cuda:0, cuda:1, under 40 GB/s)" in caplog.text
     assert measured == [[torch.device("cuda", 0), torch.device("cuda", 1)]] * 2
 
 

@@ -1,4 +1,4 @@
-"""The persistent rank processes (pipeline/parallel_pool.py) on the CPU with gloo: a worker
+"""The persistent rank processes (pipeline/parallel_pool/) on the CPU with gloo: a worker
 process holding the tiny model runs each forward in lock-step with this process (rank 0),
 and a cancel on rank 0 stops every rank at the same block and leaves the group usable. A
 worker killed mid-run: tests/unit/test_parallel_pool_failure.py (one pool per process)."""
@@ -105,16 +105,3 @@ def test_the_fast_generator_runs_a_clip_on_the_ranks(parallel):
     got = sample_fast(parallel, text, condition, None, params, frames)
     assert got.shape == want.shape == (16, 9, LAT_H, LAT_W)
     assert _rel(got, want) < FLOAT32
-
-
-@pytest.mark.parametrize("gbps, expected", [
-    (119.9, "sequence_parallel"),  # 2 H200 ranks over NVLink (docs/multi_gpu.md)
-    (81.6, "sequence_parallel"),  # 4 H200 ranks over NVLink: cfg_split under the old 100 GB/s rule
-    (12.5, "cfg_split"),  # the same exchange with NCCL_P2P_DISABLE=1 (~9-10x slower)
-    (9.0, "cfg_split"),
-])
-def test_auto_picks_sequence_parallel_on_nvlink_class_links_only(gbps, expected):
-    from comfyui_lingbot_world.pipeline.parallel_pool import pick_mode
-
-    assert pick_mode(gbps) == expected
-

@@ -1,4 +1,4 @@
-"""A run's attention choice reaches the worker ranks (pipeline/parallel_pool.py): its own
+"""A run's attention choice reaches the worker ranks (pipeline/parallel_pool/): its own
 module, as its workers must start with their own environment (one pool per process)."""
 from __future__ import annotations
 

@@ -1,18 +1,21 @@
-"""A worker process killed in the middle of a sequence-parallel forward (pipeline/parallel_pool.py,
+"""A worker process killed in the middle of a sequence-parallel forward (pipeline/parallel_pool/,
 CPU, gloo): the forward fails with a message naming the worker's device, the pool is torn
 down (no process left, the group destroyed), and the next start runs again; close leaves no
-worker process. (A module of its own: one group per process, and test_parallel_pool.py keeps
-its pool for the whole module.)"""
+worker process and no rendezvous folder, also when the start fails; a command the worker has
+no handler for fails it naming the command. (A module of its own: one group per process, and
+test_parallel_pool.py keeps its pool for the whole module.)"""
 from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 import pytest
 import torch
 
 import parallel_ranks
 from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, WorkerLost
+from comfyui_lingbot_world.pipeline.parallel_pool import messages, rank_pool, worker
 from test_parallel_pool import FLOAT32, _inputs, _rel
 
 
@@ -105,3 +108,39 @@ def test_ulysses_times_cfg_split_on_four_ranks_equals_one_process():
         assert _rel(parallel(x[:1], t[:1], context[:1], y=y[:1], camera=plucker), one) < FLOAT32
     finally:
         pool.close()
+
+
+def _rendezvous(folder) -> list[str]:
+    return sorted(p.name for p in folder.glob(f"{rank_pool.RENDEZVOUS_PREFIX}*"))
+
+
+def test_close_and_a_failed_start_remove_the_rendezvous_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp puts the group's file store
+    pool = RankPool(["cpu", "cpu"]).start()
+    try:
+        assert len(_rendezvous(tmp_path)) == 1  # the group's file store, while the pool runs
+    finally:
+        pool.close()
+    assert _rendezvous(tmp_path) == []
+
+    def spawn_fails(*args, **kwargs):
+        raise OSError("cannot start a process")
+
+    monkeypatch.setattr(rank_pool, "spawn_worker", spawn_fails)
+    with pytest.raises(OSError, match="cannot start a process"):
+        RankPool(["cpu", "cpu"]).start()
+    assert _rendezvous(tmp_path) == [] and not torch.distributed.is_initialized()
+
+
+def test_every_command_has_one_handler_and_an_unknown_one_fails_the_worker_naming_it():
+    assert set(worker.HANDLERS) | {messages.Stop} == set(messages.COMMANDS)
+    pool = RankPool(["cpu", "cpu"]).start()
+    try:
+        procs = list(pool._procs)
+        pool.send(("load", ("tiny", parallel_ranks.build)))  # an untyped command: no handler takes it
+        with pytest.raises(WorkerLost, match=r"(?s)worker on cpu \(rank 1\) failed:.*unknown command tuple"):
+            pool.load("tiny", parallel_ranks.build)
+        assert not pool.running
+    finally:
+        pool.close()
+    assert all(not p.is_alive() for p in procs)

@@ -1,4 +1,5 @@
-"""Multi-GPU placement on the CPU: the plan, the CFG split's math, and what is freed.
+"""Multi-GPU placement on the CPU: the table of ``devices`` modes and ``auto``'s one rule, the
+plan, the CFG split's math, and what is freed.
 
 Two "devices" here are two slots that both map to the CPU: the code path is the one two
 GPUs take (two copies of the expert, the unconditional branch from a worker thread, the
@@ -19,11 +20,23 @@ from comfyui_lingbot_world.pipeline.camera import camera_condition, path_from_pr
 from comfyui_lingbot_world.pipeline.experts import DiskExperts, PlacedDiskExperts
 from comfyui_lingbot_world.pipeline.image import I2VCondition
 from comfyui_lingbot_world.pipeline.placement import (
+    AUTO_SITUATIONS,
+    BASE,
+    DEVICES_MODES,
+    FAST,
+    MODELS,
     PLACEMENTS,
+    Degrees,
     Placement,
+    auto_mode,
     cuda_placement,
+    decide_devices,
+    devices_choices,
+    modes_table,
     placement_on,
+    sequence_parallel_size,
     single,
+    split_degrees,
 )
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample
 from comfyui_lingbot_world.pipeline.step_cache import StepStats
@@ -31,6 +44,92 @@ from comfyui_lingbot_world.pipeline.text import TextEmbeddings
 
 CPU = torch.device("cpu")
 TWO = (CPU, CPU)
+
+
+# --------------------------------------------------------------------------- the modes and auto's rule
+
+def _gpus(count: int) -> list[torch.device]:
+    return [torch.device("cuda", i) for i in range(count)]
+
+
+def test_the_loaders_combos_come_from_the_table_in_their_saved_order():
+    # saved workflows store the values; the table's order keeps each loader's combo as shipped
+    assert devices_choices(BASE) == ("single", "expert_per_gpu", "cfg_split", "sequence_parallel", "auto")
+    assert devices_choices(FAST) == ("single", "sequence_parallel", "decode_on_second_gpu", "auto")
+    assert PLACEMENTS == ("single", "expert_per_gpu", "cfg_split")
+    for model in MODELS:  # auto has exactly one row for each situation (auto_mode refuses otherwise), offered there
+        picks = [auto_mode(model, situation).name for situation in AUTO_SITUATIONS]
+        assert picks[0] == "single" and all(model in DEVICES_MODES[name].models for name in picks)
+
+
+@pytest.mark.parametrize("gbps, base, fast", [
+    (119.9, "sequence_parallel", "sequence_parallel"),  # 2 H200 ranks over NVLink (docs/multi_gpu.md)
+    (81.6, "sequence_parallel", "sequence_parallel"),  # 4 H200 ranks over NVLink
+    (12.5, "cfg_split", "decode_on_second_gpu"),  # the same exchange with NCCL_P2P_DISABLE=1
+    (9.0, "cfg_split", "decode_on_second_gpu"),
+])
+def test_auto_measures_the_link_of_the_ulysses_group_and_picks_by_the_table(gbps, base, fast):
+    for model, want in ((BASE, base), (FAST, fast)):
+        for count in (2, 3, 4, 8):
+            measured = []
+            decision = decide_devices("auto", model, _gpus(count), 40, f"{count} GPUs",
+                                      lambda group: measured.append(group) or gbps)
+            size = sequence_parallel_size(40, count)
+            assert measured == [tuple(_gpus(size))] and decision.gbps == gbps
+            assert decision.mode.name == want
+            assert decision.devices == tuple(_gpus(size if want == "sequence_parallel" else 2))
+            assert decision.said.startswith(f"auto -> {want} (all-to-all {gbps:.1f} GB/s between cuda:0, cuda:1")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_auto_with_fewer_than_two_gpus_runs_single_without_measuring(model):
+    for gpus, host in (([], "ComfyUI computes on cpu, torch.cuda.device_count() is 0"),
+                       (_gpus(1), "torch.cuda.device_count() is 1")):
+        decision = decide_devices("auto", model, gpus, 40, host, lambda group: pytest.fail("measured"))
+        assert decision.mode.name == "single" and decision.devices == tuple(gpus) and decision.gbps is None
+        assert decision.said == f"auto -> single ({host})"
+
+
+def test_auto_without_a_group_that_divides_the_heads_takes_the_slow_link_row():
+    for model, want in ((BASE, "cfg_split"), (FAST, "decode_on_second_gpu")):
+        decision = decide_devices("auto", model, _gpus(2), 3, "2 GPUs", lambda group: pytest.fail("measured"))
+        assert decision.mode.name == want and decision.devices == tuple(_gpus(2))
+        assert "no group of 2 or more GPUs divides the model's 3 heads" in decision.said
+
+
+def test_a_mode_by_name_runs_on_its_gpus_or_is_refused():
+    assert decide_devices("sequence_parallel", BASE, _gpus(6), 40, "", float).devices == tuple(_gpus(5))
+    assert decide_devices("cfg_split", BASE, _gpus(4), 40, "", float).devices == tuple(_gpus(2))
+    assert decide_devices("decode_on_second_gpu", FAST, _gpus(4), 40, "", float).devices == tuple(_gpus(2))
+    assert decide_devices("single", FAST, [], 40, "", float).devices == ()
+    with pytest.raises(ValueError, match=r"devices=sequence_parallel needs 2 or more CUDA GPUs, but one GPU; "
+                                         "choose devices=single"):
+        decide_devices("sequence_parallel", FAST, _gpus(1), 40, "one GPU", float)
+    with pytest.raises(ValueError, match="devices=decode_on_second_gpu needs 2 CUDA GPUs, but one GPU"):
+        decide_devices("decode_on_second_gpu", FAST, _gpus(1), 40, "one GPU", float)
+    with pytest.raises(ValueError, match="devices=sequence_parallel needs 2 or more GPUs whose count divides the "
+                                         "model's 3 heads"):
+        decide_devices("sequence_parallel", BASE, _gpus(2), 3, "2 GPUs", float)
+    with pytest.raises(ValueError, match="devices: 'cfg_split' is not one of single, sequence_parallel, "
+                                         "decode_on_second_gpu, auto"):
+        decide_devices("cfg_split", FAST, _gpus(2), 40, "", float)
+
+
+def test_ulysses_group_sizes_and_the_cfg_degrees():
+    assert [sequence_parallel_size(40, n) for n in (1, 2, 3, 4, 6, 8)] == [0, 2, 2, 4, 5, 8]
+    assert [(d.cfg, d.ulysses) for d in map(split_degrees, (2, 3, 4, 5, 8))] == [(1, 2), (1, 3), (2, 2), (1, 5),
+                                                                                  (2, 4)]
+    assert all(split_degrees(world).world == world for world in range(2, 9))
+    with pytest.raises(ValueError, match="needs a head count divisible by 4; the model has 6 heads"):
+        Degrees(ulysses=4).check_heads(6)
+    with pytest.raises(ValueError, match="cfg 3"):
+        Degrees(ulysses=2, cfg=3)
+
+
+def test_the_multi_gpu_doc_shows_the_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "multi_gpu.md").read_text(encoding="utf-8")
+    assert modes_table() in doc, "docs/multi_gpu.md: paste pipeline.placement.modes_table() under 'The devices modes'"
+    assert all(f"`{name}`" in modes_table() for name in DEVICES_MODES)
 
 
 # --------------------------------------------------------------------------- the plan

@@ -1,7 +1,8 @@
 """Every row of the tables where the next engineer adds things reaches a working implementation
 (docs/architecture.md, "Where to add things"): checkpoint layouts, GEMM kinds, attention
-backends and samplers, each run on tiny inputs on the CPU where it can run there (rows that
-need CUDA: tests/gpu/test_weights8_cuda.py)."""
+backends, samplers and the ``devices`` modes, each run on tiny inputs on the CPU where it can run
+there (rows that need CUDA: tests/gpu/test_weights8_cuda.py; the modes' runs on CPU slots and
+gloo ranks: tests/unit/test_placement.py, tests/unit/test_parallel_pool.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from comfyui_lingbot_world.loaders.expert_size import expert_host_bytes, expert_
 from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
 from comfyui_lingbot_world.loaders.layout import LAYOUTS, detect_expert_layout, layout_of
 from comfyui_lingbot_world.loaders.nf4 import quantize_linear
+from comfyui_lingbot_world.pipeline import placement as devices_table
 from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
 from comfyui_lingbot_world.wan.config import TINY
 from comfyui_lingbot_world.wan.runtime import attention as attn
@@ -165,3 +167,38 @@ def test_each_sampler_row_steps(name: str) -> None:
     for i in range(len(sampler)):  # the exact flow of a model that knows the answer
         sample = sampler.step(noise - target, i, sample)
     torch.testing.assert_close(sample, target, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- devices modes (several GPUs)
+
+@pytest.mark.parametrize("name", list(devices_table.DEVICES_MODES))
+def test_each_devices_row_is_offered_decided_and_built(name: str) -> None:
+    row = devices_table.DEVICES_MODES[name]
+    assert row.name == name and row.strategy in devices_table.STRATEGIES
+    assert row.models and set(row.models) <= set(devices_table.MODELS)
+    cpus = [torch.device("cpu")] * 8  # eight "GPUs"
+    for model in devices_table.MODELS:
+        offered = name in devices_table.devices_choices(model)
+        assert offered == (model in row.models)
+        if not offered:
+            continue
+        decision = devices_table.decide_devices(name, model, cpus, 40, "8 CPU devices", float)
+        assert decision.mode is row and row.gpus <= len(decision.devices) <= (row.max_gpus or len(cpus))
+        if row.auto_when is not None:
+            assert devices_table.auto_mode(model, row.auto_when) is row
+    if row.experts is not None:  # a split of the experts in this process: a placement with its switch
+        plan = devices_table.placement_on(name, decision.devices)
+        assert all(slot < len(plan.devices) for expert in ("high", "low") for slot in plan.slots(expert))
+        assert plan.switch("high", "low").load == tuple(("low", slot) for slot in plan.slots("low"))
+    if row.strategy == "ulysses":  # one forward over the group: its degrees divide the heads
+        degrees = devices_table.split_degrees(len(decision.devices))
+        degrees.check_heads(40)
+        assert degrees.world == len(decision.devices)
+
+
+def test_every_strategy_has_a_row_and_each_loader_one_auto_row_per_situation() -> None:
+    used = {row.strategy for row in devices_table.DEVICES_MODES.values()}
+    assert used == set(devices_table.STRATEGIES)
+    for model in devices_table.MODELS:
+        for situation in devices_table.AUTO_SITUATIONS:
+            assert model in devices_table.auto_mode(model, situation).models

@@ -28,8 +28,9 @@ the values are projected, the values while the queries are), and the keys and va
 received straight into the cache's slots. ``LINGBOT_SP_OVERLAP=0`` waits for each exchange
 as it starts (the same numbers; for measuring what the overlap gives; every rank must agree).
 
-The group size must divide the heads (40 for A14B: 2, 4, 5, 8). ``STRATEGIES`` names the
-ways a run can split across processes (the loaders' ``devices`` modes map onto them).
+The group size must divide the heads (40 for A14B: 2, 4, 5, 8). The ways a run uses several
+GPUs, this one among them (``sequence_parallel``, strategy "ulysses"), are the rows of
+``pipeline/placement.DEVICES_MODES``.
 """
 from __future__ import annotations
 
@@ -258,17 +259,5 @@ def current() -> ShardedRun | None:
     return _ACTIVE.get()
 
 
-# The ways one forward can split across processes, by name (a loader's ``devices`` mode names
-# one). "ulysses": tokens over the group, self-attention by all-to-all over heads (this module).
-STRATEGIES: dict[str, type[SequenceParallel]] = {"ulysses": SequenceParallel}
-
-
-def strategy(name: str) -> type[SequenceParallel]:
-    """The strategy class registered as ``name``."""
-    if name not in STRATEGIES:
-        raise ValueError(f"parallel strategy {name!r} is not one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
-
-
-__all__ = ["OVERLAP_ENV", "STRATEGIES", "Exchange", "Gather", "SequenceParallel", "ShardPlan", "ShardedRun", "Split",
-           "active", "current", "overlap_exchanges", "strategy"]
+__all__ = ["OVERLAP_ENV", "Exchange", "Gather", "SequenceParallel", "ShardPlan", "ShardedRun", "Split", "active",
+           "current", "overlap_exchanges"]
