@@ -339,6 +339,17 @@ def _registered(p) -> bool:
     return any(m.model is p for m in mm.current_loaded_models)
 
 
+def test_the_unload_hook_wraps_the_hosts_function_once():
+    """Importing the pack again (another custom-node scan, a test) wraps ``unload_all_models``
+    no second time: one unload of the pack's models per ``POST /free``."""
+    from comfyui_lingbot_world.nodes.host.unload_all import install_unload_hook
+
+    hooked = mm.unload_all_models
+    install_unload_hook()
+    install_unload_hook()
+    assert mm.unload_all_models is hooked and getattr(hooked, "__wrapped__", None) is not None
+
+
 @pytest.mark.parametrize("mode", ["expert_per_gpu", "cfg_split"])
 def test_free_unloads_every_copy_on_every_gpu(folders, loads, other_gpu, mode):
     """``POST /free`` / Unload Models (``unload_all_models``) leave no copy of either expert on

@@ -144,3 +144,25 @@ def test_every_command_has_one_handler_and_an_unknown_one_fails_the_worker_namin
     finally:
         pool.close()
     assert all(not p.is_alive() for p in procs)
+
+
+def test_a_cancel_stops_within_two_exchanges_of_rank_0_seeing_it(monkeypatch):
+    """The agreed cancel (``cancel.synced_cancel``): rank 0's check fails before block 3; with an
+    exchange every 2 blocks the flag sent at block 3 is read at the exchange after it (block 5),
+    where every rank raises, rank 0 its own error."""
+    from comfyui_lingbot_world.pipeline.parallel_pool import cancel
+
+    monkeypatch.setattr(cancel.dist, "all_reduce", lambda flag, op=None: flag)  # one rank: the MAX is its own
+    seen = {"blocks": 0}
+
+    def local() -> None:
+        seen["blocks"] += 1
+        if seen["blocks"] == 3:
+            raise KeyboardInterrupt("stop")
+
+    hook = cancel.synced_cancel(torch.device("cpu"), local, every=2)
+    hook(), hook(), hook(), hook()  # blocks 1-4: the error is kept, not raised yet
+    assert hook.error is not None and hook.raised is None
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        hook()  # block 5: the exchange after the one that carried the flag
+    assert hook.raised is hook.error and hook.exchanges == 3
