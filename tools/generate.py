@@ -6,7 +6,9 @@
 
 Videos longer than --window frames (81) are made of chained windows, each starting on the
 last --overlap frames of the one before (docs/long_videos.md), and written to the .mp4 as
-each window finishes; Ctrl-C keeps the finished windows. Action strings: KEYS-FRAMES tokens,
+each window finishes: a new file beside --out that takes its name after the first window, so
+Ctrl-C keeps the finished windows; an existing --out (with --overwrite) is replaced only by the
+whole new video. Action strings: KEYS-FRAMES tokens,
 W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py); the official act2cam
 camera, never longer than --frames (a shorter string is padded with frames without keys).
 
@@ -34,7 +36,7 @@ from ..loaders.package import find_package
 from ..loaders.pose_import import CAMERA_AXES
 from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
-from ..loaders.new_file import new_file
+from ..loaders.new_file import GrowingFile, new_file
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
 from ..pipeline.long_video import WindowParams
@@ -64,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--negative-prompt", default=DEFAULT_NEGATIVE_PROMPT,
                    help="what to steer away from (default and when empty: the negative prompt the model was tuned with)")
     p.add_argument("--out", required=True, type=Path, help="output .mp4 (its folder must exist)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (once the whole new video is made)")
     cam = p.add_mutually_exclusive_group()
     cam.add_argument("--camera-dir", type=Path, help="folder with poses.npy and intrinsics.npy")
     cam.add_argument("--preset", choices=list(CAMERA_PRESETS), help="a built-in camera move")
@@ -277,24 +279,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.preview and camera is not None:
         with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
             Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
-    if args.out.exists():  # --overwrite given (checked above): unlink the old name, never write into the file,
-        args.out.unlink()  # so a hard link to it keeps its bytes; the new video streams to a new file
     started = time.perf_counter()
     print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
+    # A new file beside --out, named --out after the first window while that name is free; an
+    # existing --out (--overwrite) is replaced only by the whole video (loaders/new_file.py).
+    video = GrowingFile(args.out, overwrite=args.overwrite)
     try:
         result = generate(
-            args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
+            args.package, image, prompt, args.negative_prompt, frames, height, width, video, camera, params,
             windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
             blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
             on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print(f"generate: cancelled; {args.out} keeps the windows finished before", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # a cancel, or a failure (out of memory, a kernel error): say what is kept
+        cancelled = isinstance(exc, KeyboardInterrupt)
+        print(f"generate: {'cancelled' if cancelled else 'stopped by the error below'}; {_what_was_kept(video, plan)}",
+              file=sys.stderr)
+        if cancelled:
+            return 130
+        raise
+    if video.kept != args.out:  # another run made --out while this one was writing
+        print(f"generate: error: --out: {args.out} appeared while this run was writing (another run with the same "
+              f"--out?); it is left as it is, and this video ({result.frames_written} frames) was written to "
+              f"{video.kept}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out} ({result.frames_written} frames, {width}x{height}, {result.windows_done} window(s)) "
           f"in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _what_was_kept(video: GrowingFile, plan: list) -> str:
+    """The words for what a stopped run left: --out as it was, or the windows finished before."""
+    windows = f"{video.pieces} of {len(plan)} window(s) finished before ({sum(w.new_frames for w in plan[:video.pieces])} frames)"
+    before = f"{video.target} is as it was" if video.target.exists() else f"no {video.target} was made"
+    if video.kept is None:
+        return f"no window was finished, nothing was written; {before}"
+    if video.kept == video.target:
+        return f"{video.target} keeps the {windows}"
+    return f"{before}; the {windows} are in {video.kept}"
 
 
 if __name__ == "__main__":
