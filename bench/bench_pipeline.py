@@ -153,8 +153,9 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     record["text_device"] = str(text_device)
     cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-"))
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    image = Image.open(args.image) if args.image else Image.fromarray(
+    image = open_image(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
     with MemoryWatch() as watch:
         with watch.phase("text_encode"):

@@ -99,8 +99,9 @@ def policy_name(policy: CachePolicy) -> str:
 
 def load_image(path: str | None, height: int, width: int):
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    return Image.open(path) if path else Image.fromarray(
+    return open_image(path) if path else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
 
 

@@ -232,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda"):
         cap_vram(args.vram_cap_gb)
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    image = Image.open(args.image) if args.image else Image.fromarray(
+    image = open_image(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
     reference = None
     if args.reference:

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from ..loaders.image_file import Note
+from ..loaders.image_file import open_image as open_picture
 
 
 class UsageError(Exception):
@@ -124,14 +127,14 @@ def attention(name: str | None, device: str, flag: str) -> str | None:
     return name
 
 
-def open_image(path: Path, flag: str) -> Image.Image:
+def open_image(path: Path, flag: str, note: Note) -> Image.Image:
+    """The picture at ``path``, upright as ComfyUI's Load Image shows it (loaders/image_file.py);
+    ``note`` receives what a person should know about it."""
     existing_file(path, flag, "image")
     try:
-        image = Image.open(path)
-        image.load()
-    except (UnidentifiedImageError, OSError) as exc:
-        raise UsageError(flag, f"{path} is not an image Pillow can read ({exc})") from None
-    return image
+        return open_picture(path, note)
+    except ValueError as exc:
+        raise UsageError(flag, str(exc)) from None
 
 
 def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:

@@ -46,13 +46,14 @@ from ..pipeline.sampling import SamplingParams
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera_presets import CAMERA_PRESETS
 from ..wan.camera_actions import frames_for_actions
-from ..wan.conditioning import check_frame_count, check_size, target_size
+from ..wan.conditioning import check_frame_count, check_size, far_aspect, target_size
+from ..wan.geometry import TRAINED_SIZE
 from ..wan.long_video import plan_windows, window_cuts
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from ..wan.scheduler import SAMPLERS
 from . import cli
 
-DEFAULT_AREA = 480 * 832
+DEFAULT_AREA = TRAINED_SIZE[0] * TRAINED_SIZE[1]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -60,7 +61,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--package", required=True, type=Path,
                    help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders) or the "
                    "official bf16 release (high_noise_model/, low_noise_model/)")
-    p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads)")
+    p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads; turned upright by "
+                   "its EXIF orientation, as ComfyUI's Load Image does)")
     p.add_argument("--prompt", help="text prompt (or --prompt-file)")
     p.add_argument("--prompt-file", type=Path, help="UTF-8 text file holding the prompt")
     p.add_argument("--negative-prompt", default=DEFAULT_NEGATIVE_PROMPT,
@@ -138,7 +140,14 @@ def _height_width(text: str, flag: str) -> tuple[int, int]:
 
 def _size(args: argparse.Namespace, image_w: int, image_h: int) -> tuple[int, int]:
     if not args.size:
-        return target_size(image_w, image_h, DEFAULT_AREA)
+        height, width = target_size(image_w, image_h, DEFAULT_AREA)
+        aspect = far_aspect(image_w, image_h)
+        if aspect is not None:  # the picture's aspect would make a video the model never saw the like of
+            trained_h, trained_w = TRAINED_SIZE
+            raise cli.UsageError("--image", f"{args.image} is {aspect}; at its aspect the video would be "
+                                 f"{height}x{width}. Give --size HEIGHTxWIDTH (e.g. --size {trained_h}x{trained_w}; "
+                                 "the picture is stretched to it), or crop the picture")
+        return height, width
     height, width = _height_width(args.size, "--size")
     try:
         check_size(height, width)
@@ -229,8 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = _flag_error("--package", find_package, args.package)  # names every missing file at once
     # Base-Cam or Act, from the headers
     control_type = _flag_error("--package", read_expert_pair, files.high, files.low).control_type
-    image = cli.open_image(args.image, "--image")
-    height, width = _size(args, image.width, image.height)
+    notes: list[str] = []
+    image = cli.open_image(args.image, "--image", notes.append)
+    height, width = _size(args, image.width, image.height)  # a far aspect without --size: refused, one line
+    for note in notes:
+        print(f"generate: note: --image: {note}", file=sys.stderr)
     # "is not None": an empty --actions or --frames 0 is a mistake to answer, not a default.
     if args.actions is not None:
         _flag_error("--actions", frames_for_actions, args.actions)
