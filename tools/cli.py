@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
@@ -152,6 +153,48 @@ def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
     if path.exists() and not overwrite:
         raise UsageError(flag, f"{path} exists; pass --overwrite to replace it, or choose another name")
     return path
+
+
+def human_bytes(n: float) -> str:
+    """A size as a person reads it: GB from 0.1 GB on, else MB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def duration(seconds: float) -> str:
+    """A duration as 1h02m or 3m05s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def output_folder(out: Path, flag: str, make_parents: bool = False) -> Path:
+    """A folder a tool writes into (created later when missing), checked now: not a file, and
+    the folder it will be made in (its parent, or with ``make_parents`` the nearest folder above
+    it) exists and is writable. Returns that existing folder, where the disk's room is measured."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(flag, f"{out} is a file; give the package folder to write into")
+    if out.exists():
+        parent = out
+    elif make_parents:
+        parent = next(p for p in out.parents if p.exists())  # a relative path ends at "."
+        if not parent.is_dir():
+            raise UsageError(flag, f"{parent} (above {out}) is a file; give a folder to write into")
+    else:
+        parent = out.parent
+        if not parent.is_dir():
+            raise UsageError(flag, f"folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):  # also False on a read-only file system
+        raise UsageError(flag, f"folder {parent} is not writable; choose another {flag}")
+    return parent
+
+
+def check_room(folder: Path, needed: int, flag: str) -> None:
+    """Refuse now, naming ``flag``, when the disk of ``folder`` has less than ``needed`` bytes free."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise UsageError(flag, f"needs up to {human_bytes(needed)} and {folder} has {human_bytes(free)} free; "
+                               f"make room or choose another {flag}")
 
 
 def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
