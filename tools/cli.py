@@ -31,8 +31,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text or len(str(default)) > 40:
-            return text
+        if (default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text
+                or len(str(default)) > 40 or (not isinstance(default, (int, float)) and not default)):
+            return text  # (an empty list or text: no "(default: )")
         shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else default
         return f"{text} (default: {shown})"
 
@@ -72,18 +73,20 @@ def device(text: str, flag: str) -> str:
 
 
 def existing_file(path: Path, flag: str, what: str) -> Path:
+    """``path`` must be a file; ``what`` names it with its noun ("prompt file")."""
     if not path.exists():
         raise UsageError(flag, f"{what} {path} does not exist")
     if not path.is_file():
-        raise UsageError(flag, f"{path} is a folder; give the {what} file")
+        raise UsageError(flag, f"{path} is a folder; give the {what}")
     return path
 
 
 def existing_dir(path: Path, flag: str, what: str) -> Path:
+    """``path`` must be a folder; ``what`` names it with its noun ("package folder")."""
     if not path.exists():
         raise UsageError(flag, f"{what} {path} does not exist")
     if not path.is_dir():
-        raise UsageError(flag, f"{path} is a file; give the {what} folder")
+        raise UsageError(flag, f"{path} is a file; give the {what}")
     return path
 
 
@@ -131,7 +134,7 @@ def attention(name: str | None, device: str, flag: str) -> str | None:
 def open_image(path: Path, flag: str, note: Note) -> Image.Image:
     """The picture at ``path``, upright as ComfyUI's Load Image shows it (loaders/image_file.py);
     ``note`` receives what a person should know about it."""
-    existing_file(path, flag, "image")
+    existing_file(path, flag, "image file")
     try:
         return open_picture(path, note)
     except ValueError as exc:
@@ -147,7 +150,7 @@ def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
     if not folder.is_dir():
         raise UsageError(flag, f"folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(flag, f"folder {folder} is not writable; choose another --out")
+        raise UsageError(flag, f"folder {folder} is not writable; choose another {flag}")
     if path.is_dir():
         raise UsageError(flag, f"{path} is a folder; give a file name ending in {suffix}")
     if path.exists() and not overwrite:

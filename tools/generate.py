@@ -159,10 +159,14 @@ def _size(args: argparse.Namespace, image_w: int, image_h: int) -> tuple[int, in
 def _prompt(args: argparse.Namespace) -> str:
     if args.prompt_file:
         cli.existing_file(args.prompt_file, "--prompt-file", "prompt file")
-        try:
-            return args.prompt_file.read_text(encoding="utf-8").strip()
+        try:  # utf-8-sig: the byte-order mark some editors put first is not part of the prompt
+            prompt = args.prompt_file.read_text(encoding="utf-8-sig").strip()
         except UnicodeDecodeError:
             raise cli.UsageError("--prompt-file", f"{args.prompt_file} is not UTF-8 text") from None
+        if not prompt:  # an empty value given is a mistake to answer, as an empty --actions
+            raise cli.UsageError("--prompt-file", f"{args.prompt_file} holds no text; write the prompt in it, or "
+                                 'give --prompt "" for a video without a prompt')
+        return prompt
     if args.prompt is None:
         raise cli.UsageError("--prompt", "give --prompt or --prompt-file")
     return args.prompt
