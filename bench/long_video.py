@@ -138,9 +138,8 @@ def run_one(args: argparse.Namespace) -> dict:
                            keep_resident=args.keep_experts)
     started = time.perf_counter()
     with MemoryWatch() as watch:
-        with watch.phase("text_encode"):
-            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device,
-                               cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-")))
+        with watch.phase("text_encode"), tempfile.TemporaryDirectory(prefix="lingbot-bench-cache-") as cache:
+            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=Path(cache))
         windowed = lv.WindowedCamera(camera, frames, height, width)
 
         def on_window(i: int, n: int) -> None:
