@@ -1,12 +1,14 @@
 """Run a command-line tool from a plain checkout: ``python <checkout> <tool> [args]``.
 
-Tools: make_checkpoint, generate, quantize. Installed copies can also use
-``python -m comfyui_lingbot_world.tools.<tool>``.
+Tools: make_checkpoint, generate, quantize; ``--version`` prints the pack's version. Installed
+copies can also use ``python -m comfyui_lingbot_world.tools.<tool>``.
 """
+import difflib
 import importlib
+import re
 import sys
 
-from _standalone import PACKAGE, import_pack
+from _standalone import PACKAGE, ROOT, import_pack
 
 TOOLS = ("make_checkpoint", "generate", "quantize")
 USAGE = (f"usage: python <checkout> {{{','.join(TOOLS)}}} [options]   (--help after a tool name for its "
@@ -16,12 +18,25 @@ HELP = (f"{USAGE}\n\n  generate         make a video from a LingBot-World packag
         "  make_checkpoint  write a synthetic (random-weight) package, for tests and benchmarks")
 
 
+def version() -> str:
+    """The pack's version, as pyproject.toml gives it (one place)."""
+    found = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    return found.group(1) if found else "unknown"
+
+
 def main() -> int:
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(HELP)
         return 0
+    if sys.argv[1:2] in (["-V"], ["--version"]):
+        print(f"comfyui-lingbot-world {version()}")
+        return 0
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
-        print(USAGE, file=sys.stderr)
+        given = sys.argv[1] if len(sys.argv) > 1 else ""
+        close = difflib.get_close_matches(given.lower().replace("-", "_"), TOOLS, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        print(f"error: {given!r} is not a tool{hint} (tools: {', '.join(TOOLS)}; python <checkout> --help)"
+              if given else USAGE, file=sys.stderr)
         return 2
     import_pack()
     cli = importlib.import_module(f"{PACKAGE}.tools.cli")

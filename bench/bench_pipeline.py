@@ -151,12 +151,13 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     # A small card encodes the prompt on the CPU: umT5-XXL alone is 10.6 GB in bf16.
     text_device = torch.device(args.text_device) if args.text_device else device
     record["text_device"] = str(text_device)
-    cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-"))
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    image = Image.open(args.image) if args.image else Image.fromarray(
+    image = open_image(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
-    with MemoryWatch() as watch:
+    with MemoryWatch() as watch, tempfile.TemporaryDirectory(prefix="lingbot-bench-cache-") as cache:
+        cache_dir = Path(cache)
         with watch.phase("text_encode"):
             text = encode_text(files.t5, files.tokenizer, PROMPT, "", text_device, cache_dir=cache_dir)
         with watch.phase("text_encode_cached") as ph:

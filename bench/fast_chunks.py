@@ -106,8 +106,9 @@ def fast_params(args: argparse.Namespace, policy: CachePolicy, seed: int) -> Fas
 
 def load_image(path: str | None, height: int, width: int):
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    return Image.open(path) if path else Image.fromarray(
+    return open_image(path) if path else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
 
 
@@ -235,9 +236,8 @@ def run_clip81(args, model, files, image, policy: CachePolicy, device: torch.dev
     phases = {}
     sync(device)
     started = time.perf_counter()
-    with watch.phase("clip81_text") as p:
-        text = encode_text(files.t5, files.tokenizer, PROMPT + " Second take.", "", text_device,
-                           cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
+    with watch.phase("clip81_text") as p, tempfile.TemporaryDirectory(prefix="lingbot-fast-bench-") as cache:
+        text = encode_text(files.t5, files.tokenizer, PROMPT + " Second take.", "", text_device, cache_dir=Path(cache))
     phases["text_s"] = p["seconds"]
     with watch.phase("clip81_vae_encode") as p:
         condition = encode_image(files.vae, image, frames, height, width, device)
@@ -361,9 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     image = load_image(args.image, height, width)
     try:
         with MemoryWatch() as watch:
-            with watch.phase("text_encode") as ph:
-                text = encode_text(t5, tokenizer, PROMPT, "", text_device,
-                                   cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-fast-bench-")))
+            with watch.phase("text_encode") as ph, tempfile.TemporaryDirectory(prefix="lingbot-fast-bench-") as cache:
+                text = encode_text(t5, tokenizer, PROMPT, "", text_device, cache_dir=Path(cache))
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
                 model = load_expert(dit, device, quantize=args.weights or args.quantize,

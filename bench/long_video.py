@@ -117,8 +117,9 @@ def run_one(args: argparse.Namespace) -> dict:
     cap_vram(args.vram_cap_gb, device)
     windows = lv.WindowParams(window=args.window, overlap=args.overlap)
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    image = Image.open(args.image) if args.image else Image.fromarray(
+    image = open_image(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8))
     camera = path_from_actions(cut_actions(ACTIONS, frames), frames, height, width)
     params = SamplingParams(steps=args.steps, shift=args.shift, seed=0, batch_cfg=not args.no_batch_cfg)
@@ -137,9 +138,8 @@ def run_one(args: argparse.Namespace) -> dict:
                            keep_resident=args.keep_experts)
     started = time.perf_counter()
     with MemoryWatch() as watch:
-        with watch.phase("text_encode"):
-            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device,
-                               cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-bench-cache-")))
+        with watch.phase("text_encode"), tempfile.TemporaryDirectory(prefix="lingbot-bench-cache-") as cache:
+            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=Path(cache))
         windowed = lv.WindowedCamera(camera, frames, height, width)
 
         def on_window(i: int, n: int) -> None:

@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             with watch.phase("text_encode") as ph:
                 text = (random_text(synthetic_config(args.synthetic)) if args.synthetic else
                         encode_text(t5, tokenizer, PROMPT, "", text_device,
-                                    cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-play-bench-"))).positive)
+                                    cache_dir=Path(folder) / "text_cache").positive)
             record["text_encode_s"] = ph["seconds"]
             with watch.phase("dit_load") as ph:
                 model, pool = load_dit(args, dit, device)

@@ -128,14 +128,14 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
     record = base_record(args) | {"variant": name, "size": args.size, "frames": args.frames, "steps": params.steps,
                                   "block_swap": args.block_swap, "batch_cfg": params.batch_cfg,
                                   "accelerations": accelerations(params, options)}
-    cache_dir = Path(tempfile.mkdtemp(prefix="lingbot-ttv-cache-"))  # T5 runs in every variant
     timer = StepTimer()
     stats = StepStats()
     with MemoryWatch() as watch:
         sync()
         started = time.perf_counter()
         with watch.phase("text_encode"):
-            text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=cache_dir)
+            with tempfile.TemporaryDirectory(prefix="lingbot-ttv-cache-") as cache_dir:  # T5 runs in every variant
+                text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=Path(cache_dir))
         with watch.phase("vae_encode"):
             condition = encode_image(files.vae, image, args.frames, height, width, device,
                                      precision=options.get("vae", "fp32"))
@@ -232,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda"):
         cap_vram(args.vram_cap_gb)
     from PIL import Image
+    from comfyui_lingbot_world.loaders.image_file import open_image  # upright, as Load Image
 
-    image = Image.open(args.image) if args.image else Image.fromarray(
+    image = open_image(args.image) if args.image else Image.fromarray(
         np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8))
     reference = None
     if args.reference:

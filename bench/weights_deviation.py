@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     dit = Path(args.dit) if args.dit else files.low
     height, width = (int(v) for v in args.size.lower().split("x"))
     latent_frames = fast_latent_frames(args.frames)
-    text = encode_text(files.t5, files.tokenizer, PROMPT, "", device,
-                       cache_dir=Path(tempfile.mkdtemp(prefix="lingbot-dev-bench-"))).positive
+    with tempfile.TemporaryDirectory(prefix="lingbot-dev-bench-") as cache:
+        text = encode_text(files.t5, files.tokenizer, PROMPT, "", device, cache_dir=Path(cache)).positive
     pixels = image_to_tensor(as_pil(load_image(args.image, height, width)), height, width)
     params = FastParams(seed=args.seed, shift=args.shift, policy=policy_of(args))
     record: dict = {

@@ -5,7 +5,10 @@ Why a new file: a package may hold hard links to a release's files (``quantize``
 T5, the VAE and the tokenizer). Writing into an existing file would change every name of it,
 the release's too; renaming a new file over the name leaves the other links as they were.
 An interrupted write leaves a hidden ``.NAME.partial-PID`` file, never a half file under the
-final name.
+final name. Where the caller did not allow replacing, the rename itself refuses a target that
+appeared while the file was written (``rename_no_replace``): two writers of one name never
+lose a file silently. ``GrowingFile`` is the same rule for a file written in pieces (a video
+window by window).
 """
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Iterator
+
+# Names tried beside a taken target (``NAME-2.mp4``, ``NAME-3.mp4``, ...) before giving up.
+MAX_FREE_NAMES = 1000
 
 
 class TargetExists(FileExistsError):
@@ -55,13 +62,107 @@ def new_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
         yield partial
         if not partial.is_file():
             raise FileNotFoundError(f"{partial}: the writer for {target} wrote nothing")
-        if not overwrite and (target.exists() or target.is_symlink()):
-            raise TargetExists(target)  # appeared while writing
-        os.replace(partial, target)
+        if overwrite:
+            os.replace(partial, target)
+        else:
+            try:
+                rename_no_replace(partial, target)
+            except FileExistsError:
+                raise TargetExists(target) from None  # appeared while writing
     except BaseException:
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+
+
+def rename_no_replace(source: str | Path, target: str | Path) -> None:
+    """Rename ``source`` to ``target`` unless a ``target`` exists, the check and the rename one
+    step no other writer gets between: FileExistsError then, and ``source`` is kept.
+
+    A hard link takes the new name (the system refuses an existing one), then the old name goes.
+    Where a file system has no hard links (FAT, some network shares), an exclusive create claims
+    the name first and the rename replaces that empty claim."""
+    source, target = Path(source), Path(target)
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.replace(source, target)
+        return
+    os.unlink(source)
+
+
+def rename_to_free_name(source: str | Path, target: str | Path) -> Path:
+    """Rename ``source`` to ``target``, or, where that name is taken, to the first free
+    ``STEM-N.SUFFIX`` beside it (N = 2, 3, ...), never replacing a file. Returns the name it got."""
+    target = Path(target)
+    candidates = [target] + [target.with_name(f"{target.stem}-{n}{target.suffix}") for n in range(2, MAX_FREE_NAMES)]
+    for candidate in candidates:
+        try:
+            rename_no_replace(source, candidate)
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target} and {MAX_FREE_NAMES - 2} names beside it (such as {candidates[-1].name}) "
+                          f"exist; the new file is kept as {source}")
+
+
+class GrowingFile:
+    """A file written in pieces (a video, window by window) to a new name beside ``target``.
+
+    The writer opens ``path``. After each complete piece the writer calls ``piece_done()``:
+    while no file holds the target's name, this one takes it then (``rename_no_replace``), and the
+    writer goes on appending to the same file, so the pieces finished so far are visible and kept.
+    An existing target (or one another writer made meanwhile) is never replaced by an unfinished
+    file: with ``overwrite`` it is replaced when the ``with`` block ends cleanly; without, the
+    finished file goes to a free name beside it. A failed or cancelled run leaves the target as it
+    was; its finished pieces, if any, are in ``kept``; with none, its file is deleted.
+
+    After the block: ``kept`` is where the file is (None: nothing was kept), ``pieces`` how many
+    pieces it holds, ``replaced`` whether an earlier file at the target was replaced.
+    """
+
+    def __init__(self, target: str | Path, overwrite: bool = False) -> None:
+        self.target = Path(target)
+        self.overwrite = overwrite
+        refuse_existing(self.target, overwrite)
+        if self.target.is_dir() and not self.target.is_symlink():
+            raise IsADirectoryError(f"{self.target} is a folder; it cannot be replaced by a file")
+        self.path = partial_name(self.target)
+        self.pieces = 0
+        self.kept: Path | None = None
+        self.replaced = False
+        self._named = False  # the file holds the target's name
+
+    def piece_done(self) -> None:
+        self.pieces += 1
+        if self._named:
+            return
+        try:
+            rename_no_replace(self.path, self.target)
+        except OSError:  # a file holds the name (kept until the end), or an open file cannot be renamed here
+            return
+        self._named = True
+
+    def __enter__(self) -> "GrowingFile":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._named:
+            self.kept = self.target
+        elif not self.path.exists():
+            return
+        elif exc_type is None and self.overwrite:
+            self.replaced = self.target.exists() or self.target.is_symlink()
+            os.replace(self.path, self.target)
+            self.kept = self.target
+        elif exc_type is None or self.pieces:
+            self.kept = rename_to_free_name(self.path, self.target)
+        else:
+            self.path.unlink(missing_ok=True)
 
 
 def write_bytes(target: str | Path, data: bytes, overwrite: bool = True) -> Path:

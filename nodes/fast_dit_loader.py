@@ -48,11 +48,14 @@ def fast_devices(devices: str, heads: int) -> tuple[list[torch.device], torch.de
     return [], None, said
 
 
-def load_line(options) -> str:
-    """How the transformer will come into memory, for the model_info output."""
+def load_line(options, device: torch.device) -> str:
+    """How the transformer will come into memory on ComfyUI's ``device``, for the model_info output."""
     how = "bf16 folders quantized to NF4 while loading" if options.quantize == "nf4" else "loaded as stored"
     if options.weights != inputs.AS_STORED:
         how = f"weights {options.weights} (decided per GPU when the run loads it)"
+    if device.type != "cuda":  # no GPU: the model runs where ComfyUI runs it, block swap does not apply
+        ignored = f", block_swap {options.blocks_on_gpu} ignored (it needs a GPU)" if options.blocks_on_gpu else ""
+        return f"{how}; runs on the {device.type.upper()}, every block in RAM{ignored}"
     swap = f"{options.blocks_on_gpu} blocks on the GPU" if options.blocks_on_gpu else "every block on the GPU"
     return f"{how}; {swap}"
 
@@ -132,7 +135,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         else:
             said = describe(identity)
         gpus, decode_gpu, placed = fast_devices(devices, config.num_heads)
-        info = f"{said}; {load_line(options)}" + (f"; {placed}" if placed else "")
+        info = f"{said}; {load_line(options, mm.get_torch_device())}" + (f"; {placed}" if placed else "")
         log.info("LingBot Fast DiT Loader: %s", info)
         if attention != "auto":
             info += f"; attention {attention}"

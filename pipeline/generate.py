@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..loaders.expert_config import read_expert_pair
+from ..loaders.new_file import GrowingFile
 from ..loaders.package import find_package
 from ..wan.long_video import plan_windows
 from .camera import CameraPath, check_controls
@@ -25,7 +26,7 @@ from .sampling import SamplingParams
 from .text import encode_text
 from .video_file import VideoWriter
 
-VideoOut = str | Path | Callable[[torch.Tensor], None]
+VideoOut = str | Path | GrowingFile | Callable[[torch.Tensor], None]
 
 
 def generate(
@@ -54,9 +55,12 @@ def generate(
 ) -> LongVideoResult:
     """Make the video and hand it to ``out`` window by window.
 
-    ``out``: an .mp4 path (written with PyAV at ``fps``; a cancel leaves a playable file with
-    every finished window), or a callable that receives each window's new frames
-    [3, n, H, W] in [-1, 1], in order. ``loras``: adapters applied to the experts while they
+    ``out``: an .mp4 written with PyAV at ``fps`` as a ``GrowingFile`` (a new file beside the
+    target that takes the target's name after the first window while that name is free, and
+    replaces an existing file only when the video is complete; a path is a ``GrowingFile`` with
+    overwrite; the caller that passes its own reads from it what was kept after a failure or a
+    cancel), or a callable that receives each window's new frames [3, n, H, W] in [-1, 1], in
+    order. ``loras``: adapters applied to the experts while they
     sample (unmerged). ``blocks_on_gpu``: DiT blocks kept on the GPU (None: all; the rest
     stream from pinned RAM). ``keep_resident``: both experts stay loaded across windows.
     The package's checkpoint (Base-Cam or Act, told by its weights' headers) must be one
@@ -83,7 +87,13 @@ def generate(
     try:
         if callable(out):
             return run(out)
-        with VideoWriter(out, fps=fps) as writer:
-            return run(writer.write)
+        video = out if isinstance(out, GrowingFile) else GrowingFile(out, overwrite=True)
+        with video, VideoWriter(video.path, fps=fps) as writer:
+
+            def write(piece: torch.Tensor) -> None:  # one window's new frames
+                writer.write(piece)
+                video.piece_done()
+
+            return run(write)
     finally:
         experts.close()

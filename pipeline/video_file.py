@@ -74,7 +74,8 @@ class VideoWriter:
         self.path = Path(path)
         self.fps = int(fps)
         self.frames_written = 0
-        self._container = av.open(str(self.path), mode="w", options=dict(MUXER_OPTIONS))
+        # format named: the path may be a temporary name without the .mp4 suffix (loaders/new_file.py)
+        self._container = av.open(str(self.path), mode="w", format="mp4", options=dict(MUXER_OPTIONS))
         self._stream = None
         self._av = av
 

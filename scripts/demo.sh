@@ -23,6 +23,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 say() { printf '[demo] %s\n' "$*"; }
 
+# A DEMO_OUT of yours is never replaced: said now, before any install or work.
+if [[ "$OUT" != "$DEFAULT_OUT" && ( -e "$OUT" || -L "$OUT" ) ]]; then
+    say "DEMO_OUT=$OUT exists; it is kept. Remove it, or set DEMO_OUT to a name that does not exist" >&2
+    exit 2
+fi
+
 if [[ ! -x "$PY" ]]; then
     say "creating the virtual environment $VENV"
     "${LINGBOT_PYTHON:-python3}" -m venv "$VENV"

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from ..loaders.image_file import Note
+from ..loaders.image_file import open_image as open_picture
 
 
 class UsageError(Exception):
@@ -27,8 +31,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text or len(str(default)) > 40:
-            return text
+        if (default is None or default is False or default == argparse.SUPPRESS or "%(default)" in text
+                or len(str(default)) > 40 or (not isinstance(default, (int, float)) and not default)):
+            return text  # (an empty list or text: no "(default: )")
         shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else default
         return f"{text} (default: {shown})"
 
@@ -68,18 +73,20 @@ def device(text: str, flag: str) -> str:
 
 
 def existing_file(path: Path, flag: str, what: str) -> Path:
+    """``path`` must be a file; ``what`` names it with its noun ("prompt file")."""
     if not path.exists():
         raise UsageError(flag, f"{what} {path} does not exist")
     if not path.is_file():
-        raise UsageError(flag, f"{path} is a folder; give the {what} file")
+        raise UsageError(flag, f"{path} is a folder; give the {what}")
     return path
 
 
 def existing_dir(path: Path, flag: str, what: str) -> Path:
+    """``path`` must be a folder; ``what`` names it with its noun ("package folder")."""
     if not path.exists():
         raise UsageError(flag, f"{what} {path} does not exist")
     if not path.is_dir():
-        raise UsageError(flag, f"{path} is a file; give the {what} folder")
+        raise UsageError(flag, f"{path} is a file; give the {what}")
     return path
 
 
@@ -124,14 +131,14 @@ def attention(name: str | None, device: str, flag: str) -> str | None:
     return name
 
 
-def open_image(path: Path, flag: str) -> Image.Image:
-    existing_file(path, flag, "image")
+def open_image(path: Path, flag: str, note: Note) -> Image.Image:
+    """The picture at ``path``, upright as ComfyUI's Load Image shows it (loaders/image_file.py);
+    ``note`` receives what a person should know about it."""
+    existing_file(path, flag, "image file")
     try:
-        image = Image.open(path)
-        image.load()
-    except (UnidentifiedImageError, OSError) as exc:
-        raise UsageError(flag, f"{path} is not an image Pillow can read ({exc})") from None
-    return image
+        return open_picture(path, note)
+    except ValueError as exc:
+        raise UsageError(flag, str(exc)) from None
 
 
 def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
@@ -143,12 +150,54 @@ def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
     if not folder.is_dir():
         raise UsageError(flag, f"folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(flag, f"folder {folder} is not writable; choose another --out")
+        raise UsageError(flag, f"folder {folder} is not writable; choose another {flag}")
     if path.is_dir():
         raise UsageError(flag, f"{path} is a folder; give a file name ending in {suffix}")
     if path.exists() and not overwrite:
         raise UsageError(flag, f"{path} exists; pass --overwrite to replace it, or choose another name")
     return path
+
+
+def human_bytes(n: float) -> str:
+    """A size as a person reads it: GB from 0.1 GB on, else MB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def duration(seconds: float) -> str:
+    """A duration as 1h02m or 3m05s."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def output_folder(out: Path, flag: str, make_parents: bool = False) -> Path:
+    """A folder a tool writes into (created later when missing), checked now: not a file, and
+    the folder it will be made in (its parent, or with ``make_parents`` the nearest folder above
+    it) exists and is writable. Returns that existing folder, where the disk's room is measured."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(flag, f"{out} is a file; give the package folder to write into")
+    if out.exists():
+        parent = out
+    elif make_parents:
+        parent = next(p for p in out.parents if p.exists())  # a relative path ends at "."
+        if not parent.is_dir():
+            raise UsageError(flag, f"{parent} (above {out}) is a file; give a folder to write into")
+    else:
+        parent = out.parent
+        if not parent.is_dir():
+            raise UsageError(flag, f"folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):  # also False on a read-only file system
+        raise UsageError(flag, f"folder {parent} is not writable; choose another {flag}")
+    return parent
+
+
+def check_room(folder: Path, needed: int, flag: str) -> None:
+    """Refuse now, naming ``flag``, when the disk of ``folder`` has less than ``needed`` bytes free."""
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise UsageError(flag, f"needs up to {human_bytes(needed)} and {folder} has {human_bytes(free)} free; "
+                               f"make room or choose another {flag}")
 
 
 def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

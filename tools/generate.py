@@ -6,7 +6,9 @@
 
 Videos longer than --window frames (81) are made of chained windows, each starting on the
 last --overlap frames of the one before (docs/long_videos.md), and written to the .mp4 as
-each window finishes; Ctrl-C keeps the finished windows. Action strings: KEYS-FRAMES tokens,
+each window finishes: a new file beside --out that takes its name after the first window, so
+Ctrl-C keeps the finished windows; an existing --out (with --overwrite) is replaced only by the
+whole new video. Action strings: KEYS-FRAMES tokens,
 W/A/S/D move, I/J/K/L look, "none" holds (wan/camera_actions.py); the official act2cam
 camera, never longer than --frames (a shorter string is padded with frames without keys).
 
@@ -34,7 +36,7 @@ from ..loaders.package import find_package
 from ..loaders.pose_import import CAMERA_AXES
 from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
-from ..loaders.new_file import new_file
+from ..loaders.new_file import GrowingFile, new_file
 from ..pipeline.camera_preview import draw_trajectory
 from ..pipeline.generate import generate
 from ..pipeline.long_video import WindowParams
@@ -44,13 +46,14 @@ from ..pipeline.sampling import SamplingParams
 from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.camera_presets import CAMERA_PRESETS
 from ..wan.camera_actions import frames_for_actions
-from ..wan.conditioning import check_frame_count, check_size, target_size
+from ..wan.conditioning import check_frame_count, check_size, far_aspect, target_size
+from ..wan.geometry import TRAINED_SIZE
 from ..wan.long_video import plan_windows, window_cuts
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from ..wan.scheduler import SAMPLERS
 from . import cli
 
-DEFAULT_AREA = 480 * 832
+DEFAULT_AREA = TRAINED_SIZE[0] * TRAINED_SIZE[1]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -58,13 +61,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--package", required=True, type=Path,
                    help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders) or the "
                    "official bf16 release (high_noise_model/, low_noise_model/)")
-    p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads)")
+    p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads; turned upright by "
+                   "its EXIF orientation, as ComfyUI's Load Image does)")
     p.add_argument("--prompt", help="text prompt (or --prompt-file)")
     p.add_argument("--prompt-file", type=Path, help="UTF-8 text file holding the prompt")
     p.add_argument("--negative-prompt", default=DEFAULT_NEGATIVE_PROMPT,
                    help="what to steer away from (default and when empty: the negative prompt the model was tuned with)")
     p.add_argument("--out", required=True, type=Path, help="output .mp4 (its folder must exist)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (once the whole new video is made)")
     cam = p.add_mutually_exclusive_group()
     cam.add_argument("--camera-dir", type=Path, help="folder with poses.npy and intrinsics.npy")
     cam.add_argument("--preset", choices=list(CAMERA_PRESETS), help="a built-in camera move")
@@ -136,7 +140,14 @@ def _height_width(text: str, flag: str) -> tuple[int, int]:
 
 def _size(args: argparse.Namespace, image_w: int, image_h: int) -> tuple[int, int]:
     if not args.size:
-        return target_size(image_w, image_h, DEFAULT_AREA)
+        height, width = target_size(image_w, image_h, DEFAULT_AREA)
+        aspect = far_aspect(image_w, image_h)
+        if aspect is not None:  # the picture's aspect would make a video the model never saw the like of
+            trained_h, trained_w = TRAINED_SIZE
+            raise cli.UsageError("--image", f"{args.image} is {aspect}; at its aspect the video would be "
+                                 f"{height}x{width}. Give --size HEIGHTxWIDTH (e.g. --size {trained_h}x{trained_w}; "
+                                 "the picture is stretched to it), or crop the picture")
+        return height, width
     height, width = _height_width(args.size, "--size")
     try:
         check_size(height, width)
@@ -148,10 +159,14 @@ def _size(args: argparse.Namespace, image_w: int, image_h: int) -> tuple[int, in
 def _prompt(args: argparse.Namespace) -> str:
     if args.prompt_file:
         cli.existing_file(args.prompt_file, "--prompt-file", "prompt file")
-        try:
-            return args.prompt_file.read_text(encoding="utf-8").strip()
+        try:  # utf-8-sig: the byte-order mark some editors put first is not part of the prompt
+            prompt = args.prompt_file.read_text(encoding="utf-8-sig").strip()
         except UnicodeDecodeError:
             raise cli.UsageError("--prompt-file", f"{args.prompt_file} is not UTF-8 text") from None
+        if not prompt:  # an empty value given is a mistake to answer, as an empty --actions
+            raise cli.UsageError("--prompt-file", f"{args.prompt_file} holds no text; write the prompt in it, or "
+                                 'give --prompt "" for a video without a prompt')
+        return prompt
     if args.prompt is None:
         raise cli.UsageError("--prompt", "give --prompt or --prompt-file")
     return args.prompt
@@ -227,8 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = _flag_error("--package", find_package, args.package)  # names every missing file at once
     # Base-Cam or Act, from the headers
     control_type = _flag_error("--package", read_expert_pair, files.high, files.low).control_type
-    image = cli.open_image(args.image, "--image")
-    height, width = _size(args, image.width, image.height)
+    notes: list[str] = []
+    image = cli.open_image(args.image, "--image", notes.append)
+    height, width = _size(args, image.width, image.height)  # a far aspect without --size: refused, one line
+    for note in notes:
+        print(f"generate: note: --image: {note}", file=sys.stderr)
     # "is not None": an empty --actions or --frames 0 is a mistake to answer, not a default.
     if args.actions is not None:
         _flag_error("--actions", frames_for_actions, args.actions)
@@ -277,24 +295,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.preview and camera is not None:
         with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
             Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
-    if args.out.exists():  # --overwrite given (checked above): unlink the old name, never write into the file,
-        args.out.unlink()  # so a hard link to it keeps its bytes; the new video streams to a new file
     started = time.perf_counter()
     print(f"{frames} frames at {width}x{height} in {len(plan)} window(s) of up to {windows.window}", file=sys.stderr)
+    # A new file beside --out, named --out after the first window while that name is free; an
+    # existing --out (--overwrite) is replaced only by the whole video (loaders/new_file.py).
+    video = GrowingFile(args.out, overwrite=args.overwrite)
     try:
         result = generate(
-            args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
+            args.package, image, prompt, args.negative_prompt, frames, height, width, video, camera, params,
             windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
             blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
             on_window=lambda i, n: print(f"window {i}/{n} written", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print(f"generate: cancelled; {args.out} keeps the windows finished before", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # a cancel, or a failure (out of memory, a kernel error): say what is kept
+        cancelled = isinstance(exc, KeyboardInterrupt)
+        print(f"generate: {'cancelled' if cancelled else 'stopped by the error below'}; {_what_was_kept(video, plan)}",
+              file=sys.stderr)
+        if cancelled:
+            return 130
+        raise
+    if video.kept != args.out:  # another run made --out while this one was writing
+        print(f"generate: error: --out: {args.out} appeared while this run was writing (another run with the same "
+              f"--out?); it is left as it is, and this video ({result.frames_written} frames) was written to "
+              f"{video.kept}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out} ({result.frames_written} frames, {width}x{height}, {result.windows_done} window(s)) "
           f"in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _what_was_kept(video: GrowingFile, plan: list) -> str:
+    """The words for what a stopped run left: --out as it was, or the windows finished before."""
+    windows = f"{video.pieces} of {len(plan)} window(s) finished before ({sum(w.new_frames for w in plan[:video.pieces])} frames)"
+    before = f"{video.target} is as it was" if video.target.exists() else f"no {video.target} was made"
+    if video.kept is None:
+        return f"no window was finished, nothing was written; {before}"
+    if video.kept == video.target:
+        return f"{video.target} keeps the {windows}"
+    return f"{before}; the {windows} are in {video.kept}"
 
 
 if __name__ == "__main__":

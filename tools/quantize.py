@@ -43,6 +43,7 @@ from ..loaders.new_file import install, partial_name, remove
 from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan_conversion
 from ..loaders.release import FAST, Release, ReleaseExpert, find_release
 from . import cli
+from .cli import duration, human_bytes
 
 PROGRESS_SECONDS = 5.0  # at most one progress line this often per expert
 FORMATS = ("nf4", "fp8")  # rows of loaders.layout.LAYOUTS this tool writes
@@ -78,30 +79,8 @@ class Job:
         return expert.role + LAYOUTS[self.format].folder_suffix
 
 
-def _human(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-
-
-def _check_out(out: Path) -> Path:
-    if out.exists() and not out.is_dir():
-        raise cli.UsageError("--out", f"{out} is a file; give the package folder to write into")
-    parent = out if out.exists() else out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise cli.UsageError("--out", f"folder {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise cli.UsageError("--out", f"folder {parent} is not writable; choose another --out")
-    return parent
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -143,7 +122,7 @@ def check(args: argparse.Namespace) -> Job:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise cli.UsageError("--device", "cuda: no CUDA device is available; use --device cpu")
     out = args.out
-    room_at = _check_out(out)
+    room_at = cli.output_folder(out, "--out")
     job = Job(release, plans, out, args.device, args.overwrite, args.format)
     taken = [job.out_name(expert) + "/" for expert, _ in plans if (out / job.out_name(expert)).exists()]
     taken += [path.name for path in release.shared
@@ -157,10 +136,7 @@ def check(args: argparse.Namespace) -> Job:
     needed = sum(plan.output_bytes if args.format == "nf4" else plan.source_bytes // 2 + 2**20 for _, plan in plans)
     out_device = room_at.stat().st_dev
     needed += sum(_size(p) for p in release.shared if p.stat().st_dev != out_device)  # copied, not linked
-    free = shutil.disk_usage(room_at).free
-    if needed > free:
-        raise cli.UsageError("--out", f"needs up to {_human(needed)} and {room_at} has {_human(free)} free; "
-                                      "make room or choose another --out")
+    cli.check_room(room_at, needed, "--out")
     for expert, _ in plans:
         if expert.note:
             job.notes.append(f"{expert.folder}: {expert.note}")
@@ -214,9 +190,9 @@ def _printer(label: str, estimate: int) -> Callable[[Progress], None]:
             return
         last[0] = now
         left = (now - start) * (p.read_total - p.read_bytes) / max(p.read_bytes, 1)
-        eta = "" if done else f", {_duration(left)} left"
-        print(f"  {label}: {p.tensors_done}/{p.tensors_total} tensors, {_human(p.written_bytes)} of "
-              f"~{_human(estimate)} written{eta}", flush=True)
+        eta = "" if done else f", {duration(left)} left"
+        print(f"  {label}: {p.tensors_done}/{p.tensors_total} tensors, {human_bytes(p.written_bytes)} of "
+              f"~{human_bytes(estimate)} written{eta}", flush=True)
 
     return show
 
@@ -273,7 +249,7 @@ def _shared(job: Job) -> list[str]:
 def _expert(job: Job, expert: ReleaseExpert, plan: ConversionPlan) -> str:
     label = f"{expert.role} ({'LingBot-World Fast' if expert.role == FAST else plan.model_name})"
     name = job.out_name(expert)
-    print(f"{label}: {_human(plan.source_bytes)} bf16 from {expert.folder} -> {job.out / name}/ "
+    print(f"{label}: {human_bytes(plan.source_bytes)} bf16 from {expert.folder} -> {job.out / name}/ "
           f"on {job.device}", flush=True)
     start = time.perf_counter()
     temporary = _temporary(job.out, name)
@@ -290,8 +266,8 @@ def _expert(job: Job, expert: ReleaseExpert, plan: ConversionPlan) -> str:
         remove(temporary)
         raise
     size = _size(job.out / name)
-    return (f"{label}: {_human(plan.source_bytes)} bf16 -> {_human(size)} {job.format.upper()} in {name}/, "
-            f"{_duration(time.perf_counter() - start)}")
+    return (f"{label}: {human_bytes(plan.source_bytes)} bf16 -> {human_bytes(size)} {job.format.upper()} in {name}/, "
+            f"{duration(time.perf_counter() - start)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,11 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"quantize: failed: {exc}", file=sys.stderr)
         return 1
-    print(f"done in {_duration(time.perf_counter() - start)}; {job.out}:")
+    print(f"done in {duration(time.perf_counter() - start)}; {job.out}:")
     for line in experts + shared:
         print(f"  {line}")
     if memory.peak_rss:
-        print(f"peak RSS {_human(memory.peak_rss)}: {_human(memory.peak_anon)} anonymous, the rest the shards' "
+        print(f"peak RSS {human_bytes(memory.peak_rss)}: {human_bytes(memory.peak_anon)} anonymous, the rest the shards' "
               "memory map (page cache the kernel can drop)")
     return 0
 

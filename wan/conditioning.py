@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .geometry import PATCH_SIZE, SIZE_MULTIPLE, VAE_STRIDE_S, VAE_STRIDE_T
+from .geometry import PATCH_SIZE, SIZE_MULTIPLE, TRAINED_SIZE, VAE_STRIDE_S, VAE_STRIDE_T
 
 __all__ = [
     "check_frame_count",
     "check_size",
     "conditioning_video",
+    "far_aspect",
     "first_frame_mask",
     "given_frames_mask",
     "image_to_tensor",
@@ -81,6 +82,23 @@ def check_size(h: int, w: int) -> None:
 
 
 # --------------------------------------------------------------------------- images
+
+# A picture whose long side is more than this many times its short side is far from what the
+# model learned: twice the aspect of its training size (832:480, about 1.7:1), so 16:9, 21:9
+# and square pictures pass.
+MAX_ASPECT = 2 * max(TRAINED_SIZE) / min(TRAINED_SIZE)
+
+
+def far_aspect(width: int, height: int) -> str | None:
+    """Words for a width×height picture whose aspect is far from the model's training size
+    (more than ``MAX_ASPECT`` to 1); None when it is near enough."""
+    long_side, short_side = max(width, height), max(1, min(width, height))
+    if long_side <= MAX_ASPECT * short_side:
+        return None
+    trained_h, trained_w = TRAINED_SIZE
+    return (f"{width}×{height} pixels, an aspect of {long_side / short_side:.1f}:1, far from the {trained_w}×{trained_h} "
+            f"({trained_w / trained_h:.1f}:1, or portrait) the model was trained near")
+
 
 # Modes PIL converts to RGB without losing range (8 bits per sample already).
 _EIGHT_BIT_MODES = {"1", "L", "P", "RGB", "CMYK", "YCbCr", "LAB", "HSV", "RGBX"}

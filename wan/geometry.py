@@ -1,6 +1,6 @@
 """The model's fixed numbers, each written once (docs/conventions.md): how the Wan2.1 VAE and
-the DiT cut a video (strides, patch, latent channels), LingBot-World Fast's chunk, the text
-encoder's token limit and the seed range. Everything else computes from these;
+the DiT cut a video (strides, patch, latent channels), the size it was trained near,
+LingBot-World Fast's chunk, the text encoder's token limit and the seed range. Everything else computes from these;
 ``tests/unit/test_facts.py`` refuses a second definition or a stray ``// 4`` / ``// 8``.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ __all__ = [
     "MAX_TOKENS",
     "PATCH_SIZE",
     "SIZE_MULTIPLE",
+    "TRAINED_SIZE",
     "VAE_STRIDE_S",
     "VAE_STRIDE_T",
     "check_seed",
@@ -34,6 +35,7 @@ SIZE_MULTIPLE = VAE_STRIDE_S * PATCH_SIZE[1]  # 16: the sides of a video the DiT
 LATENT_CHANNELS = 16  # channels of the VAE's latent (z_dim)
 CHUNK_FRAMES = 3  # latent frames per chunk of LingBot-World Fast (12 video frames)
 MAX_TOKENS = 512  # umT5's prompt length: the tokenizer pads/cuts to it, the DiT's text_len
+TRAINED_SIZE = (480, 832)  # (height, width) the model was trained near (portrait: 832×480)
 MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit (torch.Generator.manual_seed, ComfyUI's seed widgets)
 
 

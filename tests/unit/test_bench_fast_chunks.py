@@ -14,8 +14,13 @@ KEYS = {"chunk_s", "time_to_first_chunk_s", "fps", "peak_vram_allocated_gb", "pe
         "kv_dtype", "frames", "cap_gb", "cache_bytes", "clip81", "time_to_first_frames_s", "decode_chunk_s"}
 
 
-def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path):
+def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path, monkeypatch):
+    import tempfile
+
     package = tiny_package.build(tmp_path, "nf4")
+    scratch = tmp_path / "temp"  # the temporary folder the bench sees: it must leave it as it was
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "fast.json"
     code = fast_chunks.main(["--package", str(package), "--device", "cpu", "--size", "32x48", "--frames", "21",
                              "--kv-dtype", "int8", "--stream-decode", "--out", str(out)])
@@ -29,6 +34,7 @@ def test_fast_bench_records_a_stream_and_the_81_frame_clip(tmp_path):
     clip = record["clip81"]
     assert clip["video_shape"] == [3, 81, 32, 48] and clip["video_finite"]
     assert set(clip["phases"]) == {"text_s", "vae_encode_s", "sampling_s", "decode_s"}
+    assert list(scratch.iterdir()) == []  # neither text cache is left behind
 
 
 def test_fast_bench_runs_the_long_video_path_overlapped_with_the_memory_plan(tmp_path):

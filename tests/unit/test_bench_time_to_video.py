@@ -16,7 +16,12 @@ KEYS = {"gpu", "date", "command", "size", "frames", "steps", "block_swap", "s_pe
         "latent_rel_err_vs_exact", "video_psnr_vs_exact", "skipped_forwards"}
 
 
-def test_exact_and_fast_rows(tmp_path, package):
+def test_exact_and_fast_rows(tmp_path, package, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "temp"  # the temporary folder the bench sees: it must leave it as it was
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     lora = tmp_path / "lora.safetensors"  # the tiny expert: dim 64
     save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.randn(4, 64) * 0.1,
                "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.randn(64, 4) * 0.1,
@@ -45,6 +50,7 @@ def test_exact_and_fast_rows(tmp_path, package):
     assert bf16["accelerations"]["vae_precision"] == "bf16" and exact["accelerations"]["vae_precision"] == "fp32"
     assert bf16["forwards"] == 8 and 0 < bf16["latent_rel_err_vs_exact"] < 0.05
     assert 20 < bf16["video_psnr_vs_exact"] < float("inf")
+    assert list(scratch.iterdir()) == []  # no text cache left behind per variant
 
 
 def test_a_vae_precision_other_than_fp32_or_bf16_is_refused():

@@ -193,3 +193,70 @@ def test_generate_runs_the_act_package_from_actions_and_from_action_npy(act_pack
         argv[argv.index("--frames") + 1] = "9"
         assert cli.run("generate", generate.main, argv) == 0, name
         assert out.is_file() and out.stat().st_size > 0, name
+
+
+# --------------------------------------------------------------------------- generate: the picture
+
+
+@pytest.fixture
+def captured(monkeypatch) -> dict:
+    """What generate would make the video from (the pipeline is not run)."""
+    seen: dict = {}
+
+    class Result:
+        frames_written, windows_done = 5, 1
+
+    def record(package, image, prompt, negative, frames, height, width, out, *args, **kwargs):
+        seen.update(image=image, height=height, width=width, prompt=prompt)
+        with out:  # the GrowingFile at --out, as pipeline/generate.py fills it
+            out.path.write_bytes(b"frames")
+            out.piece_done()
+        return Result()
+
+    monkeypatch.setattr(generate, "generate", record)
+    return seen
+
+
+def test_a_portrait_phone_photo_makes_an_upright_portrait_video(package, tmp_path, capsys, captured):
+    from test_image_file import phone_photo
+
+    photo = tmp_path / "phone.jpg"
+    upright = phone_photo(photo, 6)  # stored 96 wide, 48 tall, Orientation 6: a portrait photo
+    argv = _base(package, photo, tmp_path / "v.mp4")
+    del argv[8:10]  # no --size: the picture's aspect decides
+    code, err = _run_generate(argv, capsys)
+    assert code == 0, err
+    assert captured["image"].size == upright.size == (48, 96)
+    assert (captured["height"], captured["width"]) == (880, 432)  # about 480*832 pixels, standing up
+    assert err[0] == "5 frames at 432x880 in 1 window(s) of up to 81"
+
+
+def test_a_picture_far_from_the_models_aspect_needs_size(package, tmp_path, capsys, captured):
+    strip = tmp_path / "strip.png"
+    Image.new("RGB", (16, 4000), (40, 90, 160)).save(strip)
+    argv = _base(package, strip, tmp_path / "v.mp4")
+    code, err = _run_generate(argv[:8] + argv[10:], capsys)  # no --size
+    assert code == 2 and len(err) == 1 and not captured, err
+    assert err[0] == (f"generate: error: --image: {strip} is 16×4000 pixels, an aspect of 250.0:1, far from the 832×480 "
+                      "(1.7:1, or portrait) the model was trained near; at its aspect the video would be 9984x32. Give "
+                      "--size HEIGHTxWIDTH (e.g. --size 480x832; the picture is stretched to it), or crop the picture")
+    code, err = _run_generate(argv, capsys)  # --size 32x32: made, with a note
+    assert code == 0 and (captured["height"], captured["width"]) == (32, 32)
+    assert err[0] == "generate: note: --image: strip.png is 16×4000 pixels, an aspect of 250.0:1, far from the " \
+                     "832×480 (1.7:1, or portrait) the model was trained near"
+
+
+def test_a_huge_picture_is_a_note_and_one_beyond_pillows_limit_one_line(package, tmp_path, capsys, captured):
+    import warnings
+
+    huge, bomb = tmp_path / "huge.png", tmp_path / "bomb.png"
+    Image.new("1", (10000, 10000)).save(huge)
+    Image.new("1", (20000, 10000)).save(bomb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # printed raw, were it let through
+        code, err = _run_generate(_base(package, huge, tmp_path / "v.mp4"), capsys)
+    assert code == 0, err
+    assert err[0].startswith("generate: note: --image: huge.png is 10000×10000 pixels (100 megapixels)")
+    code, err = _run_generate(_base(package, bomb, tmp_path / "w.mp4"), capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"generate: error: --image: {bomb} holds more than 179 "
+                                                             "megapixels"), err

@@ -244,3 +244,61 @@ def test_cache_dir_that_is_a_file_is_one_line_before_work(package, image, tmp_pa
                                            str(cache)), capsys), "--cache-dir")
     assert "cache.txt" in line and "is a file" in line
 
+
+
+# ------------------------------------------------------- the words of the answers
+
+def test_an_empty_prompt_file_is_refused_and_a_byte_order_mark_is_not_part_of_the_prompt(package, image, tmp_path,
+                                                                                          capsys, monkeypatch):
+    prompts = []
+
+    def record(package, image, prompt, *args, **kwargs):
+        prompts.append(prompt)
+        raise KeyboardInterrupt  # stop before any model loads
+
+    monkeypatch.setattr(generate, "generate", record)
+    prompt_file = tmp_path / "prompt.txt"
+    argv = _argv(package, image, tmp_path / "v.mp4", "--frames", "5")
+    argv[argv.index("--prompt"):argv.index("--prompt") + 2] = ["--prompt-file", str(prompt_file)]
+    for empty in (b"", b"\xef\xbb\xbf \n"):  # nothing, or only a byte-order mark and blanks
+        prompt_file.write_bytes(empty)
+        line = _one_line_naming(*_answer(argv, capsys), "--prompt-file")
+        assert line.endswith(f'{prompt_file} holds no text; write the prompt in it, or give --prompt "" for a video '
+                             "without a prompt")
+    prompt_file.write_bytes("\ufeffa walk by the sea\n".encode("utf-8"))  # what Notepad saves
+    assert _answer(argv, capsys)[0] == 130 and prompts == ["a walk by the sea"]
+
+
+def test_a_file_given_for_a_folder_and_a_folder_for_a_file_say_it_once(package, image, tmp_path, capsys,
+                                                                       nothing_loads):
+    line = _one_line_naming(*_answer(_argv(image, image, tmp_path / "v.mp4"), capsys), "--package")
+    assert line.endswith(f"{image} is a file; give the package folder")
+    line = _one_line_naming(*_answer(_argv(package, tmp_path, tmp_path / "v.mp4"), capsys), "--image")
+    assert line.endswith(f"{tmp_path} is a folder; give the image file")
+
+
+def test_an_unwritable_preview_folder_names_preview(package, image, tmp_path, capsys, nothing_loads, monkeypatch):
+    locked = tmp_path / "pictures"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    line = _one_line_naming(*_answer(_argv(package, image, tmp_path / "v.mp4", "--preset", "dolly_in", "--preview",
+                                           str(locked / "path.png")), capsys), "--preview")
+    assert line.endswith(f"folder {locked} is not writable; choose another --preview")
+
+
+@pytest.mark.parametrize("tool", [generate, make_checkpoint], ids=["generate", "make_checkpoint"])
+def test_help_shows_no_empty_default(tool, capsys):
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--help"])
+    assert "(default: )" not in capsys.readouterr().out
+
+
+def test_a_tool_name_with_a_capital_gets_a_suggestion_and_version_prints_the_version():
+    done = _run_checkout("Generate")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: 'Generate' is not a tool; did you mean generate? (tools: make_checkpoint, generate, quantize; "
+        "python <checkout> --help)"]
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    done = _run_checkout("--version")
+    assert done.returncode == 0 and done.stdout == f"comfyui-lingbot-world {version}\n", done.stderr

@@ -47,8 +47,10 @@ def test_demo_keeps_a_file_the_user_named(tmp_path, work):
     mine.write_bytes(b"the user's own video")
     done = _demo(tmp_path, work, DEMO_OUT=str(mine))
     assert done.returncode == 2
-    assert "--out" in done.stderr and "exists" in done.stderr
-    assert mine.read_bytes() == b"the user's own video"
+    # The demo takes no flags: the answer names DEMO_OUT and what to do, never --overwrite.
+    assert done.stderr.strip().splitlines() == [f"[demo] DEMO_OUT={mine} exists; it is kept. Remove it, or set "
+                                                "DEMO_OUT to a name that does not exist"], done.stderr
+    assert mine.read_bytes() == b"the user's own video" and "generating" not in done.stdout
 
 
 def test_first_run_says_what_it_installs_before_pip_starts(tmp_path, work):

@@ -18,7 +18,7 @@ OWNER = "wan/geometry.py"
 GEOMETRY_NAMES = {
     "VAE_STRIDE_T", "VAE_STRIDE_S", "TEMPORAL_FACTOR", "SPATIAL_FACTOR", "FRAMES_PER_LATENT", "PATCH_SIZE",
     "SIZE_MULTIPLE", "LATENT_CHANNELS", "CHUNK_FRAMES", "CHUNK_LATENT_FRAMES", "MAX_TOKENS", "TEXT_TOKENS",
-    "MAX_SEED", "SEED_MAX",
+    "MAX_SEED", "SEED_MAX", "TRAINED_SIZE",
 }
 GEOMETRY_FUNCTIONS = {"latent_frames", "video_frames", "latent_size", "latent_shape", "video_tokens", "check_seed"}
 # Divisions by 4 or 8 that are not the VAE's strides, each with its reason.

@@ -141,3 +141,74 @@ def test_tiny_fast_transformer_in_both_layouts(tmp_path: Path, capsys: pytest.Ca
         main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "transformer"])
     with pytest.raises(UsageError, match="--model: invalid choice"):
         main(["--model", "turbo", "--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------- before and while writing
+
+
+def _no_model_is_made(monkeypatch) -> None:
+    from comfyui_lingbot_world.tools import make_checkpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a part would have been written")
+
+    for writer in ("write_synthetic_nf4_expert", "write_synthetic_bf16_expert", "write_t5_checkpoint",
+                   "write_vae_checkpoint", "write_tokenizer"):
+        monkeypatch.setattr(make_checkpoint, writer, refuse)
+
+
+def test_a14b_without_room_on_the_disk_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    _no_model_is_made(monkeypatch)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 10**10, 10**10))
+    out = tmp_path / "a14b"
+    with pytest.raises(UsageError, match=rf"--out: needs up to 31.1 GB and {tmp_path} has 10.0 GB free; make room or "
+                                         "choose another --out"):
+        main(["--preset", "a14b", "--layout", "nf4", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_a_read_only_out_is_named_before_and_while_writing(tmp_path: Path, monkeypatch, capsys) -> None:
+    import errno
+    import os
+
+    from comfyui_lingbot_world.tools import cli, make_checkpoint
+
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    with pytest.raises(UsageError, match=rf"--out: folder {tmp_path} is not writable; choose another --out"):
+        main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path / "pkg")])
+    monkeypatch.setattr(cli.os, "access", real_access)
+
+    def read_only(path, *args, **kwargs):  # the disk turned read-only after the checks
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(make_checkpoint, "write_vae_checkpoint", read_only)
+    assert main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path / "pkg"), "--parts", "vae"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"make_checkpoint: error: --out: writing into {tmp_path / 'pkg'} "
+                                               "failed ([Errno 30] Read-only file system"), err
+    assert list((tmp_path / "pkg").iterdir()) == []  # no half part left
+
+
+def test_each_part_says_when_it_starts_how_far_it_got_and_when_it_is_done(tmp_path: Path, monkeypatch, capsys) -> None:
+    from comfyui_lingbot_world.tools import make_checkpoint
+
+    monkeypatch.setattr(make_checkpoint, "PROGRESS_SECONDS", 0.0)
+    real = make_checkpoint.write_synthetic_bf16_expert
+    said_before_writing = []
+
+    def writer(*args, **kwargs):
+        said_before_writing.append(capsys.readouterr().out)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(make_checkpoint, "write_synthetic_bf16_expert", writer)
+    assert main(["--preset", "tiny", "--layout", "bf16", "--out", str(tmp_path), "--parts", "experts,vae"]) == 0
+    out = "".join(said_before_writing) + capsys.readouterr().out
+    assert said_before_writing[0] == "high_noise_model: writing, up to 1.6 MB, made on cpu\n"
+    lines = out.splitlines()
+    assert "  high_noise_model: 1/10 parts made, about 0m00s left" in lines
+    assert "Wan2.1_VAE.pth: writing, up to 4.7 MB" in lines
+    for name in ("high_noise_model", "low_noise_model", "Wan2.1_VAE.pth"):
+        assert any(line.startswith(f"{name}: done in ") for line in lines), name

@@ -4,6 +4,7 @@ tokenizer are hard links to a release's files (what ``quantize`` makes) can be w
 with make_checkpoint or quantize and the release keeps every byte."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -113,8 +114,10 @@ def test_generate_overwrite_writes_a_new_video_and_preview_not_into_linked_files
         frames_written, windows_done = 5, 1
 
     def fake_generate(package, image, prompt, negative, frames, height, width, out, *args, **kwargs):
-        with open(out, "wb") as handle:  # what PyAV does with the path: open it for writing
-            handle.write(b"new frames")
+        with out:  # what pipeline/generate.py does with the GrowingFile: PyAV opens its path for writing
+            with open(out.path, "wb") as handle:
+                handle.write(b"new frames")
+            out.piece_done()
         return Result()
 
     monkeypatch.setattr(generate, "generate", fake_generate)
@@ -127,3 +130,67 @@ def test_generate_overwrite_writes_a_new_video_and_preview_not_into_linked_files
     assert _md5s(kept) == before
     assert out.read_bytes() == b"new frames" and Image.open(preview).format == "PNG"
 
+
+
+# --------------------------------------------------------------------------- no replacing, growing files
+
+
+@pytest.mark.parametrize("hard_links", [True, False], ids=["hard-link", "no-hard-links"])
+def test_rename_no_replace_refuses_an_existing_name_and_keeps_both(tmp_path: Path, monkeypatch, hard_links) -> None:
+    if not hard_links:  # FAT, some network shares: the exclusive-create claim instead
+        monkeypatch.setattr(new_file.os, "link", lambda *a, **k: (_ for _ in ()).throw(PermissionError(1, "no links")))
+    source, target = tmp_path / ".new.partial", tmp_path / "v.mp4"
+    source.write_bytes(b"new")
+    target.write_bytes(b"someone else's")
+    with pytest.raises(FileExistsError):
+        new_file.rename_no_replace(source, target)
+    assert source.read_bytes() == b"new" and target.read_bytes() == b"someone else's"
+    assert new_file.rename_to_free_name(source, target) == tmp_path / "v-2.mp4"
+    assert (tmp_path / "v-2.mp4").read_bytes() == b"new" and not source.exists()
+
+
+def test_new_file_without_overwrite_never_replaces_a_target_made_while_writing(tmp_path: Path) -> None:
+    target = tmp_path / "config.json"
+    with pytest.raises(new_file.TargetExists):
+        with new_file.new_file(target, overwrite=False) as partial:
+            partial.write_bytes(b"mine")
+            target.write_bytes(b"another writer's")  # made between the start and the rename
+    assert target.read_bytes() == b"another writer's" and _names(tmp_path) == ["config.json"]
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_growing_file_takes_a_free_name_after_its_first_piece(tmp_path: Path) -> None:
+    target = tmp_path / "v.mp4"
+    with new_file.GrowingFile(target) as video:
+        with open(video.path, "wb") as handle:  # the writer keeps this handle across the rename
+            handle.write(b"window 1")
+            handle.flush()
+            assert not target.exists()
+            video.piece_done()
+            assert target.read_bytes() == b"window 1"  # visible (and kept) from now on
+            handle.write(b", window 2")
+    assert video.kept == target and target.read_bytes() == b"window 1, window 2" and _names(tmp_path) == ["v.mp4"]
+
+
+@pytest.mark.parametrize("outcome", ["complete", "failed-after-a-piece", "failed-before-any-piece"])
+def test_growing_file_replaces_an_existing_target_only_when_complete(tmp_path: Path, outcome) -> None:
+    target = tmp_path / "v.mp4"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError) if outcome != "complete" else contextlib.nullcontext():
+        with new_file.GrowingFile(target, overwrite=True) as video:
+            video.path.write_bytes(b"piece")
+            if outcome != "failed-before-any-piece":
+                video.piece_done()
+                assert target.read_bytes() == b"old"
+            if outcome != "complete":
+                raise RuntimeError("out of memory")
+    if outcome == "complete":
+        assert video.kept == target and video.replaced and target.read_bytes() == b"piece"
+    elif outcome == "failed-after-a-piece":  # the old file stays; the finished piece beside it
+        assert target.read_bytes() == b"old" and video.kept == tmp_path / "v-2.mp4"
+        assert video.kept.read_bytes() == b"piece"
+    else:
+        assert target.read_bytes() == b"old" and video.kept is None and _names(tmp_path) == ["v.mp4"]

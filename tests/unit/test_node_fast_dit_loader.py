@@ -4,6 +4,7 @@ Base expert by its files, says which model it assumes where they cannot tell (it
 from __future__ import annotations
 
 import pytest
+import torch
 
 from comfy_host import comfy_state_reset, use_comfy_in_process
 
@@ -37,9 +38,10 @@ def test_the_loader_loads_nothing_and_says_what_the_files_are(fast_installed):
         assert fast.patcher.model.options.quantize == (None if quantize == "none" else "nf4")
         assert info.startswith(f"{folder.rsplit('/', 1)[1]}: LingBot-World Fast (config.json: _class_name "
                                "'WanModelFast', has local_attn_size and sink_size)")
-        assert info.endswith(f"{how}; every block on the GPU")
+        assert info.endswith(f"{how}; runs on the CPU, every block in RAM")  # this host has no GPU
     swapped, info = load_fast(FAST, "none", 1)
-    assert swapped.patcher.model.options.blocks_on_gpu == 1 and info.endswith("1 blocks on the GPU")
+    assert swapped.patcher.model.options.blocks_on_gpu == 1
+    assert info.endswith("runs on the CPU, every block in RAM, block_swap 1 ignored (it needs a GPU)")
     for bad in (-1, 41, 2.0):
         with pytest.raises(ValueError, match="block_swap"):
             load_fast(FAST, "none", bad)
@@ -49,6 +51,14 @@ def test_the_loader_loads_nothing_and_says_what_the_files_are(fast_installed):
         load_fast("lingbot/fast/missing")
     with pytest.raises(CheckpointError, match="not an expert folder"):
         load_fast(f"{PKG}/tokenizer")
+
+
+def test_model_info_says_where_the_blocks_are_on_a_gpu(fast_installed, monkeypatch):
+    import comfy.model_management as mm
+
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    assert load_fast(FAST_NF4, "none", 0)[1].endswith("loaded as stored; every block on the GPU")
+    assert load_fast(FAST_NF4, "none", 1)[1].endswith("loaded as stored; 1 blocks on the GPU")
 
 
 def test_a_base_expert_given_to_the_fast_loader_is_refused_by_its_files(fast_installed):

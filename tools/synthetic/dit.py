@@ -16,7 +16,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -99,6 +99,16 @@ def expert_parts(model: LingBotDiT) -> Iterator[tuple[str, nn.Module]]:
             yield name, child
 
 
+def _counted(parts: Iterator[tuple[str, nn.Module]], on_part: Callable[[int, int], None] | None
+             ) -> Iterator[tuple[str, nn.Module]]:
+    """``parts`` with ``on_part(done, total)`` called after each one is handled."""
+    parts = list(parts)
+    for done, item in enumerate(parts, 1):
+        yield item
+        if on_part is not None:
+            on_part(done, len(parts))
+
+
 @contextlib.contextmanager
 def _materialized(part: nn.Module, prefix: str, config: DiTConfig, seed: int, device: torch.device | str,
                   dtype: torch.dtype, distinct_blocks: int | None) -> Iterator[nn.Module]:
@@ -128,6 +138,7 @@ def write_synthetic_nf4_expert(
     double_quant: bool = True,
     distinct_blocks: int | None = None,
     config_fields: Mapping[str, Any] | None = None,
+    on_part: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write a random NF4 expert (layout A) without ever holding it in bf16.
 
@@ -135,11 +146,12 @@ def write_synthetic_nf4_expert(
     CPU tensors. ``distinct_blocks=k`` makes block i a copy of block i % k (same values, no
     new quantization): large files for size and memory tests, cheaply. ``config_fields``:
     config.json as given (the Fast transformer's, ``loaders.model_kind.fast_config_fields``).
+    ``on_part(done, total)`` after each part (``expert_parts``) is made.
     """
     with torch.device("meta"):
         model = LingBotDiT(config)
     tensors: dict[str, torch.Tensor] = {}
-    for prefix, part in expert_parts(model):
+    for prefix, part in _counted(expert_parts(model), on_part):
         source_block = _repeated_block(prefix, distinct_blocks)
         if source_block is not None:
             source = f"blocks.{source_block}."
@@ -163,14 +175,15 @@ def write_synthetic_bf16_expert(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     distinct_blocks: int | None = None,
     config_fields: Mapping[str, Any] | None = None,
+    on_part: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write a random bf16 expert (layout B); memory holds one part plus one shard at most.
-    ``config_fields``: config.json as given (as for the NF4 writer)."""
+    ``config_fields``: config.json as given, ``on_part`` as for the NF4 writer."""
     with torch.device("meta"):
         model = LingBotDiT(config)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        for prefix, part in expert_parts(model):
+        for prefix, part in _counted(expert_parts(model), on_part):
             with _materialized(part, prefix, config, seed, device, torch.bfloat16, distinct_blocks) as live:
                 for key, tensor in live.state_dict().items():
                     yield f"{prefix}.{key}", tensor.to("cpu")
