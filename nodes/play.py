@@ -18,10 +18,11 @@ from typing import Callable
 
 from comfy_api.latest import InputImpl, io, ui
 
+from ..loaders.new_file import write_json
 from ..pipeline.image import as_pil
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.memory import vae_budgets
-from ..pipeline.play import PlaySession, PlaySettings
+from ..pipeline.play import PlaySettings
 from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET
 from ..pipeline.play.protocol import MODES
 from ..wan.conditioning import check_size, image_to_tensor
@@ -49,12 +50,13 @@ def log_file(video: Path) -> Path:
     return video.with_suffix(".json")
 
 
-def log_saver(video: Path) -> Callable[[PlaySession], None]:
-    """Saves a session's action log beside its .mp4 once it ends, also after a Cancel: the
-    log that replays what was saved (nothing when no chunk was made)."""
-    def save(session: PlaySession) -> None:
-        if session.chunks_done:
-            log_file(video).write_text(json.dumps(session.action_log(), indent=1))
+def log_saver(video: Path) -> Callable[[dict], None]:
+    """Saves a session's action log beside its .mp4, the session calls it after every chunk
+    and at its end: a new file renamed into place each time (``loaders/new_file.py``), so
+    the log is whole whenever the process stops, and a link planted at its name is replaced,
+    never written through."""
+    def save(log: dict) -> None:
+        write_json(log_file(video), log, indent=1)
     return save
 
 
@@ -149,10 +151,9 @@ class LingBotWorldPlay(io.ComfyNode):
                                *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None)) as run:
             result = run_play_session(run, prompt, source, pixels, path,
                                       {"filename": name, "subfolder": subfolder, "type": "output"},
-                                      None if unique_id is None else str(unique_id), on_end=log_saver(path),
+                                      None if unique_id is None else str(unique_id), save_log=log_saver(path),
                                       recipe=recipe, live_decoder=live_decoder)
-        if result.chunks == 0:
-            path.unlink(missing_ok=True)  # a file with no frames would not play
+        if result.chunks == 0:  # run_play_session removed the .mp4
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)

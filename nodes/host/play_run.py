@@ -3,7 +3,6 @@ writer, the page's websocket and the Play routes' controller, ComfyUI's interrup
 VAE freed however the session ends (``nodes/play.py`` gives it the loaded transformer)."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +15,7 @@ import comfy.model_management as mm
 from ...pipeline.image import VAESource, open_vae, vae_dtype
 from ...pipeline.memory import build_or_release, release_module
 from ...pipeline.play import PlaySession, PlaySettings
+from ...pipeline.play.log_file import file_sha256, pixels_sha256
 from ...pipeline.play.session import PlayResult
 from ...pipeline.video_file import VideoWriter
 from .devices import check_interrupt
@@ -48,14 +48,12 @@ def start_image_record(image: torch.Tensor, name: str | None) -> dict:
     """What the action log says of the start image: the Load Image file's name and sha256
     (the replay loads the same file), and the sha256 of the pixels the node got (``image[0]``
     as float32), which tell a changed file or another source apart."""
-    pixels = image[0].detach().float().cpu().contiguous().numpy()
-    record = {"file": name, "sha256": None, "pixels_sha256": hashlib.sha256(pixels.tobytes()).hexdigest()}
+    record = {"file": name, "sha256": None, "pixels_sha256": pixels_sha256(image)}
     if name is not None:
         try:
-            path = Path(folder_paths.get_annotated_filepath(name))
-            record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            record["sha256"] = file_sha256(Path(folder_paths.get_annotated_filepath(name)), name)
         except (OSError, ValueError):
-            pass  # the name stays; the file's hash is unknown
+            pass  # the name stays; the file's hash is unknown (unreadable, or larger than a start image)
     return record
 
 
@@ -69,31 +67,35 @@ def prompt_recipe(text) -> dict:
 
 def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: VAESource, pixels: torch.Tensor,
                      path: Path, video_ref: dict, node_id: str | None,
-                     on_end: Callable[[PlaySession], None], recipe: dict | None = None,
+                     save_log: Callable[[dict], None], recipe: dict | None = None,
                      live_decoder=None) -> PlayResult:
     """Run one session (``run``: the loaded transformer, the settings, the memory plan:
     where the VAE goes, whether the decode overlaps) into the .mp4 at ``path``;
-    ``on_end(session)`` once it has ended (also after a Cancel or an error), e.g. to save
-    its action log. ``live_decoder``: ComfyUI's tiny video VAE (Load VAE with lighttaew2_1)
-    decodes the chunks instead of the Wan VAE, which then only encodes the start image."""
+    ``save_log(log)`` after every chunk and at the end (``PlaySession``). However the session
+    ends, an .mp4 without a chunk is removed (it would not play). ``live_decoder``:
+    ComfyUI's tiny video VAE (Load VAE with lighttaew2_1) decodes the chunks instead of the
+    Wan VAE, which then only encodes the start image."""
     settings, device = run.run, run.vae_device
-    decoder = tiny_live_decoder(live_decoder, device) if live_decoder is not None else None
-    vae_module = build_or_release(lambda: open_vae(vae, device, vae_dtype(device, settings.vae_precision)))
     session = None
-    controller = controller_id()
     try:
-        with VideoWriter(path, fps=settings.fps) as writer:
-            session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer, emit=emitter(),
-                                  controller=controller, node_id=node_id,
-                                  client_connected=client_connected(controller), check_interrupt=check_interrupt,
-                                  interrupt_types=interrupt_types(), video_ref=video_ref, overlap=run.overlap,
-                                  recipe=recipe, decoder=decoder)
-            return session.run()
+        decoder = tiny_live_decoder(live_decoder, device) if live_decoder is not None else None
+        vae_module = build_or_release(lambda: open_vae(vae, device, vae_dtype(device, settings.vae_precision)))
+        controller = controller_id()
+        try:
+            with VideoWriter(path, fps=settings.fps) as writer:
+                session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer,
+                                      emit=emitter(), controller=controller, node_id=node_id,
+                                      client_connected=client_connected(controller),
+                                      check_interrupt=check_interrupt, interrupt_types=interrupt_types(),
+                                      video_ref=video_ref, overlap=run.overlap, recipe=recipe, decoder=decoder,
+                                      save_log=save_log)
+                return session.run()
+        finally:
+            release_module(vae_module)
+            del vae_module, decoder
     finally:
-        release_module(vae_module)
-        del vae_module, decoder
-        if session is not None:
-            on_end(session)
+        if session is None or session.chunks_done == 0:
+            path.unlink(missing_ok=True)  # a Cancel or a failure before the first chunk: nothing to keep
 
 
 __all__ = ["interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]

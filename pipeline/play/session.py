@@ -13,7 +13,9 @@ The session ends on Stop, when ``chunk_budget`` chunks are done, after ``idle_ti
 seconds with no input and no page of the controller connected, on an interrupt (raised by
 ``check_interrupt``, checked while waiting and before every forward; it propagates) or on
 an error. Every end closes the video file (what was written stays playable), frees the
-cache and the VAE streams, and sends the "ended" state. A replay of the action log through
+cache and the VAE streams, and sends the "ended" state. The action log is handed to
+``save_log`` after every chunk written and once more at the end (with the end's reason),
+so a process killed mid-session leaves the log of the chunks its video holds. A replay of the action log through
 the Fast clip path (``pipeline.camera.path_from_play_actions`` + ``sample_fast``, same seed
 and cache settings) gives the same latents bit for bit.
 
@@ -121,7 +123,9 @@ class PlaySession:
     while chunk n+1 generates — a key pressed meanwhile starts its chunk at once; False:
     one after the other; None: overlap on a GPU (``pipeline.fast.worker.ChunkWorker``).
     ``decoder``: makes the stream decoder of the chunks (a ``FrameDecoder``, e.g. a tiny
-    video VAE's); None: ``vae.stream_decoder()``, the Wan VAE's, on the VAE's device."""
+    video VAE's); None: ``vae.stream_decoder()``, the Wan VAE's, on the VAE's device.
+    ``save_log(log)``: stores the action log (``action_log()``) after each chunk is written
+    and when the session ends, never before its first chunk."""
 
     def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, vae: WanVAE, image: torch.Tensor,
                  settings: PlaySettings, *, writer: VideoSink | None = None,
@@ -131,7 +135,8 @@ class PlaySession:
                  interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
                  clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
                  session_id: str | None = None, overlap: bool | None = None, recipe: dict | None = None,
-                 decoder: Callable[[], FrameDecoder] | None = None) -> None:
+                 decoder: Callable[[], FrameDecoder] | None = None,
+                 save_log: Callable[[dict], None] | None = None) -> None:
         if tuple(image.shape) != (3, settings.height, settings.width):
             raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
                              f"{list(image.shape)}")
@@ -163,6 +168,7 @@ class PlaySession:
         self._i2v: StreamedI2V | None = None
         self._decoder: FrameDecoder | None = None
         self._make_decoder = decoder
+        self._save_log = save_log
         self._worker: ChunkWorker | None = None
         self._overlap = overlap
         self._jobs: dict[int, list] = {}  # chunk -> [request, started, generated] until it is delivered
@@ -324,6 +330,11 @@ class PlaySession:
         self.chunk_s.append(chunk_s)
         self.chunks_done += 1
         self.frames_done += sent
+        self._store_log()  # the chunk is in the file: the log on disk replays it from now on
+
+    def _store_log(self) -> None:
+        if self._save_log is not None and self.chunks_done:
+            self._save_log(self.action_log())
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason
@@ -336,6 +347,7 @@ class PlaySession:
             self._generator = self._decoder = self._i2v = self._worker = None
             if self.writer is not None:
                 self.writer.close()  # the file holds every finished chunk and plays
+            self._store_log()  # with the end's reason
         finally:
             self.ended = True
             self.controls.stop()

@@ -252,3 +252,54 @@ def test_a_live_decoder_makes_the_frames_and_the_log_says_so(fast_installed):
     assert video_frames(Path(video.get_stream_source())) == 21
     assert latent["samples"].shape == (1, 16, 6, H // 8, W // 8)
     assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+def test_the_action_log_replaces_a_link_at_its_name_and_never_writes_through_it(fast_installed, tmp_path):
+    """A link planted at the running session's .json name (its .mp4 is there from the start)
+    made the log overwrite a file outside the output folder."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the pack's")
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    session = out["session"]
+    (video,) = fast_installed["output"].rglob("*.mp4")
+    video.with_suffix(".json").symlink_to(outside)
+    press(session, "w")
+    session.controls.act("stop")
+    thread.join(120)
+    assert Path(out["output"].args[0].get_stream_source()) == video
+    assert outside.read_text() == "not the pack's"
+    log = video.with_suffix(".json")
+    assert not log.is_symlink() and json.loads(log.read_text())["actions"] == "w-8"
+
+
+def test_the_action_log_is_on_disk_after_every_chunk(fast_installed):
+    """The log was written once, when the session ended: a process killed mid-session lost it
+    (the .mp4 keeps its frames). Now each chunk's log is on disk before the next chunk starts."""
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    session = out["session"]
+    logs = []
+    for keys in ("w", "wj"):
+        press(session, keys)
+        (log,) = fast_installed["output"].rglob("*.json")
+        logs.append(json.loads(log.read_text()))
+    assert [(entry["chunks"], entry["frames"], entry["actions"], entry["ended"]) for entry in logs] == [
+        (1, 9, "w-8", None), (2, 21, "w-8,wj-12", None)]
+    session.controls.act("stop")
+    thread.join(120)
+    assert json.loads(log.read_text())["ended"] == "stop"
+    # each write went to a new file renamed into place: nothing else is left beside them
+    assert sorted(p.name for p in log.parent.iterdir()) == [log.name, log.with_suffix(".mp4").name]
+
+
+def test_a_cancel_before_the_first_chunk_leaves_no_video(fast_installed):
+    """A Cancel before any chunk left a 0-byte .mp4 that does not play: it is removed."""
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    assert list(fast_installed["output"].rglob("*.mp4"))  # the file is made before the session opens
+    mm.interrupt_current_processing(True)
+    thread.join(60)
+    assert isinstance(out["error"], mm.InterruptProcessingException)
+    assert not list(fast_installed["output"].rglob("*.mp4")) and not list(fast_installed["output"].rglob("*.json"))
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
