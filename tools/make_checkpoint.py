@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         raise cli.UsageError("--out", f"{args.out} is a file; give the package folder to write into")
+    cli.out_outside(args.out, "--out")
     taken = [p.name + ("/" if p.is_dir() else "") for p in part_targets(args.out, args.layout, args.parts, args.comfy_t5)
              if p.exists() or p.is_symlink()]
     if taken and not args.overwrite:

@@ -141,3 +141,16 @@ def test_tiny_fast_transformer_in_both_layouts(tmp_path: Path, capsys: pytest.Ca
         main(["--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path), "--parts", "transformer"])
     with pytest.raises(UsageError, match="--model: invalid choice"):
         main(["--model", "turbo", "--preset", "tiny", "--layout", "nf4", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("inside", ["high_noise_model", "high_noise_model/more"])
+def test_an_out_inside_an_expert_folder_is_refused_naming_both(packages, tmp_path: Path, inside: str) -> None:
+    """--out inside a release's expert folder wrote a package into its files."""
+    import shutil
+
+    release = Path(shutil.copytree(packages["bf16"], tmp_path / "lingbot-world-base-cam"))
+    before = sorted(p.name for p in (release / "high_noise_model").iterdir())
+    out = release / inside
+    with pytest.raises(UsageError, match=f"--out: {out} is (inside )?the expert folder {release / 'high_noise_model'}"):
+        main(["--preset", "tiny", "--layout", "nf4", "--out", str(out), "--parts", "vae,tokenizer"])
+    assert sorted(p.name for p in (release / "high_noise_model").iterdir()) == before
