@@ -44,7 +44,8 @@ from ..text import TextEmbeddings
 from .chunk_camera import PlayCamera
 from .controls import ChunkRequest, PlayControls
 from .frames import jpeg_frames
-from .protocol import EVENT_FRAMES, EVENT_STARTED, EVENT_STATE, KEYS, MODES, keys_text
+from .protocol import (EVENT_FRAMES, EVENT_STARTED, EVENT_STARTING, EVENT_STATE, KEYS, MODES, STARTING_IMAGE,
+                       STARTING_WARMUP, keys_text)
 from .registry import SESSIONS, SessionRegistry
 
 MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
@@ -183,8 +184,8 @@ class PlaySession:
 
     def status(self) -> dict:
         """What ``GET /lingbot/play/{id}`` answers."""
-        return {"session_id": self.session_id, "state": self.state(), "mode": self.settings.mode,
-                "chunks_done": self.chunks_done, "frames_done": self.frames_done, "controller": self.controller,
+        return {"session_id": self.session_id, "node_id": self.node_id, "state": self.state(),
+                "mode": self.settings.mode, "chunks_done": self.chunks_done, "frames_done": self.frames_done, "controller": self.controller,
                 "keys": keys_text(self.controls.keys), "reason": self.end_reason}
 
     def _publish_state(self, force: bool = False) -> None:
@@ -221,10 +222,12 @@ class PlaySession:
 
     def _open(self) -> None:
         settings = self.settings
+        self._emit(EVENT_STARTING, {"step": STARTING_IMAGE})
         self._i2v = StreamedI2V(self.vae, self.image, None, check_interrupt=self._check)
         # To its fixed point (~30 latent frames): the encoder's state is gone before the
         # decoder's exists; bounded, as an open-ended session has no length to stop at.
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
+        self._emit(EVENT_STARTING, {"step": STARTING_WARMUP})
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
                             attention=settings.attention, camera_terms=settings.camera_terms,
                             cuda_graphs=settings.cuda_graphs)
@@ -331,6 +334,9 @@ class PlaySession:
         self.chunks_done += 1
         self.frames_done += sent
         self._store_log()  # the chunk is in the file: the log on disk replays it from now on
+        # Every page gets the counts with the chunk's last frames (a state event sent when the
+        # chunk was generated may predate its decode): viewers show what the controller shows.
+        self._publish_state(force=True)
 
     def _store_log(self) -> None:
         if self._save_log is not None and self.chunks_done:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 import time
 from pathlib import Path
 
@@ -303,3 +304,34 @@ def test_a_cancel_before_the_first_chunk_leaves_no_video(fast_installed):
     assert isinstance(out["error"], mm.InterruptProcessingException)
     assert not list(fast_installed["output"].rglob("*.mp4")) and not list(fast_installed["output"].rglob("*.json"))
     assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+def test_the_pages_hear_what_the_node_does_before_its_session_starts(fast_installed, monkeypatch):
+    """The panel said "Run the workflow to start a session" through the whole start (380 s
+    on a CPU): every page now hears each step, and a failure before the session began."""
+    from comfyui_lingbot_world.nodes import play as play_node
+    from comfyui_lingbot_world.nodes.host import play_run
+
+    events: list = []
+    monkeypatch.setattr(play_run, "emitter", lambda: lambda event, data: events.append((event, dict(data))))
+    monkeypatch.setattr(LingBotWorldPlay, "hidden", types.SimpleNamespace(unique_id="6", prompt=None))
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    out["session"].controls.act("stop")
+    thread.join(120)
+    before = [data for event, data in events[:next(i for i, (e, _) in enumerate(events) if e.endswith(".started"))]]
+    assert [(d["node_id"], d["step"]) for d in before] == [
+        ("6", "loading the model"), ("6", "encoding the image"), ("6", "warming up")]
+    assert all(event == "lingbot.play.starting" for event, _ in events[:3])
+
+    events.clear()
+
+    def no_room(*args, **kwargs):
+        raise RuntimeError("not enough memory for the transformer\nmore detail")
+    monkeypatch.setattr(play_node, "prepared_fast_run", no_room)
+    with pytest.raises(RuntimeError, match="not enough memory"):
+        LingBotWorldPlay.execute(**play_inputs(fast_dit, encode_prompt()))
+    assert events == [("lingbot.play.starting", {"session_id": None, "node_id": "6", "step": "loading the model"}),
+                      ("lingbot.play.starting", {"session_id": None, "node_id": "6", "step": None,
+                                                 "error": "not enough memory for the transformer"})]
+    assert not list(fast_installed["output"].rglob("*.mp4"))  # nor an empty video left behind

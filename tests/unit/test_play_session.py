@@ -140,9 +140,12 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     session.controls.act("stop")
     thread.join(60)
     names = [event for event, _ in events]
-    assert names[0] == "lingbot.play.started" and names[-1] == "lingbot.play.state"
+    # before the session takes keys, what it is doing (the node announced "loading the model")
+    assert [(e, d["step"]) for e, d in events[:2]] == [("lingbot.play.starting", "encoding the image"),
+                                                       ("lingbot.play.starting", "warming up")]
+    assert names[2] == "lingbot.play.started" and names[-1] == "lingbot.play.state"
     assert all(data["session_id"] == session.session_id and data["node_id"] == "7" for _, data in events)
-    started = events[0][1]
+    started = events[2][1]
     assert started["controller"] == "tab-1" and started["mode"] == "turn" and started["keys"] == "wasdijkl"
     frames = [data for event, data in events if event == "lingbot.play.frames"]
     # each chunk in parts, one per latent frame: 1 + 4 + 4 frames, then 4 + 4 + 4
@@ -159,6 +162,25 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     assert states[0] == "waiting" and "running" in states and states[-1] == "ended"
     assert events[-1][1]["reason"] == "stop" and events[-1][1]["chunks_done"] == 2
     assert session.status()["state"] == "ended" and out["result"].latency_s and len(out["result"].chunk_s) == 2
+    assert session.status()["node_id"] == "7"  # a page opened mid-session finds the node's panel
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_page_gets_the_counts_after_each_chunk(model, vae, overlap):
+    """A view-only tab showed another state and chunk than the controller: state events went
+    out only when the state's name changed, with the counts of that moment (before the
+    chunk's decode, when overlapped). Now each chunk's last frames are followed by a state
+    event whose counts include them."""
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=3, overlap=overlap)
+    thread, out = start(session)
+    thread.join(60)
+    assert out["result"].reason == "budget"
+    lasts = [i for i, (event, data) in enumerate(events) if event == "lingbot.play.frames" and data["last"]]
+    assert len(lasts) == 3
+    for i, end in zip(lasts, lasts[1:] + [len(events)]):
+        data = events[i][1]
+        counts = {(d["chunks_done"], d["frames_done"]) for e, d in events[i + 1:end] if e == "lingbot.play.state"}
+        assert (data["chunk"] + 1, data["first_frame"] + len(data["frames"])) in counts, (data["chunk"], counts)
 
 
 # --------------------------------------------------------------------------- a chunk in parts
