@@ -22,7 +22,7 @@ from ..wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS, SAMPLERS, fast_step_
 from .host.devices import DEVICE_CHOICES, DEVICE_TOOLTIP
 from .host.expert_patcher import QUANTIZE_CHOICES, ExpertLoadOptions
 from .host.fast_model import FastDiT
-from .host.model_files import NO_FILE, VAE_KINDS, list_vae_files, resolve_model_path
+from .host.model_files import NO_FILE, VAE_KINDS, default_in_package, list_vae_files, resolve_model_path
 
 # --------------------------------------------------------------------------- socket types
 
@@ -201,8 +201,9 @@ def vae_file_inputs() -> list[io.Input]:
     files = list_vae_files()
     return [
         # "(none)" lets a workflow that only uses vae_model carry no file name; a fresh node
-        # still defaults to the first file found.
-        io.Combo.Input("vae", options=files + [NO_FILE], default=files[0] if files else NO_FILE, tooltip=VAE_TOOLTIP),
+        # defaults to a file (the DiT Loader's package's first).
+        io.Combo.Input("vae", options=files + [NO_FILE], default=default_in_package(files) or NO_FILE,
+                       tooltip=VAE_TOOLTIP),
     ]
 
 

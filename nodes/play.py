@@ -18,10 +18,11 @@ from typing import Callable
 
 from comfy_api.latest import InputImpl, io, ui
 
+from ..loaders.new_file import write_json
 from ..pipeline.image import as_pil
 from ..pipeline.latent import to_comfy_latent
 from ..pipeline.memory import vae_budgets
-from ..pipeline.play import PlaySession, PlaySettings
+from ..pipeline.play import PlaySettings
 from ..pipeline.play.session import DEFAULT_CHUNK_BUDGET, MAX_CHUNK_BUDGET
 from ..pipeline.play.protocol import MODES
 from ..wan.conditioning import check_size, image_to_tensor
@@ -30,7 +31,8 @@ from ..wan.scheduler import DEFAULT_FAST_STEPS
 from . import inputs
 from .host.fast_model import prepared_fast_run
 from .host.outputs import output_file
-from .host.play_run import prompt_recipe, run_play_session, start_image_record, start_image_source
+from .host.play_run import (announced_start, prompt_recipe, run_play_session, start_image_record,
+                            start_image_source)
 from .host.tiny_vae import tiny_video_vae
 from .inputs import FAST_LOADER, check_precision
 
@@ -50,12 +52,14 @@ def log_file(video: Path) -> Path:
     return video.with_suffix(".json")
 
 
-def log_saver(video: Path) -> Callable[[PlaySession], None]:
-    """Saves a session's action log beside its .mp4 once it ends, also after a Cancel: the
-    log that replays what was saved (nothing when no chunk was made)."""
-    def save(session: PlaySession) -> None:
-        if session.chunks_done:
-            log_file(video).write_text(json.dumps(session.action_log(), indent=1))
+def log_saver(video: Path, saved: list[int]) -> Callable[[dict], None]:
+    """Saves a session's action log beside its .mp4 (the session calls it after every chunk
+    and at its end) as a new file renamed into place each time (``loaders/new_file.py``):
+    the log is whole whenever the process stops, and a link planted at its name is
+    replaced, never written through. ``saved`` gets each saved log's chunk count."""
+    def save(log: dict) -> None:
+        write_json(log_file(video), log, indent=1)
+        saved.append(log["chunks"])
     return save
 
 
@@ -147,14 +151,19 @@ class LingBotWorldPlay(io.ComfyNode):
         # The whole recipe in the log: prompt texts and start image beside the keys and settings.
         recipe = {**prompt_recipe(text), "start_image": start_image_record(image, start_image_source(cls.hidden)),
                   "vae": vae, "live_decoder": LIVE_DECODER_LOG if live_decoder is not None else None}
-        with prepared_fast_run(fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
-                               *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None)) as run:
-            result = run_play_session(run, prompt, source, pixels, path,
-                                      {"filename": name, "subfolder": subfolder, "type": "output"},
-                                      None if unique_id is None else str(unique_id), on_end=log_saver(path),
-                                      recipe=recipe, live_decoder=live_decoder)
+        node_id = None if unique_id is None else str(unique_id)
+        saved: list[int] = []  # a log is saved once a chunk is in the .mp4
+        try:
+            with announced_start(node_id), prepared_fast_run(
+                    fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
+                    *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None)) as run:
+                result = run_play_session(run, prompt, source, pixels, path,
+                                          {"filename": name, "subfolder": subfolder, "type": "output"}, node_id,
+                                          save_log=log_saver(path, saved), recipe=recipe, live_decoder=live_decoder)
+        finally:
+            if not saved:  # no chunk (a Cancel or a failure while loading or waiting): the file would not play
+                path.unlink(missing_ok=True)
         if result.chunks == 0:
-            path.unlink(missing_ok=True)  # a file with no frames would not play
             raise RuntimeError(f"the Play session ended ({result.reason}) before any chunk was made, so nothing was "
                                "saved; queue it again and press a key (W/A/S/D, I/J/K/L) or Step in the Play panel")
         log_text = json.dumps(result.log)

@@ -3,12 +3,18 @@ output folder) read back as the inputs of the Fast clip nodes, so that the sessi
 again from the log file alone: the prompt texts for T5 Encode, the start image (the file
 the log names, checked against its recorded hashes), the keys and size for the Camera node
 (source actions, keyframes per chunk (Play)), the frames for VAE Encode, and the seed, shift,
-steps and cache settings for the Fast Sampler."""
+steps and cache settings for the Fast Sampler.
+
+The start image is decoded by this ComfyUI's own Load Image, the decoder that gave the
+session its pixels (ComfyUI decodes with PIL before 0.21 and with PyAV since: a JPEG comes
+out as other pixels from each), then, for a log made on a ComfyUI before 0.21, with PIL as
+that Load Image did; the pixels' hash must be the log's either way, so the replay is the
+session's bit for bit or refused, never close."""
 from __future__ import annotations
 
-import hashlib
-import json
+import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -17,18 +23,13 @@ from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
 import folder_paths
 
-from ..pipeline.play.log_file import PlayLog, read_play_log
+from ..pipeline.play.log_file import PlayLog, file_sha256, pixels_sha256, read_play_log
 from . import inputs
 from .host.model_files import NO_FILE, file_stamp, list_play_logs, resolve_play_log
 
 # A COMBO output: links into a combo widget (the Fast Sampler's kv_dtype, VAE Encode's precision).
 ComboValue = io.Custom("COMBO")
 IMAGE_FOLDERS = ("input", "output", "temp")  # where a Load Image name may point ("x.png [output]")
-
-
-def pixels_sha256(image: torch.Tensor) -> str:
-    """The hash the Play node records of its start image: ``image[0]`` as float32 bytes."""
-    return hashlib.sha256(image[0].detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def image_file(name: str, field: str) -> Path:
@@ -42,7 +43,7 @@ def image_file(name: str, field: str) -> Path:
 
 def load_image(path: Path, field: str) -> torch.Tensor:
     """An image file as a ComfyUI IMAGE [1, H, W, 3] in 0..1, decoded as Load Image decodes it
-    (first frame, EXIF orientation applied, 16-bit grey scaled, RGB)."""
+    before ComfyUI 0.21 (PIL: first frame, EXIF orientation applied, 16-bit grey scaled, RGB)."""
     try:
         with Image.open(path) as file:
             frame = ImageOps.exif_transpose(next(ImageSequence.Iterator(file)))
@@ -52,6 +53,35 @@ def load_image(path: Path, field: str) -> torch.Tensor:
     except (OSError, UnidentifiedImageError) as error:
         raise ValueError(f"{field}: {path.name} is not an image the replay can read ({error})") from error
     return torch.from_numpy(pixels)[None]
+
+
+Decoder = Callable[[Path, str], torch.Tensor]  # (the file, its Load Image name) -> IMAGE [1, H, W, 3]
+
+
+def host_load_image() -> Decoder | None:
+    """This ComfyUI's core Load Image (``LoadImage`` of its nodes.py), as a decoder of the
+    image's first frame; None outside ComfyUI."""
+    loader = getattr(sys.modules.get("nodes"), "LoadImage", None)
+    if not isinstance(loader, type) or not callable(getattr(loader, "load_image", None)):
+        return None
+
+    def decode(path: Path, name: str) -> torch.Tensor:
+        try:
+            image = loader().load_image(name)[0]
+        except Exception as error:  # the host's decoders raise their own types; the message names the file
+            raise ValueError(f"start_image.file: {path.name} is not an image this ComfyUI's Load Image reads "
+                             f"({error})") from error
+        return image[:1]
+
+    return decode
+
+
+def start_image_decoders() -> list[tuple[str, Decoder]]:
+    """The decoders a start image file is tried with, in order: the host's Load Image (the
+    session's, when it ran here), then PIL as Load Image decoded before ComfyUI 0.21."""
+    host = host_load_image()
+    pil = ("PIL (Load Image before ComfyUI 0.21)", lambda path, name: load_image(path, "start_image.file"))
+    return ([("this ComfyUI's Load Image", host)] if host is not None else []) + [pil]
 
 
 class LingBotWorldPlayLog(io.ComfyNode):
@@ -122,10 +152,11 @@ class LingBotWorldPlayLog(io.ComfyNode):
         except (ValueError, OSError):
             return str(log)  # the run itself reports the problem
         try:
-            name = json.loads(path.read_text(encoding="utf-8"))["start_image"]["file"]
-            stamps.append(file_stamp(image_file(name, "start_image.file")))
-        except (ValueError, OSError, KeyError, TypeError):
-            pass
+            name = read_play_log(path, f"log {log!r}").start_image.file
+            if name is not None:
+                stamps.append(file_stamp(image_file(name, "start_image.file")))
+        except (ValueError, OSError):
+            pass  # the run itself reports the problem
         return "|".join(stamps)
 
     @classmethod
@@ -139,8 +170,9 @@ class LingBotWorldPlayLog(io.ComfyNode):
 
 
 def start_image(recipe: PlayLog, image: torch.Tensor | None, log: str) -> torch.Tensor:
-    """The session's start image: ``image`` when connected, else the file the log names;
-    either must hash to what the log recorded."""
+    """The session's start image: ``image`` when connected, else the file the log names
+    (hashed a piece at a time, at most ``MAX_IMAGE_BYTES``); either must hash to what the
+    log recorded."""
     record = recipe.start_image
     if image is not None:
         inputs.check_image(image)
@@ -156,16 +188,30 @@ def start_image(recipe: PlayLog, image: torch.Tensor | None, log: str) -> torch.
     if not path.is_file():
         raise ValueError(f"log {log!r}: the start image {record.file!r} is not in ComfyUI's input folder any more; "
                          "put the session's start image back under that name, or connect it to the image input")
-    if record.sha256 is not None and hashlib.sha256(path.read_bytes()).hexdigest() != record.sha256:
+    try:
+        digest = file_sha256(path, f"log {log!r}: the start image {record.file!r}")
+    except OSError as error:
+        raise ValueError(f"log {log!r}: the start image {record.file!r} cannot be read ({error.strerror or error})"
+                         ) from error
+    if record.sha256 is not None and digest != record.sha256:
         raise ValueError(f"log {log!r}: the start image {record.file!r} has changed since the session (its sha256 "
                          "differs from the log's start_image.sha256); put the session's image back under that "
                          "name, or connect it to the image input")
-    pixels = load_image(path, "start_image.file")
-    if pixels_sha256(pixels) != record.pixels_sha256:
-        raise ValueError(f"log {log!r}: the start image {record.file!r} decodes to other pixels than the session "
-                         "started from (start_image.pixels_sha256 differs); connect the session's image to the "
-                         "image input")
-    return pixels
+    decoders = start_image_decoders()
+    for _, decode in decoders:
+        pixels = decode(path, record.file)
+        if pixels_sha256(pixels) == record.pixels_sha256:
+            return pixels
+    tried = " or ".join(label for label, _ in decoders)
+    if record.sha256 is not None:
+        raise ValueError(f"log {log!r}: the start image {record.file!r} is the session's file (its sha256 matches) "
+                         f"but {tried} decodes it to other pixels than the session's ComfyUI did (Load Image "
+                         "decodes with PIL before ComfyUI 0.21 and with PyAV since, and a JPEG differs between "
+                         "them); replay it on a ComfyUI of the session's kind, or connect the session's pixels to "
+                         "the image input")
+    raise ValueError(f"log {log!r}: the start image {record.file!r} decodes to other pixels than the session "
+                     f"started from with {tried} (start_image.pixels_sha256 differs); connect the session's image "
+                     "to the image input")
 
 
-__all__ = ["LingBotWorldPlayLog", "load_image", "pixels_sha256", "start_image"]
+__all__ = ["LingBotWorldPlayLog", "host_load_image", "load_image", "start_image", "start_image_decoders"]

@@ -10,7 +10,8 @@ from ..pipeline.text import TextEmbeddings, encode_text
 from ..wan.negative_prompt import DEFAULT_NEGATIVE_PROMPT
 from . import inputs
 from .host.devices import TEXT_WORKSPACE, check_interrupt, make_room, pick_device
-from .host.model_files import T5_KINDS, TOKENIZER_KINDS, list_t5_files, list_tokenizer_folders, resolve_model_path
+from .host.model_files import (T5_KINDS, TOKENIZER_KINDS, default_in_package, list_t5_files, list_tokenizer_folders,
+                               resolve_model_path)
 
 CACHE_USER = "lingbot_world"
 # Tokenizer choice for ComfyUI's umt5_xxl_*.safetensors, which carry their own SentencePiece model.
@@ -35,6 +36,7 @@ def embedding_cache_dir() -> Path:
 class LingBotWorldTextEncode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
+        t5_files, tokenizers = list_t5_files(), list_tokenizer_folders()
         return io.Schema(
             node_id="LingBotWorldTextEncode",
             display_name="LingBot-World T5 Encode + Unload",
@@ -46,11 +48,12 @@ class LingBotWorldTextEncode(io.ComfyNode):
                 "a prompt seen before does not load the encoder at all."
             ),
             inputs=[
-                io.Combo.Input("t5_file", options=list_t5_files(),
+                io.Combo.Input("t5_file", options=t5_files, default=default_in_package(t5_files),
                                tooltip="umT5-XXL encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth or ComfyUI's "
                                "umt5_xxl_fp16 / umt5_xxl_fp8_e4m3fn_scaled .safetensors, from models/lingbot or "
                                "models/text_encoders."),
-                io.Combo.Input("tokenizer", options=list_tokenizer_folders() + [TOKENIZER_FROM_FILE],
+                io.Combo.Input("tokenizer", options=tokenizers + [TOKENIZER_FROM_FILE],
+                               default=default_in_package(tokenizers) or TOKENIZER_FROM_FILE,
                                tooltip="Folder with the umT5 tokenizer (tokenizer.json or spiece.model), e.g. the "
                                f"package's tokenizer/ folder; {TOKENIZER_FROM_FILE} for ComfyUI's "
                                "umt5_xxl_*.safetensors, which carry their tokenizer."),

@@ -15,6 +15,9 @@ from PIL import Image
 from ..loaders.image_file import Note
 from ..loaders.image_file import open_image as open_picture
 
+from ..loaders.errors import CheckpointError
+from ..loaders.layout import CONFIG_FILE, detect_expert_layout
+
 
 class UsageError(Exception):
     """A mistake in the command line: printed as one line naming the flag and the fix."""
@@ -88,6 +91,27 @@ def existing_dir(path: Path, flag: str, what: str) -> Path:
     if not path.is_dir():
         raise UsageError(flag, f"{path} is a file; give the {what}")
     return path
+
+
+def out_outside(out: Path, flag: str, source: Path | None = None, source_flag: str = "--src") -> None:
+    """Refuse an output folder that would write into what the tools read: the ``source``
+    folder (a release being converted) or anything inside it, and any expert folder (a
+    folder the loaders read as one: config.json and weights) or a folder inside one. Links
+    are resolved; the message names both paths."""
+    target = out.resolve()
+    if source is not None and target.is_relative_to(source.resolve()):
+        where = "is" if target == source.resolve() else "is inside"
+        raise UsageError(flag, f"{out} {where} the folder {source_flag} {source} it reads: the tool would write into "
+                         f"the release's own folders; choose an {flag} outside {source}")
+    for folder in (target, *target.parents):
+        if (folder / CONFIG_FILE).is_file():
+            try:
+                detect_expert_layout(folder)
+            except CheckpointError:
+                continue
+            where = "is" if folder == target else "is inside"
+            raise UsageError(flag, f"{out} {where} the expert folder {folder}: the tool would write into its "
+                             f"files; choose an {flag} outside it (a package folder holds expert folders)")
 
 
 def cache_dir(path: Path | None, flag: str) -> Path | None:

@@ -246,6 +246,7 @@ def write_package(out: Path, preset: str, layout: str, seed: int, device: str, p
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    cli.out_outside(args.out, "--out")
     room_at = cli.output_folder(args.out, "--out", make_parents=True)  # not a file; writable where it is made
     taken = [p.name + ("/" if p.is_dir() else "") for p in part_targets(args.out, args.layout, args.parts, args.comfy_t5)
              if p.exists() or p.is_symlink()]

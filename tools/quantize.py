@@ -122,6 +122,7 @@ def check(args: argparse.Namespace) -> Job:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise cli.UsageError("--device", "cuda: no CUDA device is available; use --device cpu")
     out = args.out
+    cli.out_outside(out, "--out", args.src)
     room_at = cli.output_folder(out, "--out")
     job = Job(release, plans, out, args.device, args.overwrite, args.format)
     taken = [job.out_name(expert) + "/" for expert, _ in plans if (out / job.out_name(expert)).exists()]

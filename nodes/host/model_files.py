@@ -11,6 +11,7 @@ leave it.
 """
 from __future__ import annotations
 
+import heapq
 import os
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator
@@ -60,28 +61,55 @@ def kind_roots(kind: str) -> list[Path]:
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """os.walk (following links, skipping hidden folders) down to MAX_DEPTH levels.
+    """Like os.walk from ``root`` (following links, skipping hidden folders) down to MAX_DEPTH
+    levels; the caller may prune ``dirnames`` as with os.walk.
 
     Each real folder is visited once: a link back into the tree (models/a/loop -> models)
-    would otherwise make the walk exponential in the number of such links.
+    would otherwise make the walk exponential in the number of such links. The name it is
+    visited under is its own, not a link's: folders reached through fewer links first, and
+    a link found higher up before one found lower down, so a folder of links to the
+    package's folders (models/lingbot/mirror/high_noise_model -> ../pkg/high_noise_model)
+    never hides the package's names, whatever the alphabet says.
     """
     if not root.is_dir():
         return
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        here = Path(dirpath)
-        try:
-            stat = os.stat(here)  # follows links: the identity of the real folder
-        except OSError:
-            dirnames[:] = []
-            continue
-        if (stat.st_dev, stat.st_ino) in seen:
-            dirnames[:] = []
-            continue
-        seen.add((stat.st_dev, stat.st_ino))
-        depth = len(here.relative_to(root).parts)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if depth < MAX_DEPTH else []
-        yield here, dirnames, filenames
+    # (links on the way, depth of the last one, order found, folder): links wait their turn here
+    entries: list[tuple[int, int, int, Path]] = [(0, 0, 0, root)]
+    found = 0
+    while entries:
+        links, _, _, top = heapq.heappop(entries)
+        stack = [top]
+        while stack:
+            here = stack.pop()
+            try:
+                stat = os.stat(here)  # follows links: the identity of the real folder
+                children = sorted(os.scandir(here), key=lambda entry: entry.name)
+            except OSError:
+                continue
+            if (stat.st_dev, stat.st_ino) in seen:
+                continue
+            seen.add((stat.st_dev, stat.st_ino))
+            depth = len(here.relative_to(root).parts)
+            dirnames = [c.name for c in children if _is_folder(c) and not c.name.startswith(".")]
+            filenames = [c.name for c in children if not _is_folder(c)]
+            if depth >= MAX_DEPTH:
+                dirnames = []
+            yield here, dirnames, filenames
+            for name in reversed(dirnames):  # the stack pops them in name order
+                child = here / name
+                if child.is_symlink():
+                    found += 1
+                    heapq.heappush(entries, (links + 1, depth + 1, found, child))
+                else:
+                    stack.append(child)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows links
+    except OSError:
+        return False
 
 
 def _name(kind: str, root: Path, path: Path) -> str:
@@ -221,6 +249,23 @@ def expert_control(name: str) -> str | None:
         return read_expert_config(resolve_model_path(name, EXPERT_KINDS, "expert", want_dir=True)).control_type
     except (CheckpointError, ValueError, OSError):
         return None
+
+
+def default_package() -> str | None:
+    """The package folder a fresh node's pickers default to, one rule for every picker: the
+    folder that holds the DiT Loader's default high-noise expert (Base-Cam first), e.g.
+    ``lingbot/lingbot-world-base-cam-nf4``; None without a packaged expert."""
+    high, _ = default_expert_pair(list_expert_folders(), expert_control)
+    return high.rsplit("/", 1)[0] if high is not None and high.count("/") > 1 else None
+
+
+def default_in_package(names: list[str]) -> str | None:
+    """A fresh picker's default among ``names``: the first inside ``default_package()`` (so
+    T5, tokenizer and VAE come from the package whose experts the DiT Loader picks), else the
+    first name; None when there is none."""
+    package = default_package() if names else None
+    inside = [n for n in names if package is not None and n.startswith(package + "/")]
+    return (inside or names or [None])[0]
 
 
 def default_fast_folder(folders: list[str]) -> str | None:

@@ -3,9 +3,9 @@ writer, the page's websocket and the Play routes' controller, ComfyUI's interrup
 VAE freed however the session ends (``nodes/play.py`` gives it the loaded transformer)."""
 from __future__ import annotations
 
-import hashlib
+import contextlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -16,6 +16,8 @@ import comfy.model_management as mm
 from ...pipeline.image import VAESource, open_vae, vae_dtype
 from ...pipeline.memory import build_or_release, release_module
 from ...pipeline.play import PlaySession, PlaySettings
+from ...pipeline.play.log_file import file_sha256, pixels_sha256
+from ...pipeline.play.protocol import EVENT_STARTING, STARTING_MODEL
 from ...pipeline.play.session import PlayResult
 from ...pipeline.video_file import VideoWriter
 from .devices import check_interrupt
@@ -48,14 +50,12 @@ def start_image_record(image: torch.Tensor, name: str | None) -> dict:
     """What the action log says of the start image: the Load Image file's name and sha256
     (the replay loads the same file), and the sha256 of the pixels the node got (``image[0]``
     as float32), which tell a changed file or another source apart."""
-    pixels = image[0].detach().float().cpu().contiguous().numpy()
-    record = {"file": name, "sha256": None, "pixels_sha256": hashlib.sha256(pixels.tobytes()).hexdigest()}
+    record = {"file": name, "sha256": None, "pixels_sha256": pixels_sha256(image)}
     if name is not None:
         try:
-            path = Path(folder_paths.get_annotated_filepath(name))
-            record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            record["sha256"] = file_sha256(Path(folder_paths.get_annotated_filepath(name)), name)
         except (OSError, ValueError):
-            pass  # the name stays; the file's hash is unknown
+            pass  # the name stays; the file's hash is unknown (unreadable, or larger than a start image)
     return record
 
 
@@ -67,19 +67,34 @@ def prompt_recipe(text) -> dict:
             "prompt_source": "positive: a CONDITIONING whose text this node does not see (copy it from its encoder)"}
 
 
+@contextlib.contextmanager
+def announced_start(node_id: str | None) -> Iterator[None]:
+    """Tells every page that the Play node ``node_id`` is starting a session ("loading the
+    model"; the session then says "encoding the image" and "warming up"), and, when the node
+    fails before its session ended on its own (the transformer or the VAE would not load),
+    that it did not start: ``step`` null and the error's first line."""
+    emit = emitter()
+    emit(EVENT_STARTING, {"session_id": None, "node_id": node_id, "step": STARTING_MODEL})
+    try:
+        yield
+    except BaseException as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        emit(EVENT_STARTING, {"session_id": None, "node_id": node_id, "step": None, "error": first})
+        raise
+
+
 def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: VAESource, pixels: torch.Tensor,
                      path: Path, video_ref: dict, node_id: str | None,
-                     on_end: Callable[[PlaySession], None], recipe: dict | None = None,
+                     save_log: Callable[[dict], None], recipe: dict | None = None,
                      live_decoder=None) -> PlayResult:
     """Run one session (``run``: the loaded transformer, the settings, the memory plan:
     where the VAE goes, whether the decode overlaps) into the .mp4 at ``path``;
-    ``on_end(session)`` once it has ended (also after a Cancel or an error), e.g. to save
-    its action log. ``live_decoder``: ComfyUI's tiny video VAE (Load VAE with lighttaew2_1)
-    decodes the chunks instead of the Wan VAE, which then only encodes the start image."""
+    ``save_log(log)`` after every chunk and at the end (``PlaySession``). ``live_decoder``:
+    ComfyUI's tiny video VAE (Load VAE with lighttaew2_1) decodes the chunks instead of the
+    Wan VAE, which then only encodes the start image."""
     settings, device = run.run, run.vae_device
     decoder = tiny_live_decoder(live_decoder, device) if live_decoder is not None else None
     vae_module = build_or_release(lambda: open_vae(vae, device, vae_dtype(device, settings.vae_precision)))
-    session = None
     controller = controller_id()
     try:
         with VideoWriter(path, fps=settings.fps) as writer:
@@ -87,13 +102,11 @@ def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: 
                                   controller=controller, node_id=node_id,
                                   client_connected=client_connected(controller), check_interrupt=check_interrupt,
                                   interrupt_types=interrupt_types(), video_ref=video_ref, overlap=run.overlap,
-                                  recipe=recipe, decoder=decoder)
+                                  recipe=recipe, decoder=decoder, save_log=save_log)
             return session.run()
     finally:
         release_module(vae_module)
         del vae_module, decoder
-        if session is not None:
-            on_end(session)
 
 
-__all__ = ["interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]
+__all__ = ["announced_start", "interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]

@@ -1,24 +1,36 @@
 """A Play session's action log read back as a recipe (``PlaySession.action_log``, the .json
 beside the session's .mp4): every field the Fast clip nodes need to render the session
-again, checked, each error naming the file and the field. ``steps`` may be absent: a log
+again, checked, each error naming the file and the field; and the hashes the log keeps of
+the start image (the file's, streamed, and the pixels'). ``steps`` may be absent: a log
 written before the steps choice was a session of the official 4 steps."""
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from ...loaders.json_file import JsonProblem, parse_json
 from ...wan.camera_actions import action_frames
-from ...wan.geometry import MAX_SEED
+from ...wan.geometry import CHUNK_FRAMES, MAX_SEED, video_frames
 from ...wan.runtime.kv_cache import KV_DTYPES
 from ...wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS
+from ..fast.generator import fast_latent_frames
 from ..guards import VAE_PRECISIONS
-from .session import KEYFRAMES_PLAY
+from .session import KEYFRAMES_PLAY, MAX_CHUNK_BUDGET
 
 MAX_LOG_BYTES = 4 * 1024 * 1024  # a 957-frame session's log is a few KB; anything larger is not one
-MAX_FRAMES = 4096  # well above a Play session's 957 (80 chunks); the Camera node checks its own limit
+MAX_FRAMES = video_frames(MAX_CHUNK_BUDGET * CHUNK_FRAMES)  # the longest session
 MAX_SIZE = 4096  # the nodes' width/height maximum
+# A start image file: a 7680x4320 16-bit RGB PNG holds about 200 MB; a larger file is not a
+# picture a session started from, and is refused before it is read.
+MAX_IMAGE_BYTES = 256 * 1024 * 1024
+HASH_PIECE = 1 << 20  # bytes hashed at a time: a file's hash costs this much memory, whatever its size
+
+
+PLAY_FRAMES_SHOWN = tuple(video_frames(CHUNK_FRAMES * c) for c in (1, 2, 3, 4))  # 9, 21, 33, 45
 
 
 class PlayLogError(ValueError):
@@ -58,6 +70,35 @@ class PlayLog:
     steps: int = DEFAULT_FAST_STEPS
 
 
+def file_sha256(path: Path, name: str, limit: int = MAX_IMAGE_BYTES) -> str:
+    """The sha256 of the file at ``path``, read a piece at a time; a file over ``limit``
+    bytes is refused (``name``: how the message names it) before any of it is read."""
+    size = path.stat().st_size
+    if size > limit:
+        raise PlayLogError(f"{name}: {size:,} bytes, more than an image a session starts from ({limit:,} at "
+                           "most); choose the session's start image")
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while piece := file.read(HASH_PIECE):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def pixels_sha256(image: torch.Tensor) -> str:
+    """The hash the Play node records of its start image: ``image[0]`` (a ComfyUI IMAGE
+    [B, H, W, 3]) as float32 bytes."""
+    return hashlib.sha256(image[0].detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def play_frames(frames: int) -> bool:
+    """Whether a session can have made ``frames`` frames: whole Fast chunks (9, then 12 a chunk)."""
+    try:
+        fast_latent_frames(frames)
+    except ValueError:
+        return False
+    return 1 <= frames <= MAX_FRAMES
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -72,10 +113,10 @@ def parse_play_log(text: str, name: str) -> PlayLog:
         return PlayLogError(f"{name}: {field} {problem}")
 
     try:
-        log = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PlayLogError(f"{name}: not JSON ({error.msg} at line {error.lineno}); choose the .json a "
-                           "LingBot-World Play session saved beside its .mp4") from error
+        log = parse_json(text, "a Play action log")
+    except JsonProblem as error:
+        raise PlayLogError(f"{name}: {error}; choose the .json a LingBot-World Play session saved beside its "
+                           ".mp4") from error
     if not isinstance(log, dict):
         raise PlayLogError(f"{name}: expected a JSON object (a LingBot-World Play action log), got "
                            f"{type(log).__name__}")
@@ -93,7 +134,9 @@ def parse_play_log(text: str, name: str) -> PlayLog:
         return value
 
     actions = field("actions", lambda v: isinstance(v, str) and v.strip() != "", "an action string")
-    frames = field("frames", lambda v: _is_int(v) and 1 <= v <= MAX_FRAMES and v % 4 == 1, "4n+1 frames")
+    frames = field("frames", lambda v: _is_int(v) and play_frames(v),
+                   f"the frames of whole chunks: 9 + 12 a chunk ({', '.join(map(str, PLAY_FRAMES_SHOWN))}, ..., "
+                   f"{MAX_FRAMES})")
     try:
         held = action_frames(actions)
     except ValueError as error:
@@ -154,4 +197,5 @@ def read_play_log(path: Path, name: str) -> PlayLog:
     return parse_play_log(text, name)
 
 
-__all__ = ["PlayLog", "PlayLogError", "StartImage", "parse_play_log", "read_play_log"]
+__all__ = ["MAX_IMAGE_BYTES", "PlayLog", "PlayLogError", "StartImage", "file_sha256", "parse_play_log",
+           "pixels_sha256", "play_frames", "read_play_log"]

@@ -26,9 +26,16 @@ RATE_PER_S = 40.0  # messages a second one session accepts from its controller, 
 RATE_BURST = 80  # ... and at once
 MAX_PENDING_STEPS = 8  # Step presses queued while a chunk runs
 
+EVENT_STARTING = "lingbot.play.starting"
 EVENT_STARTED = "lingbot.play.started"
 EVENT_FRAMES = "lingbot.play.frames"
 EVENT_STATE = "lingbot.play.state"
+
+# What a Play node is doing before its session takes keys, in order (EVENT_STARTING's step).
+STARTING_MODEL = "loading the model"
+STARTING_IMAGE = "encoding the image"
+STARTING_WARMUP = "warming up"
+STARTING_STEPS = (STARTING_MODEL, STARTING_IMAGE, STARTING_WARMUP)
 
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,%d}$" % MAX_CLIENT_ID)

@@ -18,7 +18,9 @@ The session ends on Stop, when ``chunk_budget`` chunks are done, after ``idle_ti
 seconds with no input and no page of the controller connected, on an interrupt (raised by
 ``check_interrupt``, checked while waiting and before every forward; it propagates) or on
 an error. Every end closes the video file (what was written stays playable), frees the
-cache and the VAE streams, and sends the "ended" state. A replay of the action log through
+cache and the VAE streams, and sends the "ended" state. The action log is handed to
+``save_log`` after every chunk written and once more at the end (with the end's reason),
+so a process killed mid-session leaves the log of the chunks its video holds. A replay of the action log through
 the Fast clip path (``pipeline.camera.path_from_play_actions`` + ``sample_fast``, same seed
 and cache settings) gives the same latents bit for bit.
 
@@ -48,7 +50,8 @@ from ..text import TextEmbeddings
 from .chunk_camera import PlayCamera
 from .controls import ChunkRequest, PlayControls
 from .frames import jpeg_frames
-from .protocol import EVENT_FRAMES, EVENT_STARTED, EVENT_STATE, KEYS, MODES, keys_text
+from .protocol import (EVENT_FRAMES, EVENT_STARTED, EVENT_STARTING, EVENT_STATE, KEYS, MODES, STARTING_IMAGE,
+                       STARTING_WARMUP, keys_text)
 from .registry import SESSIONS, SessionRegistry
 
 MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
@@ -133,7 +136,9 @@ class PlaySession:
     while chunk n+1 generates — a key pressed meanwhile starts its chunk at once; False:
     one after the other; None: overlap on a GPU (``pipeline.fast.worker.ChunkWorker``).
     ``decoder``: makes the stream decoder of the chunks (a ``FrameDecoder``, e.g. a tiny
-    video VAE's); None: ``vae.stream_decoder()``, the Wan VAE's, on the VAE's device."""
+    video VAE's); None: ``vae.stream_decoder()``, the Wan VAE's, on the VAE's device.
+    ``save_log(log)``: stores the action log (``action_log()``) after each chunk is written
+    and when the session ends, never before its first chunk."""
 
     def __init__(self, model: nn.Module, text: torch.Tensor | TextEmbeddings, vae: WanVAE, image: torch.Tensor,
                  settings: PlaySettings, *, writer: VideoSink | None = None,
@@ -143,7 +148,8 @@ class PlaySession:
                  interrupt_types: tuple[type[BaseException], ...] = (), video_ref: dict | None = None,
                  clock: Callable[[], float] = time.monotonic, registry: SessionRegistry = SESSIONS,
                  session_id: str | None = None, overlap: bool | None = None, recipe: dict | None = None,
-                 decoder: Callable[[], FrameDecoder] | None = None) -> None:
+                 decoder: Callable[[], FrameDecoder] | None = None,
+                 save_log: Callable[[dict], None] | None = None) -> None:
         if tuple(image.shape) != (3, settings.height, settings.width):
             raise ValueError(f"image: expected [3, {settings.height}, {settings.width}] in [-1, 1], got "
                              f"{list(image.shape)}")
@@ -176,6 +182,7 @@ class PlaySession:
         self._i2v: StreamedI2V | None = None
         self._decoder: FrameDecoder | None = None
         self._make_decoder = decoder
+        self._save_log = save_log
         self._worker: ChunkWorker | None = None
         self._overlap = overlap
         self._jobs: dict[int, list] = {}  # chunk -> [request, started, generated] until it is delivered
@@ -190,8 +197,8 @@ class PlaySession:
 
     def status(self) -> dict:
         """What ``GET /lingbot/play/{id}`` answers."""
-        return {"session_id": self.session_id, "state": self.state(), "mode": self.settings.mode,
-                "chunks_done": self.chunks_done, "frames_done": self.frames_done, "controller": self.controller,
+        return {"session_id": self.session_id, "node_id": self.node_id, "state": self.state(),
+                "mode": self.settings.mode, "chunks_done": self.chunks_done, "frames_done": self.frames_done, "controller": self.controller,
                 "keys": keys_text(self.controls.keys), "reason": self.end_reason}
 
     def _publish_state(self, force: bool = False) -> None:
@@ -236,10 +243,12 @@ class PlaySession:
 
     def _open(self) -> None:
         settings = self.settings
+        self._emit(EVENT_STARTING, {"step": STARTING_IMAGE})
         self._i2v = StreamedI2V(self.vae, self.image, None, check_interrupt=self._check)
         # To its fixed point (~30 latent frames): the encoder's state is gone before the
         # decoder's exists; bounded, as an open-ended session has no length to stop at.
         self._i2v.prefetch(PREFETCH_LATENT_FRAMES)
+        self._emit(EVENT_STARTING, {"step": STARTING_WARMUP})
         params = FastParams(seed=settings.seed, shift=settings.shift, policy=settings.policy,
                             timestep_indices=fast_step_indices(settings.steps), attention=settings.attention,
                             camera_terms=settings.camera_terms, cuda_graphs=settings.cuda_graphs)
@@ -351,6 +360,14 @@ class PlaySession:
         self.chunk_s.append(chunk_s)
         self.chunks_done += 1
         self.frames_done += sent
+        self._store_log()  # the chunk is in the file: the log on disk replays it from now on
+        # Every page gets the counts with the chunk's last frames (a state event sent when the
+        # chunk was generated may predate its decode): viewers show what the controller shows.
+        self._publish_state(force=True)
+
+    def _store_log(self) -> None:
+        if self._save_log is not None and self.chunks_done:
+            self._save_log(self.action_log())
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason
@@ -363,6 +380,7 @@ class PlaySession:
             self._generator = self._decoder = self._i2v = self._worker = None
             if self.writer is not None:
                 self.writer.close()  # the file holds every finished chunk and plays
+            self._store_log()  # with the end's reason
         finally:
             self.ended = True
             self.controls.stop()

@@ -408,3 +408,61 @@ def test_a_player_behind_skips_to_the_latest_chunk_sent_in_parts(page) -> None:
     parts = [[0, 0, 1, 9], [0, 1, 4, 9], [0, 5, 4, 9]] + [[0, f, 4, 12] for f in range(9, 33, 4)]
     out = page.evaluate(_JS_PLAYER_PARTS, {"parts": parts, "steps": 40, "fps": 16})
     assert out["drawn"] == list(range(21, 33)) and out["dropped"] == 21
+
+
+# ----- what the node is doing before its session starts ----------------------------------
+
+_JS_FRESH_PANEL = """() => {
+    document.getElementById("host").replaceChildren();
+    const panel = new window.play.PlayPanel({});
+    document.getElementById("host").append(panel.element);
+    window.panel = panel;
+}"""
+
+
+def test_the_panel_shows_what_the_node_does_before_the_session_starts(page) -> None:
+    """The panel read "IDLE — Run the workflow to start a session" for the whole start (380 s
+    on a CPU) while the node loaded the model and encoded the image."""
+    page.evaluate(_JS_FRESH_PANEL)
+    assert root_data(page)["state"] == "idle"
+    for step in ("loading the model", "encoding the image", "warming up"):
+        page.evaluate(f"() => window.panel.showStarting('{step}')")
+        assert root_data(page)["state"] == "starting"
+        assert page.text_content(".lingbot-play .lbp-state") == f"starting: {step}"  # shown in capitals
+        assert step in page.inner_text(".lingbot-play .lbp-overlay")
+        assert "Run the workflow" not in page.inner_text(".lingbot-play .lbp-overlay")
+    page.evaluate("() => window.panel.startSession({sessionId: 'abc', controller: true, width: 32, height: 16})")
+    assert root_data(page)["state"] == "waiting" and root_data(page)["role"] == "controller"
+    # a late step of this start, or a failure notice, does not take the live session back
+    page.evaluate("() => window.panel.showStarting('warming up')")
+    page.evaluate("() => window.panel.showStarting(null, 'out of memory')")
+    assert root_data(page)["state"] == "waiting"
+
+
+def test_a_start_that_fails_goes_back_to_idle_with_the_nodes_error(page) -> None:
+    page.evaluate(_JS_FRESH_PANEL)
+    page.evaluate("() => window.panel.showStarting('loading the model')")
+    page.evaluate("() => window.panel.showStarting(null, 'CUDA out of memory while loading the transformer')")
+    assert root_data(page)["state"] == "idle"
+    assert "Run the workflow" in page.inner_text(".lingbot-play .lbp-overlay")
+    assert page.inner_text(".lingbot-play .lbp-error") == \
+        "the session did not start: CUDA out of memory while loading the transformer"
+    page.evaluate("() => window.panel.showStarting('loading the model')")  # queued again
+    assert page.inner_text(".lingbot-play .lbp-error") == ""
+
+
+def test_a_state_sent_before_a_chunks_frames_does_not_take_the_counts_back(page) -> None:
+    """A view-only tab showed chunk 4 while the controller showed chunk 5: a state event sent
+    as a chunk was generated (its counts without that chunk) arrived after the chunk's frames
+    and took the counts back."""
+    page.evaluate(_JS_NEW_PANEL, False)
+    page.evaluate("""() => {
+        window.panel.showFrames({chunk: 0, first_frame: 0, frames: window.jpegFrames(9), chunk_frames: 9});
+        window.panel.showFrames({chunk: 1, first_frame: 9, frames: window.jpegFrames(12), chunk_frames: 12});
+        window.panel.showState({state: 'paused', chunks_done: 1, frames_done: 9});
+    }""")
+    data = root_data(page)
+    assert (data["state"], data["chunks"], data["frames"]) == ("paused", "2", "21")
+    page.evaluate("() => window.panel.startSession({sessionId: 'next', controller: false, width: 32, height: 16})")
+    page.evaluate("() => window.panel.showState({state: 'waiting', chunks_done: 0, frames_done: 0})")
+    assert (root_data(page)["chunks"], root_data(page)["frames"]) == ("0", "0")  # a new session starts at 0

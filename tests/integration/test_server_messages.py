@@ -97,12 +97,14 @@ def _upstream(graph: dict, outputs: set[str]) -> dict:
     return {key: graph[key] for key in keep}
 
 
-def test_unknown_combo_values_are_refused_at_validation_naming_the_input(comfy_server: ComfyServer):
+@pytest.mark.parametrize("value, shown", [("no-such-choice", "no-such-choice"), (None, "null")],
+                         ids=["unknown", "json-null"])
+def test_unknown_combo_values_are_refused_at_validation_naming_the_input(comfy_server: ComfyServer, value, shown):
     """Every combo of every pack node in the shipped API workflows (files, and the fixed
     ones: sampler, device, source, preset, ...), required or optional, given a value it does
     not offer: HTTP 400 before anything runs, naming the node and the input, as ComfyUI does
     for its own combos. Without the pack's check the 0.3.x hosts queue such a prompt and it
-    fails at run time."""
+    fails at run time; a JSON null passed every check (a linked combo is None there too)."""
     info = comfy_server.object_info()
     pack = set(comfy_server.pack_node_types())
     checked, accepted = set(), []
@@ -120,13 +122,14 @@ def test_unknown_combo_values_are_refused_at_validation_naming_the_input(comfy_s
                     continue
                 checked.add((kind, name))
                 bad = _upstream(graph, outputs)
-                bad[node] = {**entry, "inputs": {**entry["inputs"], name: "no-such-choice"}}
+                bad[node] = {**entry, "inputs": {**entry["inputs"], name: value}}
                 try:
                     prompt_id = comfy_server.queue(bad)
                 except PromptRejected as rejected:
                     errors = rejected.node_errors.get(node, {}).get("errors", [])
                     assert rejected.status == 400 and any(
-                        e["extra_info"].get("input_name") == name and "no-such-choice" in e["details"]
+                        e["extra_info"].get("input_name") == name and (shown in e["details"] or (
+                            value is None and "'None' not in" in e["details"]))  # a host's own combo check
                         for e in errors), (kind, name, rejected.response)
                 else:
                     accepted.append(f"{kind}.{name}")

@@ -1,11 +1,15 @@
 """nodes/host/combo_check.py: on a host that checks no V3 combo value (before ComfyUI 0.7),
 every node's validate_inputs also takes its fixed combos and refuses a value it does not
 offer, naming the input; the node's own checks (file combos) still run; on newer hosts the
-node is left to the host. The real-server check is
+fixed combos are left to the host. On every host a JSON null for a combo validate_inputs
+takes is refused (a link, also None there, is told apart by ``input_types``), and the
+links keep the host's type check. The real-server check is
 tests/integration/test_server_messages.py::test_unknown_combo_values_are_refused_at_validation_naming_the_input."""
 from __future__ import annotations
 
 import inspect
+
+import pytest
 
 from comfy_host import use_comfy_in_process
 
@@ -34,7 +38,8 @@ def _node(with_own_check: bool) -> type[io.ComfyNode]:
 
     if with_own_check:
         def own(cls, file) -> bool | str:
-            return True if file in ("a.pth", "b.pth") else f"file: {file!r} is not offered"
+            # as nodes.inputs.offered: a linked value (None here) is checked when it is known
+            return True if file is None or file in ("a.pth", "b.pth") else f"file: {file!r} is not offered"
         Node.validate_inputs = classmethod(own)
     return Node
 
@@ -46,7 +51,7 @@ def _args(node) -> list[str]:
 
 def test_an_older_host_gets_every_fixed_combo_checked_by_validate_inputs():
     node = check_combos(_node(with_own_check=True), host_checks=False)
-    assert _args(node) == ["cls", "file", "mode", "device"]  # not steps: the host checks numbers
+    assert _args(node) == ["cls", "file", "mode", "device", "input_types"]  # not steps: the host checks numbers
     assert node.validate_inputs(file="a.pth", mode="slow", device="cpu") is True
     assert node.validate_inputs(file="a.pth", mode="bogus") == "mode: 'bogus' is not one of fast, slow"
     assert node.validate_inputs(file="c.pth", mode="fast", device="gpu") == \
@@ -56,15 +61,36 @@ def test_an_older_host_gets_every_fixed_combo_checked_by_validate_inputs():
 
 def test_a_node_without_its_own_check_gets_one_for_its_combos():
     node = check_combos(_node(with_own_check=False), host_checks=False)
-    assert _args(node) == ["cls", "file", "mode", "device"]
+    assert _args(node) == ["cls", "file", "mode", "device", "input_types"]
     assert node.validate_inputs(file="x", mode="fast") == "file: 'x' is not one of a.pth, b.pth"
 
 
-def test_a_host_that_checks_combos_keeps_the_nodes_own_validate_inputs():
-    plain = _node(with_own_check=True)
-    own = plain.__dict__["validate_inputs"]
-    assert check_combos(plain, host_checks=True).__dict__["validate_inputs"] is own
-    assert _args(plain) == ["cls", "file"]
+def test_a_host_that_checks_combos_leaves_the_fixed_combos_to_it():
+    plain = _node(with_own_check=False)
+    own = plain.__dict__.get("validate_inputs")
+    assert check_combos(plain, host_checks=True).__dict__.get("validate_inputs") is own  # nothing taken
+    node = check_combos(_node(with_own_check=True), host_checks=True)
+    assert _args(node) == ["cls", "file", "input_types"]
+    assert node.validate_inputs(file="c.pth") == "file: 'c.pth' is not offered"
+
+
+@pytest.mark.parametrize("host_checks", [False, True])
+def test_a_json_null_for_a_combo_is_refused_and_a_link_is_not(host_checks):
+    """A JSON null passed validation (a linked combo's value is None there too) and failed when
+    the node ran."""
+    node = check_combos(_node(with_own_check=True), host_checks=host_checks)
+    assert node.validate_inputs(file=None, input_types={}) == \
+        "file: null is not one of its choices; give a value from its list"
+    assert node.validate_inputs(file=None, input_types={"file": "COMBO"}) is True  # linked: known when it runs
+    if not host_checks:
+        assert node.validate_inputs(file="a.pth", mode=None, input_types={}).startswith("mode: null is not one")
+
+
+def test_a_node_that_takes_input_types_keeps_the_hosts_link_type_check():
+    node = check_combos(_node(with_own_check=True), host_checks=True)
+    assert node.validate_inputs(file="a.pth", input_types={"steps": "INT"}) is True
+    assert node.validate_inputs(file="a.pth", input_types={"steps": "IMAGE"}) == \
+        "steps: a IMAGE output cannot feed this input (INT)"
 
 
 def test_every_registered_node_has_every_combo_checked_on_this_host():

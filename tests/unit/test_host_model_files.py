@@ -156,3 +156,59 @@ def test_a_fresh_dit_loader_picks_base_cam_beside_an_act_package_listed_first(co
     assert dit["high_noise"][1]["default"] == "lingbot/lingbot-world-base-act-nf4/high_noise_model_bnb_nf4"
     assert ": Act." in dit["high_noise"][1]["tooltip"]
     assert model_files.expert_control("lingbot/nowhere/high_noise_model") is None
+
+
+@pytest.mark.parametrize("mirror", ["a_mirror", "zz_mirror"])
+def test_a_folder_of_links_to_the_package_never_hides_its_names(installed, mirror):
+    """A second folder whose subfolders link to the installed package's folders hid the
+    package from every list (each real folder is listed once, and the alphabet picked the
+    link's name): every shipped workflow was refused as 'not offered'. The package keeps its
+    own names; only folders reached through links alone are listed under a link's name."""
+    package = installed["package"]
+    links = installed["lingbot"] / mirror
+    links.mkdir()
+    for expert in ("high_noise_model_bnb_nf4", "low_noise_model_bnb_nf4"):
+        (links / expert).symlink_to(installed["lingbot"] / "pkg" / expert, target_is_directory=True)
+    (links / "whole").symlink_to(package, target_is_directory=True)
+    (links / "deeper").mkdir()
+    (links / "deeper" / "tokenizer").symlink_to(package / "tokenizer", target_is_directory=True)
+    assert model_files.list_expert_folders() == ["lingbot/pkg/high_noise_model_bnb_nf4",
+                                                 "lingbot/pkg/low_noise_model_bnb_nf4"]
+    assert model_files.list_tokenizer_folders() == ["lingbot/pkg/tokenizer"]
+    assert [f for f in model_files.list_t5_files() if f.startswith("lingbot/")] == [
+        "lingbot/pkg/models_t5_umt5-xxl-enc-bf16.pth"]
+    assert model_files.list_vae_files() == ["lingbot/pkg/Wan2.1_VAE.pth"]
+    dit = LingBotWorldDiTLoader.INPUT_TYPES()["required"]
+    assert (dit["high_noise"][1]["default"], dit["low_noise"][1]["default"]) == (
+        "lingbot/pkg/high_noise_model_bnb_nf4", "lingbot/pkg/low_noise_model_bnb_nf4")
+    assert LingBotWorldDiTLoader.validate_inputs(high_noise="lingbot/pkg/high_noise_model_bnb_nf4",
+                                                 low_noise="lingbot/pkg/low_noise_model_bnb_nf4") is True
+
+
+def test_a_folder_reached_only_through_a_link_is_listed_under_it(comfy_dirs, package):
+    """Model folders are often links to another drive: those stay listed, under the link's name,
+    and a link back into the tree is walked once."""
+    (comfy_dirs["lingbot"] / "drive").symlink_to(package, target_is_directory=True)
+    (comfy_dirs["lingbot"] / "loop").symlink_to(comfy_dirs["lingbot"], target_is_directory=True)
+    assert model_files.list_expert_folders() == ["lingbot/drive/high_noise_model_bnb_nf4",
+                                                 "lingbot/drive/low_noise_model_bnb_nf4"]
+
+
+def test_fresh_t5_tokenizer_and_vae_pickers_take_the_dit_loaders_package(comfy_dirs, package, act_packages):
+    """With Base-Cam and Act installed (Act first alphabetically) the DiT Loader picked
+    Base-Cam but T5 Encode and every vae picker took Act's files: one rule now, the package
+    of the DiT Loader's default."""
+    from comfyui_lingbot_world import nodes as pack_nodes
+
+    (comfy_dirs["lingbot"] / "lingbot-world-base-act-nf4").symlink_to(act_packages["nf4"], target_is_directory=True)
+    (comfy_dirs["lingbot"] / "lingbot-world-base-cam-nf4").symlink_to(package, target_is_directory=True)
+    cam = "lingbot/lingbot-world-base-cam-nf4/"
+    assert model_files.list_vae_files()[0].startswith("lingbot/lingbot-world-base-act-nf4/")  # what the rule overrides
+    assert model_files.default_package() == cam[:-1]
+    t5 = pack_nodes.NODE_CLASS_MAPPINGS["LingBotWorldTextEncode"].INPUT_TYPES()["required"]
+    assert t5["t5_file"][1]["default"] == cam + "models_t5_umt5-xxl-enc-bf16.pth"
+    assert t5["tokenizer"][1]["default"] == cam + "tokenizer"
+    pickers = {name: cls.INPUT_TYPES()["required"]["vae"][1]["default"]
+               for name, cls in pack_nodes.NODE_CLASS_MAPPINGS.items()
+               if "vae" in cls.INPUT_TYPES()["required"] and name.startswith("LingBotWorld")}
+    assert len(pickers) >= 5 and set(pickers.values()) == {cam + "Wan2.1_VAE.pth"}, pickers

@@ -212,3 +212,16 @@ def test_each_part_says_when_it_starts_how_far_it_got_and_when_it_is_done(tmp_pa
     assert "Wan2.1_VAE.pth: writing, up to 4.7 MB" in lines
     for name in ("high_noise_model", "low_noise_model", "Wan2.1_VAE.pth"):
         assert any(line.startswith(f"{name}: done in ") for line in lines), name
+
+
+@pytest.mark.parametrize("inside", ["high_noise_model", "high_noise_model/more"])
+def test_an_out_inside_an_expert_folder_is_refused_naming_both(packages, tmp_path: Path, inside: str) -> None:
+    """--out inside a release's expert folder wrote a package into its files."""
+    import shutil
+
+    release = Path(shutil.copytree(packages["bf16"], tmp_path / "lingbot-world-base-cam"))
+    before = sorted(p.name for p in (release / "high_noise_model").iterdir())
+    out = release / inside
+    with pytest.raises(UsageError, match=f"--out: {out} is (inside )?the expert folder {release / 'high_noise_model'}"):
+        main(["--preset", "tiny", "--layout", "nf4", "--out", str(out), "--parts", "vae,tokenizer"])
+    assert sorted(p.name for p in (release / "high_noise_model").iterdir()) == before

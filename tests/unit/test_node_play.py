@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 import time
 from pathlib import Path
 
@@ -306,3 +307,85 @@ def test_the_memory_plan_gets_the_vae_streams_budget_or_the_live_decoders(fast_i
     size = (fast_installed["package"] / "Wan2.1_VAE.pth").stat().st_size
     assert [(c["vae"], c["decode"]) for c in calls] == [vae_budgets(size, H, W, "bf16", live) for live in (False, True)]
     assert calls[1]["vae"] < calls[0]["vae"] and SESSIONS.running() == []
+
+
+def test_the_action_log_replaces_a_link_at_its_name_and_never_writes_through_it(fast_installed, tmp_path):
+    """A link planted at the running session's .json name (its .mp4 is there from the start)
+    made the log overwrite a file outside the output folder."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the pack's")
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    session = out["session"]
+    (video,) = fast_installed["output"].rglob("*.mp4")
+    video.with_suffix(".json").symlink_to(outside)
+    press(session, "w")
+    session.controls.act("stop")
+    thread.join(120)
+    assert Path(out["output"].args[0].get_stream_source()) == video
+    assert outside.read_text() == "not the pack's"
+    log = video.with_suffix(".json")
+    assert not log.is_symlink() and json.loads(log.read_text())["actions"] == "w-8"
+
+
+def test_the_action_log_is_on_disk_after_every_chunk(fast_installed):
+    """The log was written once, when the session ended: a process killed mid-session lost it
+    (the .mp4 keeps its frames). Now each chunk's log is on disk before the next chunk starts."""
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    session = out["session"]
+    logs = []
+    for keys in ("w", "wj"):
+        press(session, keys)
+        (log,) = fast_installed["output"].rglob("*.json")
+        logs.append(json.loads(log.read_text()))
+    assert [(entry["chunks"], entry["frames"], entry["actions"], entry["ended"]) for entry in logs] == [
+        (1, 9, "w-8", None), (2, 21, "w-8,wj-12", None)]
+    session.controls.act("stop")
+    thread.join(120)
+    assert json.loads(log.read_text())["ended"] == "stop"
+    # each write went to a new file renamed into place: nothing else is left beside them
+    assert sorted(p.name for p in log.parent.iterdir()) == [log.name, log.with_suffix(".mp4").name]
+
+
+def test_a_cancel_before_the_first_chunk_leaves_no_video(fast_installed):
+    """A Cancel before any chunk left a 0-byte .mp4 that does not play: it is removed."""
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    assert list(fast_installed["output"].rglob("*.mp4"))  # the file is made before the session opens
+    mm.interrupt_current_processing(True)
+    thread.join(60)
+    assert isinstance(out["error"], mm.InterruptProcessingException)
+    assert not list(fast_installed["output"].rglob("*.mp4")) and not list(fast_installed["output"].rglob("*.json"))
+    assert fast_not_resident(fast_dit) and live_models()["vaes_alive"] == 0
+
+
+def test_the_pages_hear_what_the_node_does_before_its_session_starts(fast_installed, monkeypatch):
+    """The panel said "Run the workflow to start a session" through the whole start (380 s
+    on a CPU): every page now hears each step, and a failure before the session began."""
+    from comfyui_lingbot_world.nodes import play as play_node
+    from comfyui_lingbot_world.nodes.host import play_run
+
+    events: list = []
+    monkeypatch.setattr(play_run, "emitter", lambda: lambda event, data: events.append((event, dict(data))))
+    monkeypatch.setattr(LingBotWorldPlay, "hidden", types.SimpleNamespace(unique_id="6", prompt=None))
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    out["session"].controls.act("stop")
+    thread.join(120)
+    before = [data for event, data in events[:next(i for i, (e, _) in enumerate(events) if e.endswith(".started"))]]
+    assert [(d["node_id"], d["step"]) for d in before] == [
+        ("6", "loading the model"), ("6", "encoding the image"), ("6", "warming up")]
+    assert all(event == "lingbot.play.starting" for event, _ in events[:3])
+
+    events.clear()
+
+    def no_room(*args, **kwargs):
+        raise RuntimeError("not enough memory for the transformer\nmore detail")
+    monkeypatch.setattr(play_node, "prepared_fast_run", no_room)
+    with pytest.raises(RuntimeError, match="not enough memory"):
+        LingBotWorldPlay.execute(**play_inputs(fast_dit, encode_prompt()))
+    assert events == [("lingbot.play.starting", {"session_id": None, "node_id": "6", "step": "loading the model"}),
+                      ("lingbot.play.starting", {"session_id": None, "node_id": "6", "step": None,
+                                                 "error": "not enough memory for the transformer"})]
+    assert not list(fast_installed["output"].rglob("*.mp4"))  # nor an empty video left behind

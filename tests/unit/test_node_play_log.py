@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from PIL import Image
 from comfy_host import use_comfy_in_process
 
 HOST = use_comfy_in_process()  # before comfy.model_management is imported
-from comfyui_lingbot_world.nodes.play_log import LingBotWorldPlayLog, pixels_sha256  # noqa: E402
+from comfyui_lingbot_world.nodes.play_log import LingBotWorldPlayLog  # noqa: E402
+from comfyui_lingbot_world.pipeline.play.log_file import pixels_sha256  # noqa: E402
 from comfyui_lingbot_world.pipeline.play.session import KEYFRAMES_PLAY  # noqa: E402
 
 LOG = "LingBotWorld/play_00001_.json"
@@ -87,8 +89,10 @@ def test_a_log_replaced_under_the_same_name_runs_again(comfy_dirs):
 
 @pytest.mark.parametrize("change, message", [
     ({"seed": "7"}, "seed is '7', expected a seed"),
-    ({"frames": 20}, "frames is 20, expected 4n+1 frames"),
-    ({"frames": 25}, "actions hold 20 frames of keys; a session of 25 frames has 24"),
+    ({"frames": 20}, "frames is 20, expected the frames of whole chunks: 9 + 12 a chunk (9, 21, 33, 45, ..., 3837)"),
+    # 17 frames is 4n+1 with keys for every frame, but no session makes it (5 latent frames, not whole chunks)
+    ({"frames": 17, "actions": "w-8,wj-8"}, "frames is 17, expected the frames of whole chunks: 9 + 12 a chunk (9, 21, 33, 45, ..., 3837)"),
+    ({"frames": 33}, "actions hold 20 frames of keys; a session of 33 frames has 32"),
     ({"actions": "w-8,x-12"}, "actions is not an action string"),
     ({"width": 50}, "width is 50, expected a multiple of 16"),
     ({"kv_sink": 4}, "kv_sink is 4, expected a whole number of latent frames below kv_window - 2 = 4"),
@@ -122,7 +126,8 @@ def test_a_log_missing_a_field_says_which(comfy_dirs):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("{not json", "not JSON"),
+    ("{not json", "is not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "is nested too deeply to be a Play action log"),
     ("[1, 2]", "expected a JSON object"),
     (json.dumps({"actions": "w-8", "frames": 9}), "not a LingBot-World Play action log"),
     ("\udcff", "not UTF-8"),
@@ -175,3 +180,118 @@ def test_the_image_input_replaces_the_file_only_with_the_sessions_pixels(comfy_d
     assert torch.equal(LingBotWorldPlayLog.execute(LOG, image=pixels).args[0], pixels)
     with pytest.raises(ValueError, match="image: these are not the pixels the session .* started from"):
         LingBotWorldPlayLog.execute(LOG, image=pixels.flip(1))
+
+
+# --------------------------------------------------------------------------- the start image's decoder
+# Core Load Image decoded with PIL up to ComfyUI 0.20 and with PyAV since 0.21 (nodes.py:
+# InputImpl.VideoFromFile(path).get_components(); a JPEG's yuvj420p frame as rgb24 / 255):
+# the same JPEG gives other pixels from each. The Play node hashes what Load Image gave it.
+
+def pil_load_image(path: Path) -> torch.Tensor:
+    """Load Image up to ComfyUI 0.20 (PIL): EXIF orientation applied, RGB, / 255."""
+    from PIL import ImageOps
+
+    with Image.open(path) as file:
+        frame = ImageOps.exif_transpose(file).convert("RGB")
+        return torch.from_numpy(np.array(frame).astype(np.float32) / 255.0)[None]
+
+
+def pyav_load_image(path: Path) -> torch.Tensor:
+    """Load Image from ComfyUI 0.21 on (PyAV): the first frame of the file as rgb24, / 255."""
+    import av
+
+    with av.open(str(path)) as container:
+        frame = next(container.decode(container.streams.video[0]))
+        return torch.from_numpy(frame.to_ndarray(format="rgb24")).float()[None] / 255.0
+
+
+DECODERS = {"pil": pil_load_image, "pyav": pyav_load_image}
+
+
+def host_with_load_image(monkeypatch, comfy_dirs, decode) -> None:
+    """This process as a ComfyUI whose core Load Image (``nodes.LoadImage``) decodes with ``decode``."""
+    import types
+
+    class LoadImage:
+        def load_image(self, image: str):
+            return decode(comfy_dirs["input"] / image), torch.zeros(1, 64, 64)
+
+    monkeypatch.setitem(sys.modules, "nodes", types.SimpleNamespace(LoadImage=LoadImage))
+
+
+def jpeg_session_log(comfy_dirs, decode) -> torch.Tensor:
+    """A session whose start image is a JPEG, recorded as the Play node records what ``decode`` gave it."""
+    from comfyui_lingbot_world.nodes.host.play_run import start_image_record
+
+    picture = comfy_dirs["input"] / "street.jpg"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(picture, quality=90)
+    pixels = decode(picture)
+    session_log(comfy_dirs, image="street.jpg", start_image=start_image_record(pixels, "street.jpg"))
+    return pixels
+
+
+def test_the_two_decoders_give_a_jpeg_other_pixels(comfy_dirs):
+    picture = comfy_dirs["input"] / "street.jpg"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(picture, quality=90)
+    assert not torch.equal(pil_load_image(picture), pyav_load_image(picture))  # what the tests below rely on
+
+
+@pytest.mark.parametrize("decoder", sorted(DECODERS))
+def test_a_jpeg_session_replays_on_the_host_that_ran_it_whatever_its_decoder(comfy_dirs, monkeypatch, decoder):
+    """The replay template as shipped (a JPEG) failed on ComfyUI 0.21+: the session's pixels
+    came from PyAV, the Play Log node decoded the file with PIL."""
+    decode = DECODERS[decoder]
+    host_with_load_image(monkeypatch, comfy_dirs, decode)
+    pixels = jpeg_session_log(comfy_dirs, decode)
+    assert torch.equal(LingBotWorldPlayLog.execute(LOG).args[0], pixels)
+
+
+def test_a_session_of_a_pil_host_replays_on_a_pyav_host(comfy_dirs, monkeypatch):
+    pixels = jpeg_session_log(comfy_dirs, pil_load_image)  # recorded on ComfyUI 0.20 or older
+    host_with_load_image(monkeypatch, comfy_dirs, pyav_load_image)
+    assert torch.equal(LingBotWorldPlayLog.execute(LOG).args[0], pixels)
+
+
+def test_a_session_of_a_pyav_host_on_a_pil_host_is_refused_saying_why(comfy_dirs, monkeypatch):
+    jpeg_session_log(comfy_dirs, pyav_load_image)
+    host_with_load_image(monkeypatch, comfy_dirs, pil_load_image)
+    with pytest.raises(ValueError, match=f"log '{LOG}': the start image 'street.jpg' is the session's file .* "
+                       "decodes it to other pixels than the session's ComfyUI did"):
+        LingBotWorldPlayLog.execute(LOG)
+
+
+# --------------------------------------------------------------------------- a start image file too large
+
+
+def test_a_start_image_file_larger_than_an_image_is_refused_unread(comfy_dirs):
+    from comfyui_lingbot_world.pipeline.play.log_file import MAX_IMAGE_BYTES
+
+    log = session_log(comfy_dirs)
+    huge = comfy_dirs["input"] / "huge.png"
+    with open(huge, "wb") as file:
+        file.truncate(MAX_IMAGE_BYTES + 1)  # sparse: no disk used
+    session_log(comfy_dirs, start_image={**log["start_image"], "file": "huge.png"})
+    with pytest.raises(ValueError, match=f"log '{LOG}': the start image 'huge.png': {MAX_IMAGE_BYTES + 1:,} bytes, "
+                       "more than an image a session starts from"):
+        LingBotWorldPlayLog.execute(LOG)
+
+
+def test_the_start_image_file_is_hashed_a_piece_at_a_time(comfy_dirs):
+    """A log naming a 3 GiB file took the server to +3 GB: the whole file was read to hash it."""
+    import tracemalloc
+
+    size = 48 * 1024 * 1024
+    big = comfy_dirs["input"] / "big.png"
+    with open(big, "wb") as file:
+        file.truncate(size)
+    digest = hashlib.sha256(bytes(size)).hexdigest()
+    log = session_log(comfy_dirs)
+    session_log(comfy_dirs, start_image={**log["start_image"], "file": "big.png", "sha256": digest})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="big.png is not an image"):  # its hash matched: then decoded
+            LingBotWorldPlayLog.execute(LOG)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 8, f"{peak:,} bytes allocated to check a {size:,}-byte file"

@@ -7,6 +7,7 @@ file and freeing the cache, and one session at a time."""
 from __future__ import annotations
 
 import base64
+import json
 import io
 import json
 import threading
@@ -174,9 +175,12 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     session.controls.act("stop")
     thread.join(60)
     names = [event for event, _ in events]
-    assert names[0] == "lingbot.play.started" and names[-1] == "lingbot.play.state"
+    # before the session takes keys, what it is doing (the node announced "loading the model")
+    assert [(e, d["step"]) for e, d in events[:2]] == [("lingbot.play.starting", "encoding the image"),
+                                                       ("lingbot.play.starting", "warming up")]
+    assert names[2] == "lingbot.play.started" and names[-1] == "lingbot.play.state"
     assert all(data["session_id"] == session.session_id and data["node_id"] == "7" for _, data in events)
-    started = events[0][1]
+    started = events[2][1]
     assert started["controller"] == "tab-1" and started["mode"] == "turn" and started["keys"] == "wasdijkl"
     frames = [data for event, data in events if event == "lingbot.play.frames"]
     # each chunk in parts, one per latent frame: 1 + 4 + 4 frames, then 4 + 4 + 4
@@ -196,6 +200,25 @@ def test_events_carry_the_session_the_frames_and_the_latency(model, vae):
     assert states[0] == "waiting" and "running" in states and states[-1] == "ended"
     assert events[-1][1]["reason"] == "stop" and events[-1][1]["chunks_done"] == 2
     assert session.status()["state"] == "ended" and out["result"].latency_s and len(out["result"].chunk_s) == 2
+    assert session.status()["node_id"] == "7"  # a page opened mid-session finds the node's panel
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_page_gets_the_counts_after_each_chunk(model, vae, overlap):
+    """A view-only tab showed another state and chunk than the controller: state events went
+    out only when the state's name changed, with the counts of that moment (before the
+    chunk's decode, when overlapped). Now each chunk's last frames are followed by a state
+    event whose counts include them."""
+    session, writer, events = make_session(model, vae, mode="continuous", chunk_budget=3, overlap=overlap)
+    thread, out = start(session)
+    thread.join(60)
+    assert out["result"].reason == "budget"
+    lasts = [i for i, (event, data) in enumerate(events) if event == "lingbot.play.frames" and data["last"]]
+    assert len(lasts) == 3
+    for i, end in zip(lasts, lasts[1:] + [len(events)]):
+        data = events[i][1]
+        counts = {(d["chunks_done"], d["frames_done"]) for e, d in events[i + 1:end] if e == "lingbot.play.state"}
+        assert (data["chunk"] + 1, data["first_frame"] + len(data["frames"])) in counts, (data["chunk"], counts)
 
 
 # --------------------------------------------------------------------------- the warm-up
@@ -397,6 +420,84 @@ def test_an_error_ends_the_session_as_error(model, vae):
     with pytest.raises(RuntimeError, match="broken camera"):
         session.run()
     assert session.end_reason == "error" and writer.closed == 1 and events[-1][1]["state"] == "ended"
+
+
+# --------------------------------------------------------------------------- the log on disk
+
+# A session in its own process, its log saved as the Play node saves it (a new file renamed
+# into place): two chunks, their latent kept by the test, then a third chunk asked for;
+# the parent kills the process (kill -9) while that chunk is being made.
+KILLED_SESSION = r"""
+import sys, threading, time
+from pathlib import Path
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
+from _standalone import import_pack
+import_pack()
+import torch
+torch.set_num_threads(1)
+from fast_helpers import HEIGHT, WIDTH, image, prompt, tiny_fast_model, tiny_vae
+from comfyui_lingbot_world.loaders.new_file import new_file, write_json
+from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
+from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+
+log, latent = Path(sys.argv[1]), Path(sys.argv[2])
+settings = PlaySettings(width=WIDTH, height=HEIGHT, seed=11, poll_s=0.005,
+                        policy=CachePolicy(window=6, sink=3, dtype="bf16"))
+recipe = {"prompt": "a street", "negative_prompt": "", "prompt_source": "text", "vae": None,
+          "start_image": {"file": None, "sha256": None, "pixels_sha256": "0" * 64}}  # what the node adds
+session = PlaySession(tiny_fast_model(), prompt(), tiny_vae(), image(), settings, registry=SessionRegistry(),
+                      recipe=recipe, save_log=lambda entry: write_json(log, entry, indent=1))
+threading.Thread(target=session.run, daemon=True).start()
+
+def press(keys):
+    while session.controls.running:
+        time.sleep(0.005)
+    done = session.chunks_done
+    session.controls.set_keys(frozenset(keys))
+    while session.chunks_done == done or session.controls.running:
+        time.sleep(0.005)
+
+press("w")
+press("wj")
+with new_file(latent) as partial:
+    torch.save(session.latent(), partial)
+session.controls.set_keys(frozenset("l"))
+while not session.controls.running:
+    time.sleep(0.005)
+print("third chunk started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_session_killed_mid_chunk_leaves_a_log_that_replays_its_chunks(model, vae, tmp_path):
+    """The log was written once, when the session ended: a kill -9 (an out-of-memory kill)
+    lost it. Now it is on disk after every chunk, whole (renamed into place)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from comfyui_lingbot_world.pipeline.play.log_file import read_play_log
+
+    tests = Path(__file__).resolve().parents[1]
+    log, latent = tmp_path / "play_00001_.json", tmp_path / "latent.pt"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_SESSION, str(log), str(latent), str(tests.parent),
+                              str(tests)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line == "third chunk started\n", child.stderr.read() if child.poll() is not None else line
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    entry = json.loads(log.read_text())
+    assert (entry["chunks"], entry["frames"], entry["actions"], entry["ended"]) == (2, 21, "w-8,wj-12", None)
+    recipe = read_play_log(log, "log")  # a log the Play Log node takes
+    assert recipe.frames == 21 and recipe.actions == "w-8,wj-12"
+    assert torch.equal(replay(model, vae, entry), torch.load(latent))
 
 
 # --------------------------------------------------------------------------- checks

@@ -328,3 +328,18 @@ def test_checkout_entry_point(release, tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"quantize: error: --src: {tmp_path / 'nope'} does not exist"]
+
+
+@pytest.mark.parametrize("inside", [".", "high_noise_model", "high_noise_model/nf4"])
+def test_an_out_inside_the_release_is_refused_naming_both(release, tmp_path, capsys, nothing_converts, inside):
+    """--out inside --src wrote the package into the release's own (expert) folders."""
+    out = release / inside
+    code, _, err = _run(["--src", str(release), "--out", str(out)], capsys)
+    _one_line(code, err, "--out", str(out), str(release), "choose an --out outside")
+    assert not any(release.rglob("*_bnb_nf4")) and not any(release.rglob(".*partial*"))
+
+
+def test_an_out_inside_another_expert_folder_is_refused(release, package, tmp_path, capsys, nothing_converts):
+    out = package / "high_noise_model_bnb_nf4" / "more"
+    code, _, err = _run(["--src", str(release), "--out", str(out)], capsys)
+    _one_line(code, err, "--out", str(out), f"inside the expert folder {package / 'high_noise_model_bnb_nf4'}")

@@ -69,6 +69,11 @@ function viewUrl(video) {
     return api.apiURL(`/view?${params}`);
 }
 
+/** The node is loading, encoding or warming up (or failed to: step null), before its session exists. */
+function onStarting({ detail }) {
+    entryFor(detail.node_id)?.panel.showStarting(detail.step ?? null, detail.error ?? null);
+}
+
 function onStarted({ detail }) {
     sessions.set(detail.session_id, { nodeId: detail.node_id, info: detail });
     const entry = entryFor(detail.node_id);
@@ -167,6 +172,7 @@ function attach(node) {
 app.registerExtension({
     name: "LingBotWorld.Play",
     async setup() {
+        api.addEventListener("lingbot.play.starting", onStarting);
         api.addEventListener("lingbot.play.started", onStarted);
         api.addEventListener("lingbot.play.frames", onFrames);
         api.addEventListener("lingbot.play.state", onState);

@@ -12,6 +12,10 @@
 // the focus go and says so ("keys: ComfyUI"). A view-only tab's focused panel swallows the
 // play keys too (they are the controlling tab's), so they open no sidebar here either.
 //
+// Between Run and the session's first frame the node loads the model, encodes the image and
+// warms up (minutes on a CPU): the panel says which ("starting: loading the model"), and
+// goes back to idle with the node's error when it fails before the session began.
+//
 // State for tests and styles sits on the root element: data-state, data-role, data-held,
 // data-chunks, data-frames, data-shown (frames drawn), data-last (the video frame on screen).
 
@@ -20,6 +24,7 @@ import { HeldKeys, LOOK_KEYS, MOVE_KEYS, playKeyOf } from "./keys.js";
 import { addPlayStyle } from "./style.js";
 
 const HINT_IDLE = "Run the workflow to start a session";
+const HINT_STARTING = "Starting the session: ";  // + the step the node is at (loading the model, ...)
 const HINT_FOCUS = "Click here (or Play), then hold W A S D to move and I J K L to look";
 const HINT_VIEWER = "view-only: this session is controlled by another tab";
 const HINT_VIEWER_KEYS = "view-only: the keys steer the session in the tab that runs it";
@@ -47,6 +52,7 @@ export class PlayPanel {
         this.held = new HeldKeys();
         this.session = null;   // {sessionId, controller, mode, fps, ...}
         this.state = "idle";
+        this.startingStep = null;  // what the node is doing while the state is "starting"
         this.role = "none";
         this.capturing = false;
         this._listeners = [];
@@ -172,9 +178,27 @@ export class PlayPanel {
             }
         }
         this.player.fps = fps;
-        if (this.state === "idle" || fresh) this.state = "waiting";
+        if (this.state === "idle" || this.state === "starting" || fresh) this.state = "waiting";
         if (!controller) this._release(true);
         else if (this.capturing && this.held.value) this.onKeys(this.held.value);
+        this._render();
+    }
+
+    /**
+     * A ``lingbot.play.starting`` event for this panel's node: ``step`` is what it is doing
+     * before the session takes keys; null when it failed before the session began (``error``).
+     */
+    showStarting(step, error = null) {
+        if (step) {
+            if (LIVE.has(this.state)) return;  // a session is already on: not a start of this node's
+            this.state = "starting";
+            this.startingStep = step;
+            this.showError("");
+        } else if (this.state === "starting") {
+            this.state = "idle";
+            this.startingStep = null;
+            this.showError(error ? `the session did not start: ${error}` : "the session did not start");
+        }
         this._render();
     }
 
@@ -197,8 +221,10 @@ export class PlayPanel {
         // before the session closed, may arrive after the "ended" event).
         if (this.state === "ended" && state !== "ended" && this.session) return;
         this.state = state;
-        if (chunks !== undefined) this.chunks = chunks;
-        if (frames !== undefined) this.framesDone = frames;
+        // Counts only grow within a session: a state event sent before a chunk's frames were
+        // decoded must not take a page back behind the frames it has shown.
+        if (chunks !== undefined) this.chunks = Math.max(this.chunks ?? 0, chunks);
+        if (frames !== undefined) this.framesDone = Math.max(this.framesDone ?? 0, frames);
         this.reason = reason;
         if (state === "ended") {
             this._release(false);  // the session is gone: nothing to tell it
@@ -333,6 +359,7 @@ export class PlayPanel {
 
         let label = this.state;
         if (this.state === "ended" && this.reason) label = `ended: ${this.reason}`;
+        if (this.state === "starting" && this.startingStep) label = `starting: ${this.startingStep}`;
         this.stateLabel.textContent = label;
         this.roleLabel.textContent = controller ? "controller" : this.role === "viewer" ? "view-only" : "";
         this.statsLabel.textContent = this.session
@@ -372,7 +399,8 @@ export class PlayPanel {
         this.buttons.continue.classList.toggle("lbp-primary", !turn && this.state !== "running");
 
         let hint = "";
-        if (!this.session || this.state === "idle") hint = HINT_IDLE;
+        if (this.state === "starting") hint = `${HINT_STARTING}${this.startingStep ?? ""}…`;
+        else if (!this.session || this.state === "idle") hint = HINT_IDLE;
         else if (this.role === "viewer" && live) hint = this.viewerKeyed ? HINT_VIEWER_KEYS : this.player.shown ? "" : HINT_VIEWER;
         else if (live && !this.capturing) hint = HINT_FOCUS;
         this.overlay.textContent = hint;
