@@ -9,9 +9,9 @@ A command is bash that run_device.sh evaluates after its set-up, so it may use w
 defines: ``$OUT`` (where the JSON goes), ``$PKG`` (the synthetic a14b NF4 package), ``$CAM``
 (the start image and poses in .bench_data/), ``$VAEPKG``, ``$PLAY_TAG``, and the functions
 ``ensure_package``, ``ensure_vae``, ``server_wheels``, ``bench``, ``fast``, ``play``,
-``play_syn``, ``multi``, ``gpu_pytest`` and ``ttv``. Environment variables a command reads
-(``PLAY_MODES``, ``PIPES``, ``SWAP_VARIANTS``, ``ATTENTIONS``, ...) keep their defaults
-written in it. ``carry``: the ignored paths beside the checkout that the command reads (the
+``play_syn``, ``multi``, ``gpu_pytest``, ``long_video``, ``ttv`` and ``ttv_save``. The
+environment variables a command reads (``PLAY_MODES``, ``PIPES``, ``SWAP_VARIANTS``,
+``ATTENTIONS``, ...) have their defaults written in it. ``carry``: the ignored paths beside the checkout that the command reads (the
 header of run_device.sh says how each is made). Only the standard library is imported here.
 """
 from __future__ import annotations
@@ -61,7 +61,9 @@ HOST = (".whl2", ".whl_server", ".bench_host", ".bench_data")  # + ComfyUI's sou
 FA3_HOST = (".site_xz", ".whl_server", ".bench_host", ".bench_data")  # HOST with FlashAttention 3
 FA3_WHEELS = (".whl3",)  # bitsandbytes and FlashAttention 3's forward-only wheel
 
-_PLAY60_FP8 = "--size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 --weights fp8 --camera-terms 40"
+_FP8_TERMS = "--weights fp8 --camera-terms 40"  # fp8 linears, every block's camera terms kept for a chunk
+_GRAPHED = "--cuda-graphs --fast-chunks 10 --warmup 4"  # the Fast passes as CUDA graphs, 10 chunks after 4
+_PLAY60_FP8 = f"--size 480x832 --seconds 60 --kv-dtype bf16 --vae-precision bf16 {_FP8_TERMS}"
 _TTV_REF = '--save-reference "/dev/shm/ttv_ref_${TTV_STEPS:-40}"'
 _TTV_LORA = "/dev/shm/synthetic_lora_r64.safetensors"
 
@@ -104,12 +106,8 @@ MODES: tuple[Mode, ...] = (
     Mode("small8", BASE_23, 'bench pipeline --size 480x832 --frames 81 --steps 4 --vram-cap-gb 8 --block-swap '
          '"${SWAP_BLOCKS:-4}" --no-batch-cfg --text-device cpu --decode-tile 32 --image "$CAM/image.jpg" '
          '--camera-dir "$CAM" --out "$OUT/p480_cap8_swap_seqcfg.json"', carry=NF4),
-    Mode("long", BASE_23, 'ensure_package; python3 bench/long_video.py --package "$PKG" --frames 81 321 --steps '
-         '"${LONG_STEPS:-3}" --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_81_321_cap24.json" '
-         '2>&1 | tail -4', carry=NF4),
-    Mode("long961", BASE_23, 'ensure_package; python3 bench/long_video.py --package "$PKG" --frames 961 --steps '
-         '"${LONG_STEPS:-3}" --vram-cap-gb 24 --image "$CAM/image.jpg" --out "$OUT/long_video_961_cap24.json" '
-         '2>&1 | tail -4', carry=NF4),
+    Mode("long", BASE_23, 'long_video --frames 81 321 --out "$OUT/long_video_81_321_cap24.json"', carry=NF4),
+    Mode("long961", BASE_23, 'long_video --frames 961 --out "$OUT/long_video_961_cap24.json"', carry=NF4),
     # time to video, 40 steps (TTV_STEPS); the exact run saves the reference the others are compared with
     Mode("ttv_exact", BASE_23, f'ttv --vram-cap-gb 24 --variant exact {_TTV_REF} 2>&1 | tail -2', carry=NF4),
     Mode("ttv_exact_light", BASE_23, f'ttv --vram-cap-gb 24 --variant exact {_TTV_REF} '
@@ -143,7 +141,7 @@ MODES: tuple[Mode, ...] = (
     Mode("sp4_fp8", EIGHT_BIT, 'multi --mode sp --ranks 2 --ranks 4 --weights fp8 --exact-steps 2 --warmup 1 '
          '--out "$OUT/sp_4gpu_fp8.json" | tail -5', gpus=4),
     # ---- 2026-11-27: kept camera terms, 16 and 12 GiB caps, a server on two GPUs
-    Mode("fast81_fp8_terms", TERMS, 'fast --frames 81 --prefetch-y --no-clip --weights fp8 --camera-terms 40 '
+    Mode("fast81_fp8_terms", TERMS, f'fast --frames 81 --prefetch-y --no-clip {_FP8_TERMS} '
          '--out "$OUT/fast_81_w9s3_bf16_fp8w_terms.json"', carry=NF4),
     Mode("fast81_cap16", TERMS, 'fast --frames 81 --prefetch-y --no-clip --memory auto --vram-cap-gb 16 '
          '--out "$OUT/fast_81_w9s3_auto_cap16.json"', carry=NF4),
@@ -155,16 +153,16 @@ MODES: tuple[Mode, ...] = (
          '| grep -v "^Failed to load" | tail -6'),
     Mode("sp2_fp8", TERMS, 'multi --mode sp --ranks 2 --weights fp8 --skip-exact --out "$OUT/sp_2gpu_fp8.json" '
          '| tail -4', gpus=2),
-    Mode("sp2_fp8_terms", TERMS, 'multi --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact '
+    Mode("sp2_fp8_terms", TERMS, f'multi --mode sp --ranks 2 {_FP8_TERMS} --skip-exact '
          '--out "$OUT/sp_2gpu_fp8_terms.json" | tail -4', gpus=2),
     Mode("sp2_fp8_terms_sync1", TERMS, 'LINGBOT_CANCEL_SYNC_BLOCKS=1 multi --mode sp --ranks 2 --weights fp8 '
          '--camera-terms 40 --skip-exact --out "$OUT/sp_2gpu_fp8_terms_sync1.json" | tail -4', gpus=2),
     Mode("sp2_fp8_terms_profile", TERMS, 'python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 '
          '--camera-terms 40 --skip-exact --fast-chunks 4 --profile --out "$OUT/sp_2gpu_fp8_terms_profile.json" '
          '>"$OUT/sp_2gpu_profile.log" 2>&1; tail -45 "$OUT/sp_2gpu_profile.log"', gpus=2),
-    Mode("sp2_fp8_terms_p2p_off", TERMS, 'NCCL_P2P_DISABLE=1 multi --mode sp --ranks 2 --weights fp8 --camera-terms 40 '
+    Mode("sp2_fp8_terms_p2p_off", TERMS, f'NCCL_P2P_DISABLE=1 multi --mode sp --ranks 2 {_FP8_TERMS} '
          '--skip-exact --out "$OUT/sp_2gpu_fp8_terms_p2p_off.json" | tail -4', gpus=2),
-    Mode("sp4only_fp8_terms", TERMS, 'multi --mode sp --ranks 4 --weights fp8 --camera-terms 40 --skip-exact '
+    Mode("sp4only_fp8_terms", TERMS, f'multi --mode sp --ranks 4 {_FP8_TERMS} --skip-exact '
          '--fast-chunks 5 --warmup 1 --out "$OUT/sp_4gpu_only_fp8_terms.json" | tail -4', gpus=4),
     Mode("gpumulti", TERMS, 'gpu_pytest -m gpu tests/gpu/test_placements.py tests/gpu/test_sequence_parallel_gpu.py '
          'tests/unit/test_placement.py | tail -30', gpus=2, carry=(".whl2",)),
@@ -182,16 +180,16 @@ MODES: tuple[Mode, ...] = (
          'tests/gpu/test_weights8_cuda.py | tail -15', gpus=2, carry=(".whl2",)),
     Mode("fp8gemm", GRAPHS, 'python3 bench/fp8_gemm.py --out "$OUT/fp8_gemm.json" 2>&1 | grep -v "^Failed to load" '
          '| tail -9'),
-    Mode("fast201_fp8_terms", GRAPHS, 'fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 '
+    Mode("fast201_fp8_terms", GRAPHS, f'fast --frames 201 --prefetch-y --no-clip {_FP8_TERMS} '
          '--out "$OUT/fast_201_w9s3_bf16_fp8w_terms.json"', carry=NF4),
-    Mode("fast201_fp8_terms_graphs", GRAPHS, 'fast --frames 201 --prefetch-y --no-clip --weights fp8 --camera-terms 40 '
+    Mode("fast201_fp8_terms_graphs", GRAPHS, f'fast --frames 201 --prefetch-y --no-clip {_FP8_TERMS} '
          '--cuda-graphs --out "$OUT/fast_201_w9s3_bf16_fp8w_terms_graphs.json"', carry=NF4),
     Mode("play60_fp8_terms_graphs", GRAPHS, f'play {_PLAY60_FP8} --cuda-graphs --pipeline overlap '
          '--out "$OUT/play60_${PLAY_TAG:-both}_bf16kv_bf16vae_fp8w_terms_graphs.json"', carry=MP4),
-    Mode("sp2_fp8_terms_graphs", GRAPHS, 'multi --mode sp --ranks 2 --weights fp8 --camera-terms 40 --skip-exact '
-         '--cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_2gpu_fp8_terms_graphs.json" | tail -4', gpus=2),
-    Mode("sp4_fp8_terms_graphs", GRAPHS, 'multi --mode sp --ranks 2 --ranks 4 --weights fp8 --camera-terms 40 '
-         '--skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 --out "$OUT/sp_4gpu_fp8_terms_graphs.json" | tail -5',
+    Mode("sp2_fp8_terms_graphs", GRAPHS, f'multi --mode sp --ranks 2 {_FP8_TERMS} --skip-exact '
+         f'{_GRAPHED} --out "$OUT/sp_2gpu_fp8_terms_graphs.json" | tail -4', gpus=2),
+    Mode("sp4_fp8_terms_graphs", GRAPHS, f'multi --mode sp --ranks 2 --ranks 4 {_FP8_TERMS} '
+         f'--skip-exact {_GRAPHED} --out "$OUT/sp_4gpu_fp8_terms_graphs.json" | tail -5',
          gpus=4),
     Mode("sp2_fp8_terms_graphs_profile", GRAPHS, 'python3 bench/multi_gpu.py --mode sp --ranks 2 --weights fp8 '
          '--camera-terms 40 --skip-exact --cuda-graphs --fast-chunks 6 --warmup 4 --profile '
@@ -232,22 +230,22 @@ MODES: tuple[Mode, ...] = (
          '--exact-steps 2 --warmup 1 --out "$OUT/sp_4gpu_fp8_exact_720x1280.json" | tail -4', gpus=4),
     # the k/v/q exchanges overlapped (the default) and waited for one by one, on 2 GPUs and 4 where there are
     Mode("sp_overlap_ab", FOUR_H100, 'ranks=(--ranks 2); (( $(nvidia-smi -L | wc -l) >= 4 )) && ranks+=(--ranks 4); '
-         'for o in 0 1; do LINGBOT_SP_OVERLAP=$o multi --mode sp "${ranks[@]}" --weights fp8 --camera-terms 40 '
-         '--skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 '
+         f'for o in 0 1; do LINGBOT_SP_OVERLAP=$o multi --mode sp "${{ranks[@]}}" {_FP8_TERMS} '
+         f'--skip-exact {_GRAPHED} '
          '--out "$OUT/sp_fast_fp8_terms_graphs_overlap$o.json" | tail -5; done', gpus=2),
     # ---- 2026-11-28, two H100s: FlashAttention 3
     Mode("fa3_attn", FA3, 'python3 bench/attention_backends.py --out "$OUT/attention_backends_fa3.json" 2>&1 '
          '| grep -v "^Failed to load" | tail -6', carry=FA3_WHEELS),
     Mode("fa3_gputests", FA3, 'gpu_pytest -rfE -m gpu tests/gpu/test_attention_fp8_cuda.py '
          '"tests/gpu/test_weights8_cuda.py::test_cuda_attention_rows" | tail -12', carry=FA3_WHEELS),
-    Mode("sp2_flash", FA3, 'LINGBOT_ATTENTION=flash multi --mode sp --ranks 2 --weights fp8 --camera-terms 40 '
-         '--skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 '
+    Mode("sp2_flash", FA3, f'LINGBOT_ATTENTION=flash multi --mode sp --ranks 2 {_FP8_TERMS} '
+         f'--skip-exact {_GRAPHED} '
          '--out "$OUT/sp_2gpu_fp8_terms_graphs_flash.json" | tail -4', gpus=2, carry=FA3_WHEELS),
-    Mode("sp2_flash_fp8", FA3, 'LINGBOT_ATTENTION=flash_fp8 multi --mode sp --ranks 2 --weights fp8 --camera-terms 40 '
-         '--skip-exact --cuda-graphs --fast-chunks 10 --warmup 4 '
+    Mode("sp2_flash_fp8", FA3, f'LINGBOT_ATTENTION=flash_fp8 multi --mode sp --ranks 2 {_FP8_TERMS} '
+         f'--skip-exact {_GRAPHED} '
          '--out "$OUT/sp_2gpu_fp8_terms_graphs_flash_fp8.json" | tail -4', gpus=2, carry=FA3_WHEELS),
     # one GPU's Fast chunk under each attention kernel, the same weights and noise: time and deviation
-    Mode("fast_attn_compare", FA3, 'multi --mode sp --weights fp8 --camera-terms 40 --cuda-graphs --fast-chunks 10 '
+    Mode("fast_attn_compare", FA3, f'multi --mode sp {_FP8_TERMS} --cuda-graphs --fast-chunks 10 '
          '--warmup 4 --attention-compare "${ATTENTIONS:-sdpa,flash,flash_fp8}" '
          '--out "$OUT/fast_1gpu_fp8w_terms_graphs_attention.json" | tail -4', carry=(".site_xz",)),
     # Play on two GPUs with FlashAttention 3: the tiny live decoder, ATTENTION flash (bf16) or flash_fp8
@@ -275,18 +273,14 @@ MODES: tuple[Mode, ...] = (
          '--vae-precision bf16 --vram-cap-gb 12 --decoders tiny --comfy .bench_host '
          '--out "$OUT/play60_${PLAY_TAG:-both}_tiny_auto_cap12.json"', carry=HOST),
     # the exact 40-step video, bf16 products and fp8 GEMMs, each saved in /dev/shm (one GPU each), then compared
-    Mode("ttv_save_exact", SWAP_PLAN, 'ttv --variant exact --save-reference /dev/shm/ttv_exact 2>&1 '
-         '| grep -v "^Failed to load" | tail -2; mkdir -p "$OUT/ttv_exact" && '
-         'cp /dev/shm/ttv_exact/latent.pt /dev/shm/ttv_exact/name.txt "$OUT/ttv_exact/"', carry=NF4),
-    Mode("ttv_save_fp8", SWAP_PLAN, 'ttv --variant fp8=weights=fp8 --save-reference /dev/shm/ttv_fp8 2>&1 '
-         '| grep -v "^Failed to load" | tail -2; mkdir -p "$OUT/ttv_fp8" && '
-         'cp /dev/shm/ttv_fp8/latent.pt /dev/shm/ttv_fp8/name.txt "$OUT/ttv_fp8/"', carry=NF4),
+    Mode("ttv_save_exact", SWAP_PLAN, "ttv_save exact exact", carry=NF4),
+    Mode("ttv_save_fp8", SWAP_PLAN, "ttv_save fp8 fp8=weights=fp8", carry=NF4),
     Mode("ttv_compare", SWAP_PLAN, 'python3 bench/ttv_compare.py /dev/shm/ttv_exact /dev/shm/ttv_fp8 '
          '--out "$OUT/ttv_fp8_vs_exact.json"'),
     # ---- 2026-11-28, H200s: fp8 keys and values kept between passes
     Mode("gpu_kept", KEPT_FP8, 'gpu_pytest -rfE -m gpu tests/gpu/test_kv_cache_cuda.py tests/gpu/test_cuda_graphs_cuda.py '
          'tests/gpu/test_attention_fp8_cuda.py | tail -12', carry=(".site_xz",)),
-    Mode("fast_kept", KEPT_FP8, 'multi --mode sp --ranks 1 --weights fp8 --camera-terms 40 --cuda-graphs --fast-chunks 10 '
+    Mode("fast_kept", KEPT_FP8, f'multi --mode sp --ranks 1 {_FP8_TERMS} --cuda-graphs --fast-chunks 10 '
          '--warmup 4 --attention-compare "${ATTENTIONS:-flash,flash_fp8:cast,flash_fp8}" '
          '--out "$OUT/fast_1gpu_fp8w_terms_graphs_kept_fp8_operands.json" | tail -5', carry=(".site_xz",)),
 )

@@ -86,6 +86,12 @@ multi() { python3 bench/multi_gpu.py "$@" 2>&1 | grep -v "^Failed to load"; }
 gpu_pytest() { python3 -m pytest -q -p no:cacheprovider --tb=short "$@" 2>&1 | grep -v "^Failed to load"; }
 ttv() { ensure_package; python3 bench/time_to_video.py --package "$PKG" --steps "${TTV_STEPS:-40}" --image "$CAM/image.jpg" \
             --camera-dir "$CAM" --out-dir "$OUT/ttv" "$@"; }
+ttv_save() {  # NAME VARIANT: the video saved in /dev/shm/ttv_NAME (what ttv_compare reads), its latent also in $OUT
+    ttv --variant "$2" --save-reference "/dev/shm/ttv_$1" 2>&1 | grep -v "^Failed to load" | tail -2
+    mkdir -p "$OUT/ttv_$1" && cp "/dev/shm/ttv_$1/latent.pt" "/dev/shm/ttv_$1/name.txt" "$OUT/ttv_$1/"
+}
+long_video() { ensure_package; python3 bench/long_video.py --package "$PKG" --steps "${LONG_STEPS:-3}" --vram-cap-gb 24 \
+                   --image "$CAM/image.jpg" "$@" 2>&1 | tail -4; }
 for what in "$@"; do
     echo "=== $what"
     eval "$(python3 bench/modes.py command "$what")"
