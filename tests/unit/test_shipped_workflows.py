@@ -309,8 +309,9 @@ def test_the_dialog_order_is_the_readme_order():
     order = re.findall(r'^    "([^"]+)",$', script.split("export const ORDER = [", 1)[1].split("];", 1)[0], re.M)
     assert order == list(TEMPLATES.values())
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    listed = readme.split("\nTemplates: ", 1)[1].split("; the dialog shows them in this order", 1)[0]
-    assert re.findall(r"\*\*([^*]+)\*\*", listed) == [t.removeprefix("LingBot-World ") for t in TEMPLATES.values()]
+    listed = readme.split("\n## Templates\n", 1)[1].split("\n## ", 1)[0]  # its table's first column
+    assert re.findall(r"^\| \*\*([^*]+)\*\* \|", listed, re.M) == [t.removeprefix("LingBot-World ")
+                                                                 for t in TEMPLATES.values()]
     table = (REPO / "workflows" / "README.md").read_text(encoding="utf-8")
     assert re.findall(r"^\| `(\w+)\.json` \| `([^`]+)` \|", table, re.M) == list(TEMPLATES.items())
 
