@@ -63,6 +63,28 @@ if missing:
 EOF
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 }
+# LingBot-World Fast packages of the A14B shapes: NF4 (make_checkpoint --model fast, ~10 GB transformer + T5 in
+# /dev/shm), and fp8 as `quantize --format fp8` writes it from a bf16 release (both on the disk: the bf16 release's
+# transformer, 28 GB, is deleted once converted; the fp8 package hard-links its T5, VAE and tokenizer).
+FASTPKG="${LINGBOT_FAST_PACKAGE:-/dev/shm/lingbot_a14b_fast_nf4}"
+FP8PKG=/tmp/lingbot_a14b_fast_fp8
+ensure_fast_package() {
+    [[ -f "$FASTPKG/lingbot_world_fast_bnb_nf4/model.safetensors" ]] && return
+    python3 . make_checkpoint --model fast --preset a14b --layout nf4 --out "$FASTPKG" --device cuda --overwrite | tail -2
+}
+ensure_fp8_package() {
+    [[ -d "$FP8PKG/lingbot_world_fast_fp8" ]] && return
+    python3 . make_checkpoint --model fast --preset a14b --layout bf16 --out /tmp/lingbot_a14b_fast_bf16 --device cuda \
+        --overwrite | tail -2
+    python3 . quantize --src /tmp/lingbot_a14b_fast_bf16 --out "$FP8PKG" --format fp8 --device cuda --overwrite | tail -6
+    rm -rf /tmp/lingbot_a14b_fast_bf16/lingbot_world_fast
+}
+# Play at a client of a real server (bench/play_client.py): fp8 linears (made on load from the NF4 package, or as
+# the fp8 package stores them), the live tiny decoder, bf16 VAE; the cold start is the first session's Run -> first
+# frame with the package read into the page cache first. CLIENT_ARGS adds flags (e.g. "--vram-cap-gb 24").
+play_client() { server_wheels; python3 bench/play_client.py --comfy .bench_host --image "$CAM/image.jpg" \
+                    --size 480x832 --steps "${STEPS:-4}" --live-decoder --vae-precision bf16 ${CLIENT_ARGS:-} "$@" 2>&1 \
+                    | grep -v "^Failed to load" | tail -4; }
 VAEPKG=/dev/shm/lingbot_vae_only
 ensure_vae() {  # the synthetic Wan 2.1 VAE alone (seconds): what the synthetic Play sessions read
     [[ -f "$VAEPKG/Wan2.1_VAE.pth" ]] || python3 . make_checkpoint --preset a14b --layout nf4 --parts vae --out "$VAEPKG" \
@@ -324,6 +346,23 @@ for what in "$@"; do
         # Play on two GPUs (issue 26): sequence parallel, the Wan VAE or the tiny live decoder; one GPU with the
         # tiny decoder; the transformer on one GPU and the Wan VAE's decode on the other; sequence parallel with
         # the decode on the second GPU (nvidia-h100-x2; carry .whl2 .whl_server .bench_host .bench_data).
+        # LingBot-World Play measured at a client (issue 37): the test host (.bench_host) with the pack, the Play
+        # template over HTTP, keys through the Play routes, frames timed on the websocket; a 60 s continuous session
+        # then 20 turn-based presses in the same server. One call each (a package is written once per machine, by its
+        # own call: fast_package ~2 min, fast_package_fp8 ~6 min). Carry .whl2 .whl_server .bench_host .bench_data
+        # (.site_xz instead of .whl2 for FlashAttention 3).
+        #   bash bench/run_device.sh fast_package; STEPS=2 bash bench/run_device.sh play_client
+        #   CLIENT_ARGS="--vram-cap-gb 24" bash bench/run_device.sh play_client
+        #   bash bench/run_device.sh fast_package_fp8; bash bench/run_device.sh play_client_fp8
+        fast_package) ensure_fast_package ;;
+        fast_package_fp8) ensure_fp8_package; du -sh "$FP8PKG"/* ;;
+        play_client) ensure_fast_package
+                  play_client --package "$FASTPKG" --weights fp8 --sessions "${CLIENT_SESSIONS:-continuous,turn}" \
+                      --seconds "${CLIENT_SECONDS:-60}" \
+                      --out "$OUT/play_client_steps${STEPS:-4}${CLIENT_TAG:-}.json" ;;
+        play_client_fp8) ensure_fp8_package
+                  play_client --package "$FP8PKG" --sessions "${CLIENT_SESSIONS:-continuous}" --seconds "${CLIENT_SECONDS:-20}" \
+                      --out "$OUT/play_client_fp8_package_steps${STEPS:-4}${CLIENT_TAG:-}.json" ;;
         play60_sp2) play_syn --ranks 2 --seconds 60 --modes "${PLAY_MODES:-turn,continuous}" --decoders "${DECODERS:-wan,tiny}" \
                         --out "$OUT/play60_sp2_fp8w_terms_graphs.json" ;;
         play30_sp1_tiny) play_syn --ranks 1 --seconds 30 --modes "${PLAY_MODES:-continuous}" --decoders tiny \

@@ -53,15 +53,16 @@ PACK_NODES = {
     "LingBotWorldFastDiTLoader": (["fast_model", "bf16_quantize", "block_swap"], ["weights", "devices", "attention"],
                                   ["LINGBOT_FAST_DIT", "STRING"]),
     "LingBotWorldFastSampler": (["fast_dit", "i2v", "kv_cache", "kv_window", "kv_sink", "kv_dtype", "shift", "seed"],
-                                ["text", "positive", "camera"], ["LATENT"]),
+                                ["text", "positive", "camera", "steps"], ["LATENT"]),
     "LingBotWorldFastLongVideo": (["fast_dit", "image", "vae", "width", "height", "frames", "kv_cache", "kv_window",
                                    "kv_sink", "kv_dtype", "shift", "seed", "decode_tile", "fps", "filename_prefix"],
-                                  ["text", "positive", "camera_path", "vae_model", "precision"], ["VIDEO"]),
+                                  ["text", "positive", "camera_path", "vae_model", "precision", "steps"], ["VIDEO"]),
     "LingBotWorldPlay": (["fast_dit", "image", "vae", "width", "height", "chunk_budget", "mode", "idle_timeout",
                           "kv_window", "kv_sink", "kv_dtype", "shift", "seed", "fps", "filename_prefix"],
-                         ["text", "positive", "vae_model", "precision", "live_decoder"], ["VIDEO", "STRING", "LATENT"]),
+                         ["text", "positive", "vae_model", "precision", "live_decoder", "steps"],
+                         ["VIDEO", "STRING", "LATENT"]),
     "LingBotWorldPlayLog": (["log"], ["image"], ["IMAGE", "STRING", "STRING", "STRING", "INT", "INT", "INT", "INT",
-                                                 "FLOAT", "INT", "INT", "COMBO", "COMBO"]),
+                                                 "FLOAT", "INT", "INT", "COMBO", "COMBO", "INT"]),
 }
 CATEGORY = "LingBot-World"
 WIDTH, HEIGHT = 48, 32
