@@ -81,9 +81,10 @@ ensure_fp8_package() {
 }
 # Play at a client of a real server (bench/play_client.py): fp8 linears (made on load from the NF4 package, or as
 # the fp8 package stores them), the live tiny decoder, bf16 VAE; the cold start is the first session's Run -> first
-# frame with the package read into the page cache first. CLIENT_ARGS adds flags (e.g. "--vram-cap-gb 24").
+# frame with the package read into the page cache first. CLIENT_ARGS adds or overrides flags ("--vram-cap-gb 24",
+# "--weights nf4"); CLIENT_TAG goes into the JSON's name.
 play_client() { server_wheels; python3 bench/play_client.py --comfy .bench_host --image "$CAM/image.jpg" \
-                    --size 480x832 --steps "${STEPS:-4}" --live-decoder --vae-precision bf16 ${CLIENT_ARGS:-} "$@" 2>&1 \
+                    --size 480x832 --steps "${STEPS:-4}" --live-decoder --vae-precision bf16 "$@" ${CLIENT_ARGS:-} 2>&1 \
                     | grep -v "^Failed to load" | tail -4; }
 VAEPKG=/dev/shm/lingbot_vae_only
 ensure_vae() {  # the synthetic Wan 2.1 VAE alone (seconds): what the synthetic Play sessions read
