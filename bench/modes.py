@@ -70,6 +70,15 @@ _TTV_LORA = "/dev/shm/synthetic_lora_r64.safetensors"
 MODES: tuple[Mode, ...] = (
     # ---- general
     Mode("package", HOW_TO, "ensure_package", carry=(".whl",)),
+    # Play at a client of a real ComfyUI server (bench/play_client.py); STEPS, CLIENT_ARGS, CLIENT_TAG
+    Mode("fast_package", HOW_TO, "ensure_fast_package", carry=(".whl2",)),
+    Mode("fast_package_fp8", HOW_TO, 'ensure_fp8_package; du -sh "$FP8PKG"/*', carry=(".whl2",)),
+    Mode("play_client", HOW_TO, 'ensure_fast_package; play_client --package "$FASTPKG" --weights fp8 '
+         '--sessions "${CLIENT_SESSIONS:-continuous,turn}" --seconds "${CLIENT_SECONDS:-60}" '
+         '--out "$OUT/play_client_steps${STEPS:-4}${CLIENT_TAG:-}.json"', carry=FA3_HOST),
+    Mode("play_client_fp8", HOW_TO, 'ensure_fp8_package; play_client --package "$FP8PKG" '
+         '--sessions "${CLIENT_SESSIONS:-continuous}" --seconds "${CLIENT_SECONDS:-20}" '
+         '--out "$OUT/play_client_fp8_package_steps${STEPS:-4}${CLIENT_TAG:-}.json"', carry=FA3_HOST),
     Mode("gputests", GPU_TESTS, "gpu_pytest -m gpu tests/unit $(ls -d tests/gpu 2>/dev/null) | tail -40",
          carry=(".whl2",)),
     Mode("gpulog", EIGHT_BIT, 'gpu_pytest -rfE --tb=long -m gpu tests/unit tests/gpu >"$OUT/gputests.log" 2>&1; '

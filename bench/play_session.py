@@ -154,13 +154,18 @@ class Driver:
         self._stop.set()
 
     def steady_fps(self) -> float | None:
-        """Frames per second over the session's last three quarters of chunks (after the cache
-        filled and the graphs were captured): the rate a player sees once the walk is going."""
-        marks = self.delivered
-        if len(marks) < 5:
-            return None
-        (t0, f0), (t1, f1) = marks[int(len(marks) * STEADY_FROM)], marks[-1]
-        return (f1 - f0) / (t1 - t0) if t1 > t0 else None
+        return steady_fps(self.delivered)
+
+
+def steady_fps(marks: list[tuple[float, int]], least: int = 5) -> float | None:
+    """Frames per second over a session's last three quarters of chunks (after the cache
+    filled and the graphs were captured): the rate a player sees once the walk is going.
+    ``marks``: (time, frames so far) at each chunk's last part, in order; None for fewer
+    than ``least`` chunks."""
+    if len(marks) < max(2, least):
+        return None
+    (t0, f0), (t1, f1) = marks[int(len(marks) * STEADY_FROM)], marks[-1]
+    return (f1 - f0) / (t1 - t0) if t1 > t0 else None
 
 
 def tiny_decoder_factory(comfy: str, device: torch.device, dtype: torch.dtype):

@@ -69,6 +69,28 @@ if missing:
 EOF
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 }
+# The synthetic a14b Fast package (NF4 layout, ~2 min), and one written by `quantize --format fp8` from a bf16
+# Fast release (~6 min): what the client bench (bench/play_client.py) puts in the server's models folder.
+FASTPKG="${LINGBOT_FAST_PACKAGE:-/dev/shm/lingbot_a14b_fast_nf4}"
+FP8PKG=/tmp/lingbot_a14b_fast_fp8
+ensure_fast_package() {
+    [[ -f "$FASTPKG/lingbot_world_fast_bnb_nf4/model.safetensors" ]] && return
+    python3 . make_checkpoint --model fast --preset a14b --layout nf4 --out "$FASTPKG" --device cuda --overwrite | tail -2
+}
+ensure_fp8_package() {
+    [[ -d "$FP8PKG/lingbot_world_fast_fp8" ]] && return
+    python3 . make_checkpoint --model fast --preset a14b --layout bf16 --out /tmp/lingbot_a14b_fast_bf16 --device cuda \
+        --overwrite | tail -2
+    python3 . quantize --src /tmp/lingbot_a14b_fast_bf16 --out "$FP8PKG" --format fp8 --device cuda --overwrite | tail -6
+    rm -rf /tmp/lingbot_a14b_fast_bf16/lingbot_world_fast
+}
+# Play at a client of a real server (bench/play_client.py): fp8 linears (made on load from the NF4 package, or as
+# the fp8 package stores them), the live tiny decoder, bf16 VAE; the cold start is the first session's Run -> first
+# frame with the package read into the page cache first. CLIENT_ARGS adds or overrides flags ("--vram-cap-gb 24",
+# "--weights nf4"); CLIENT_TAG goes into the JSON's name.
+play_client() { server_wheels; python3 bench/play_client.py --comfy .bench_host --image "$CAM/image.jpg" \
+                    --size 480x832 --steps "${STEPS:-4}" --live-decoder --vae-precision bf16 "$@" ${CLIENT_ARGS:-} 2>&1 \
+                    | grep -v "^Failed to load" | tail -4; }
 VAEPKG=/dev/shm/lingbot_vae_only
 ensure_vae() {  # the synthetic Wan 2.1 VAE alone (seconds): what the synthetic Play sessions read
     [[ -f "$VAEPKG/Wan2.1_VAE.pth" ]] || python3 . make_checkpoint --preset a14b --layout nf4 --parts vae --out "$VAEPKG" \

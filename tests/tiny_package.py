@@ -78,13 +78,35 @@ def install_for_comfy(models_dir: Path, input_dir: Path, cache_root: Path) -> Pa
     return target
 
 
+TINY_VIDEO_VAE = "lighttaew2_1.safetensors"  # a name core's Load VAE lists from models/vae_approx
+
+
+def write_tiny_video_vae(models_dir: Path, comfy_root: Path) -> Path:
+    """models/vae_approx/lighttaew2_1.safetensors: ComfyUI's tiny video VAE (TAEHV, 16 latent
+    channels) with seeded random weights, written by the host's own class in a child process
+    (the caller need not import ComfyUI): what Play's live_decoder takes from core's Load VAE,
+    at its real speed (not its pictures)."""
+    import subprocess
+    import sys
+
+    path = models_dir / "vae_approx" / TINY_VIDEO_VAE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, torch; sys.path.append(sys.argv[1]); from comfy.cli_args import args; args.cpu = True\n"
+            "from comfy.taesd.taehv import TAEHV; from safetensors.torch import save_file\n"
+            "g = torch.Generator().manual_seed(6)\n"
+            "save_file({k: torch.randn(v.shape, generator=g) * 0.02 for k, v in TAEHV(16).state_dict().items()}, "
+            "sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(comfy_root), str(path)], check=True, timeout=300)
+    return path
+
+
 def small_workflow(graph: dict, frames: int = 5, width: int = 48, height: int = 32, steps: int = 3,
                    window: int | None = None) -> dict:
     """A shipped API workflow shrunk so that it runs in seconds on a CPU (a deep copy).
 
     ``window``: the long-video window (Camera and Long Video nodes); None keeps the graph's.
-    The Fast graphs take ``frames`` that fill whole chunks (9, 21, ...); ``steps`` does not
-    apply to them (4 fixed steps). An action string longer than the shrunk video is cut to
+    The Fast graphs take ``frames`` that fill whole chunks (9, 21, ...); ``steps`` is the Base
+    samplers' (the Fast nodes keep the graph's own ``steps``, 4). An action string longer than the shrunk video is cut to
     fit, as a user who shortens the video must (the Camera node refuses a string longer than
     the video)."""
     import copy

@@ -224,6 +224,7 @@ class ComfyServer:
         start_timeout: float = 120.0,
         python: str = sys.executable,
         cpu: bool = True,
+        listen: bool = True,
     ):
         host = host_root or comfy_root()
         if host is None:
@@ -245,6 +246,9 @@ class ComfyServer:
         self.start_timeout = start_timeout
         self.python = python
         self.cpu = cpu  # False: ComfyUI computes on its GPU (the GPU tests)
+        # False: no websocket of its own; the caller's is the only page (bench/play_client.py
+        # times its own). Prompts are then followed through /history.
+        self.listen = listen
         self.port = 0
         self.process: subprocess.Popen | None = None
         self._events: _EventCollector | None = None
@@ -307,6 +311,8 @@ class ComfyServer:
                 if attempt < 2 and "address already in use" in self.log_text().lower():
                     continue
                 raise
+        if not self.listen:
+            return self
         self._events = _EventCollector(f"ws://127.0.0.1:{self.port}/ws")
         try:
             self._events.start()

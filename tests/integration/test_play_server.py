@@ -33,25 +33,13 @@ ROUTE = "/lingbot/play"
 TOLERANCE = 0.05  # of the idle RssAnon
 
 
-TINY_VAE = "lighttaew2_1.safetensors"  # the name core's Load VAE lists from models/vae_approx
+TINY_VAE = tiny_package.TINY_VIDEO_VAE  # the name core's Load VAE lists from models/vae_approx
 
 
 def write_tiny_vae(models: Path, _package) -> None:
-    """A lighttaew2_1 file of ComfyUI's TAEHV layout with seeded random weights, written by the
-    host's own class (in a child process: this one does not import ComfyUI)."""
-    import subprocess
-    import sys
-
     from comfy_host import comfy_root
 
-    folder = models / "vae_approx"
-    folder.mkdir(parents=True, exist_ok=True)
-    code = ("import sys, torch; sys.path.append(sys.argv[1]); from comfy.cli_args import args; args.cpu = True\n"
-            "from comfy.taesd.taehv import TAEHV; from safetensors.torch import save_file\n"
-            "g = torch.Generator().manual_seed(6)\n"
-            "save_file({k: torch.randn(v.shape, generator=g) * 0.02 for k, v in TAEHV(16).state_dict().items()}, "
-            "sys.argv[2])")
-    subprocess.run([sys.executable, "-c", code, str(comfy_root()), str(folder / TINY_VAE)], check=True, timeout=300)
+    tiny_package.write_tiny_video_vae(models, comfy_root())
 
 
 @pytest.fixture(scope="module")
