@@ -6,6 +6,8 @@ import logging
 import torch
 from comfy_api.latest import io
 
+import comfy.model_management as mm
+
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.placement import FAST, NVLINK_CLASS_GBPS, devices_choices

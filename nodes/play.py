@@ -156,7 +156,8 @@ class LingBotWorldPlay(io.ComfyNode):
         try:
             with announced_start(node_id), prepared_fast_run(
                     fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
-                    *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None)) as run:
+                    *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None),
+                    keep_warm=True) as run:
                 result = run_play_session(run, prompt, source, pixels, path,
                                           {"filename": name, "subfolder": subfolder, "type": "output"}, node_id,
                                           save_log=log_saver(path, saved), recipe=recipe, live_decoder=live_decoder)

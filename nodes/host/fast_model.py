@@ -169,13 +169,17 @@ def graph_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_
 
 @contextlib.contextmanager
 def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: int, latent_width: int,
-                      latent_frames: int | None, vae: int = 0, decode: int = 0) -> Iterator[PreparedRun[R]]:
+                      latent_frames: int | None, vae: int = 0, decode: int = 0,
+                      keep_warm: bool = False) -> Iterator[PreparedRun[R]]:
     """The three Fast nodes' one preparation: ``run`` (``FastParams`` or ``PlaySettings``:
     anything with a cache ``policy``) with kv_dtype auto fitted to the device
     (``fit_kv_dtype``) when ``auto_dtype``; the memory plan for the card (``vae``: the VAE
     streams' budget on the device, ``decode``: a chunk's decode beside the next chunk),
     whose block swap applies where the loader keeps every block on the GPU (its "0"); the
-    run's memory asked of ComfyUI and the transformer loaded, unloaded however the block ends."""
+    run's memory asked of ComfyUI and the transformer loaded, unloaded however the block ends
+    (``keep_warm``, Play: kept loaded after a run that ended well where its passes were
+    captured as CUDA graphs, so the next session starts on the same captures;
+    ``loaded_fast_model``)."""
     device = torch.device(fast.patcher.load_device)
     decode_device = decode_gpu_with_room(fast.decode_device, vae + decode) if device.type == "cuda" else None
     if decode_device is not None:  # the VAE streams are the other GPU's: the transformer's GPU keeps their room
@@ -203,7 +207,10 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                         (vae if plan.vae_on_gpu else 0)
                         + terms * terms_memory(fast, run.policy, latent_height, latent_width)
                         + (graph_memory(fast, run.policy, latent_height, latent_width) if graphs else 0))
-    with loaded_fast_model(load, memory) as model:
+    # The captures read the weights at their addresses: only the loaded patcher itself keeps them
+    # (a plan's block swap makes a patcher per run, and swapped blocks are never captured).
+    keep = keep_warm and graphs and load is fast
+    with loaded_fast_model(load, memory, keep_loaded=keep) as model:
         yield PreparedRun(model, run, plan, model.patch_embedding.weight.device, decode_device)
 
 
@@ -232,12 +239,17 @@ def decode_gpu_with_room(decode_device: torch.device | None, need: int) -> torch
 
 
 @contextlib.contextmanager
-def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
+def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> Iterator[nn.Module]:
     """The transformer, loaded by ComfyUI with ``memory`` bytes left free (other models are
-    evicted as needed); unloaded when the block ends, however it ends. With ``fast.devices``
-    its copies on the worker GPUs load and unload with it, and the module is a
-    ``ParallelModel`` running every forward on all of them."""
+    evicted as needed); unloaded when the block ends, however it ends, except with
+    ``keep_loaded`` after a run that ended well on one GPU: then it stays in ComfyUI's list of
+    loaded models (with what it keeps beside its weights: the KV cache and the CUDA graphs its
+    warm-up captured) for the next run, until ComfyUI needs the memory or Unload Models /
+    ``POST /free`` (either unload frees the kept state too: ``release_module``). With
+    ``fast.devices`` its copies on the worker GPUs load and unload with it, and the module is
+    a ``ParallelModel`` running every forward on all of them."""
     workers = fast.worker_patchers()
+    ended_well = False
     group = [group_patcher(fast.devices)] if workers else []  # ComfyUI holds the workers between prompts
     if workers:
         begin_run()
@@ -252,11 +264,17 @@ def loaded_fast_model(fast: FastDiT, memory: int) -> Iterator[nn.Module]:
             log.info("LingBot Fast: sequence parallel on %s", ", ".join(str(d) for d in fast.devices))
             module = ParallelModel(pool, workers[0].model.key, module, cfg_split=False)
         yield module
+        ended_well = True
     finally:
         try:
             for worker in workers:
                 unload_patcher(worker)
-            unload_patcher(fast.patcher)
+            if ended_well and keep_loaded and not workers:
+                log.info("LingBot Fast: the transformer stays loaded on %s with its captured passes for the next "
+                         "session (ComfyUI unloads it when it needs the memory; Unload Models frees it)",
+                         fast.patcher.load_device)
+            else:
+                unload_patcher(fast.patcher)
         finally:
             if workers:
                 end_run()

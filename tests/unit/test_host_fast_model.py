@@ -104,3 +104,24 @@ def test_camera_terms_under_block_swap_follow_whose_block_count_the_run_uses():
     assert plan_terms(swapping, 30) == 0  # the loader's 30 blocks win: no room was counted for terms
     whole = FastMemoryPlan("bf16", None, True, True, 0, True, camera_terms=12)
     assert plan_terms(whole, None) == plan_terms(whole, 30) == 12  # the plan fits the loaded model as it is
+
+
+def test_a_run_that_ended_well_may_keep_the_transformer_loaded_for_the_next(fast_installed):
+    """``keep_loaded`` (Play with its passes captured): after a run that ended well the
+    transformer stays in ComfyUI's list, the same weights for the next run (the captures read
+    them at their addresses); Unload Models unloads it and what it keeps; a failed run
+    never keeps it."""
+    fast, _ = load_fast(FAST, "nf4")
+    window = run_memory(fast, CachePolicy(window=9, sink=3), 4, 6, None)
+    with loaded_fast_model(fast, window, keep_loaded=True) as model:
+        weight = model.blocks[0].self_attn.q.weight
+    assert fast.patcher.expert is model and any(m is fast.patcher for m in mm.loaded_models())
+    with loaded_fast_model(fast, window, keep_loaded=True) as again:
+        assert again is model and again.blocks[0].self_attn.q.weight is weight  # nothing reloaded
+    released = []
+    model.release_state = lambda: released.append(True)  # what the kept KV cache and graphs hang on
+    mm.unload_all_models()  # Unload Models, POST /free
+    assert fast.patcher.expert is None and released
+    with pytest.raises(RuntimeError, match="boom"), loaded_fast_model(fast, window, keep_loaded=True):
+        raise RuntimeError("boom")
+    assert fast.patcher.expert is None and not any(m is fast.patcher for m in mm.loaded_models())
