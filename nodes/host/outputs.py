@@ -26,6 +26,10 @@ def output_file(filename_prefix: str, width: int, height: int) -> tuple[Path, st
     try:
         folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, output, width,
                                                                                    height)
+    except OSError as exc:  # ComfyUI makes the folder itself (newer hosts): one it cannot make is named
+        raise OSError(exc.errno, f"{os.path.join(output, os.path.dirname(filename_prefix))}: cannot create the folder "
+                                 f"for the video ({exc.strerror}); check filename_prefix and that the output folder "
+                                 "is writable") from exc
     except Exception as exc:  # ComfyUI refuses a prefix that leaves the output folder with a bare Exception
         raise ValueError(f"filename_prefix: {filename_prefix!r} points outside the output folder; use a relative "
                          f"name such as 'LingBotWorld/long'") from exc

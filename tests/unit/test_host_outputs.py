@@ -1,8 +1,8 @@
 """nodes/host/outputs.py, the .mp4 a video node (Long Video, Fast Long Video, Play) writes in
 ComfyUI's output folder: named and numbered as Save Video names its files, created empty
 before any work, and a prefix with a control character, one that leaves the output folder
-or one whose folder cannot be made refused naming it (inside the ComfyUI host; the last is
-worded as a prefix outside the output folder today: marked xfail)."""
+or one whose folder cannot be made refused naming it (inside the ComfyUI host, which makes the
+folder itself: its error is named as the folder's, not as a prefix outside the output folder)."""
 from __future__ import annotations
 
 import pytest
@@ -41,8 +41,6 @@ def test_a_prefix_outside_the_output_folder_is_refused(comfy_dirs):
     assert not (comfy_dirs["output"].parent / "escape").exists()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="ComfyUI's get_save_image_path makes the folder itself, "
-                   "and output_file words any error it raises as a prefix outside the output folder")
 def test_a_folder_that_cannot_be_made_is_named(comfy_dirs, tmp_path):
     (comfy_dirs["output"] / "gone").symlink_to(tmp_path / "unmounted" / "disk")  # a link to a folder not there
     with pytest.raises(OSError, match=r"output/gone: cannot create the folder for the video .*check filename_prefix"):
