@@ -39,6 +39,7 @@ from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.switches import FUSED, SWITCHES  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from kernel_floor import block_floor_ms  # noqa: E402
 from memwatch import GB, MemoryWatch, read_status  # noqa: E402
@@ -92,8 +93,7 @@ def base_record(args: argparse.Namespace) -> dict:
 
 def env_record() -> dict:
     """The pack's settings that the environment changes, as this run had them (None: unset)."""
-    return {k: os.environ.get(k) for k in ("LINGBOT_SWAP_SPREAD", "LINGBOT_ATTENTION", "LINGBOT_FUSED",
-                                           "LINGBOT_CUDA_GRAPHS", "LINGBOT_STREAM_PRIORITY")}
+    return {name: os.environ.get(name) for name in SWITCHES}
 
 
 class TimedExperts(DiskExperts):
@@ -145,7 +145,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     config = read_config(files.high)
     record = base_record(args) | {"size": args.size, "frames": args.frames, "steps": args.steps,
                                   "block_swap": args.block_swap, "batch_cfg": not args.no_batch_cfg,
-                                  "fused_kernels": os.environ.get("LINGBOT_FUSED", "1") != "0"}
+                                  "fused_kernels": FUSED()}
     cap_vram(args.vram_cap_gb)
     device = torch.device("cuda")
     # A small card encodes the prompt on the CPU: umT5-XXL alone is 10.6 GB in bf16.

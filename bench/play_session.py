@@ -71,6 +71,7 @@ from comfyui_lingbot_world.pipeline.video_file import VideoWriter  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.switches import STREAM_PRIORITY  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
 from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                     record["link"] = pool.measure_link()
                 priorities = [v.strip() for v in args.stream_priority.split(",") if v.strip()]
                 for priority, decoder_name, mode in itertools.product(priorities, decoders, modes):
-                    os.environ["LINGBOT_STREAM_PRIORITY"] = "0" if priority == "off" else "1"
+                    os.environ[STREAM_PRIORITY.name] = "0" if priority == "off" else "1"
                     key = mode if decoders == ["wan"] else f"{mode}_{decoder_name}"
                     key += "" if priorities == ["on"] else f"_priority_{priority}"
                     try:

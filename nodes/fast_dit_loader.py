@@ -11,7 +11,6 @@ import comfy.model_management as mm
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
-from ..pipeline.sampling import ATTENTION_CHOICES
 from . import inputs
 from .host.fast_model import FastDiT
 from .host.workers import comfy_gpus, measured_link, parallel_gpus
@@ -77,15 +76,6 @@ def load_line(options) -> str:
     return f"{how}; {swap}"
 
 
-ATTENTION_TOOLTIP = (
-    "Attention kernel of the Fast Sampler, Fast Long Video and Play runs of this transformer. auto: FlashAttention 3 "
-    "on H100/H200 when installed (pip install fa3-fwd; a Fast chunk 1.20 -> 1.11 s on an H100), else PyTorch SDPA; "
-    "SageAttention on RTX 30/40 cards when installed. flash_fp8 (H100/H200 only): FlashAttention 3 on fp8 q/k/v, "
-    "a Fast chunk 5.5 % faster than FlashAttention 3 in bf16 on an H200 (a bf16 KV cache keeps its committed "
-    "frames in fp8 too: 5.75 GB more at 480x832), but it rounds q, k and v to 8 bits and its effect on the real "
-    "model's pictures is not measured, so auto never picks it.")
-
-
 class LingBotWorldFastDiTLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -117,8 +107,8 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
                 # Optional, last: saved workflows list widget values in order and load as single.
                 io.Combo.Input("devices", options=list(FAST_DEVICES), default="single", optional=True,
                                tooltip=DEVICES_TOOLTIP),
-                io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
-                               tooltip=ATTENTION_TOOLTIP),
+                inputs.attention_input("Attention kernel of the Fast Sampler, Fast Long Video and Play runs of "
+                                       "this transformer."),
             ],
             outputs=[
                 inputs.FastDiTType.Output("fast_dit", display_name="fast_dit",
@@ -141,8 +131,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         options = inputs.load_options(bf16_quantize, block_swap, weights)
         if devices not in FAST_DEVICES:  # before any file is read
             raise ValueError(f"devices: {devices!r} is not one of {', '.join(FAST_DEVICES)}")
-        if attention not in ATTENTION_CHOICES:
-            raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+        inputs.check_attention(attention)
         folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)
         detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
         identity = require_model(folder, "fast", "fast_model")

@@ -15,6 +15,7 @@ from ..pipeline.guards import VAE_PRECISIONS
 from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_conditioning
+from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy
 from ..wan.geometry import MAX_SEED
 from ..wan.long_video import MAX_FRAMES
@@ -87,6 +88,30 @@ def weights_input(default: str = AS_STORED) -> io.Combo.Input:
     # Optional: saved workflows and API prompts from before this input load with the default.
     return io.Combo.Input("weights", options=list(WEIGHT_CHOICES), default=default, optional=True,
                           tooltip=WEIGHTS_TOOLTIP)
+
+
+ATTENTION_TOOLTIP = (
+    "auto: LINGBOT_ATTENTION when it is set, else the kernel this GPU runs fastest among those installed (the same "
+    "rule in every node and the command line): FlashAttention 3 on H100/H200 (pip install fa3-fwd), SageAttention "
+    "on RTX 30/40, flash-attn 2 on A100 and on RTX 30/40 without SageAttention, else PyTorch SDPA. flash_fp8 (H100/H200 only): "
+    "FlashAttention 3 on fp8 q, k and v, faster still, but it rounds them to 8 bits and its effect on the real "
+    "model's pictures is not measured, so auto never picks it (a bf16 Fast KV cache then also keeps its frames' "
+    "fp8 copy: more memory). sage, flash and flash_fp8 need their packages and a CUDA GPU; a choice that cannot "
+    "run here is refused naming what can. Speeds: bench/RESULTS.md.")
+
+
+def attention_input(what: str) -> io.Combo.Input:
+    # Optional: saved workflows and API prompts from before this input run with auto.
+    return io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
+                          tooltip=f"{what} {ATTENTION_TOOLTIP}")
+
+
+def check_attention(attention: str) -> str:
+    """The ``attention`` widget's value, checked (the kernel is decided per device when the run
+    attends: ``wan.runtime.attention.decide``)."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+    return attention
 
 
 def block_swap_input() -> io.Int.Input:

@@ -38,6 +38,7 @@ from ..wan.runtime.attention import attention_backend, run_choice as attention_r
 from ..wan.runtime.camera_terms import CameraTerms
 from ..wan.runtime.kv_cache import CachePolicy, KVCache
 from ..wan.runtime.parallel import SequenceParallel
+from ..wan.runtime import switches
 
 PARALLEL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                 # The watch aborts the group when a worker is lost (torch's note on _abort_process_group:
@@ -93,20 +94,13 @@ def _broadcast_in(meta: list[tuple[str, tuple[int, ...], torch.dtype]],
     return out
 
 
-# Blocks between two cancel exchanges of a parallel forward. Each exchange's flag is read at
-# the next one, so the host waits for the GPU at every exchange; every 8 blocks keeps it
-# further ahead than every block (measured on two H200s: a Fast chunk 0.816 s against 0.822 s,
-# bench/RESULTS.md). ``LINGBOT_CANCEL_SYNC_BLOCKS`` overrides it (every rank must agree).
-CANCEL_SYNC_BLOCKS = 8
-
-
 def synced_cancel(device: torch.device, local: Callable[[], None] | None = None,
                   every: int | None = None) -> "_SyncedCancel":
     """A ``cancel`` hook that every rank calls before every block: rank 0's ``local`` check
-    decides, and every ``every`` blocks (``CANCEL_SYNC_BLOCKS``) one all-reduce of one number
+    decides, and every ``every`` blocks (``LINGBOT_CANCEL_SYNC_BLOCKS``) one all-reduce of one number
     tells the others, so all stop together."""
     if every is None:
-        every = int(os.environ.get("LINGBOT_CANCEL_SYNC_BLOCKS", CANCEL_SYNC_BLOCKS))
+        every = switches.CANCEL_SYNC_BLOCKS()
     return _SyncedCancel(device, local, max(int(every), 1))
 
 

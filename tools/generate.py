@@ -115,8 +115,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="EasyCache step caching threshold (0 = off; the authors use 0.05 for Wan2.2 I2V)")
     speed.add_argument("--cfg-truncate", type=float, default=0.0,
                       help="fraction of the last steps without the negative-prompt pass (0 = off)")
-    speed.add_argument("--attention", choices=ATTENTION_CHOICES,
-                      help="attention kernel (default: auto, SDPA on H100-class GPUs)")
+    speed.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
+                      help="attention kernel; auto: LINGBOT_ATTENTION when set, else the fastest one installed for "
+                      "this GPU (wan/runtime/attention.py auto_backend)")
     speed.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
                       help="overrides --steps, --shift, --cfg, --boundary and --sampler. lightning_4step: the "
                       "Wan2.2-Lightning 4-step settings (use with its LoRAs); official_act2cam: the official act2cam "
@@ -218,6 +219,7 @@ def _camera_flag(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Everything a user can get wrong is checked here, before the first model loads.
+    cli.switches()
     prompt = _prompt(args)
     cli.output_file(args.out, "--out", ".mp4", args.overwrite)
     if args.preview:

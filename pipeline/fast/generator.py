@@ -53,7 +53,7 @@ class FastParams:
     shift: float = 10.0  # generate_fast.py's sample_shift for i2v-A14B (its function default is 5.0)
     policy: CachePolicy = DEFAULT_POLICY
     timestep_indices: tuple[int, ...] = FAST_TIMESTEP_INDICES
-    attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+    attention: str | None = None  # wan.runtime.attention CHOICES for this run; None: auto
     # Blocks whose camera scale and shift are kept for the chunk's five forwards (bit for bit
     # the same output, fewer GEMMs a chunk; memory: pipeline.memory.camera_terms_bytes per
     # block; 0: none). The Fast nodes set it from their memory plan.

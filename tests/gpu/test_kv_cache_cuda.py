@@ -42,7 +42,7 @@ def test_an_int8_cache_attends_the_same_bits_with_and_without_the_kernel(monkeyp
     g = torch.Generator(device=CUDA).manual_seed(1)
     attended = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv(fused.ENV_VAR, flag)
+        monkeypatch.setenv("LINGBOT_FUSED", flag)
         cache = KVCache(policy, layers=layers, heads=heads, head_dim=head_dim, frame_tokens=frame_tokens,
                         dtype=torch.bfloat16, device=CUDA)
         g.manual_seed(1)

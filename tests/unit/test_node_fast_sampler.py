@@ -270,7 +270,7 @@ def test_the_loaders_attention_choice_is_what_the_run_attends_with(fast_installe
     assert seen and set(seen) == {"sdpa"}
     # A kernel that cannot run here fails the run by its name, before a latent is made.
     fast, _ = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="flash_fp8").args
-    with pytest.raises(RuntimeError, match="'flash_fp8' needs CUDA"):
+    with pytest.raises(ValueError, match="attention 'flash_fp8' cannot run here: flash_fp8 needs a CUDA GPU"):
         run_fast_sampler(fast, text, i2v)
     with pytest.raises(ValueError, match="attention: 'xformers' is not one of auto, sdpa"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="xformers")

@@ -35,13 +35,14 @@ Pure PyTorch: nothing here imports bitsandbytes.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
+
+from . import switches
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ def _blocks_of(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
-# "0": swap the last N-K blocks instead of spreading them (to compare; see the module's note).
-SPREAD_ENV = "LINGBOT_SWAP_SPREAD"
-
-
 def swapped_blocks(resident: int, num_layers: int) -> list[int]:
     """The blocks block swap keeps off the device when ``resident`` of ``num_layers`` stay,
     ascending: spread evenly, the j-th at floor((j + 1) * N / S) - 1 for S swapped blocks.
@@ -83,7 +80,7 @@ def swapped_blocks(resident: int, num_layers: int) -> list[int]:
     count = num_layers - resident
     if count <= 0:
         return []
-    if os.environ.get(SPREAD_ENV, "1").strip() == "0":
+    if not switches.SWAP_SPREAD():  # the last N-K blocks instead (to compare)
         return list(range(resident, num_layers))
     return [(j + 1) * num_layers // count - 1 for j in range(count)]
 

@@ -29,12 +29,13 @@ reason in ``disabled``; that forward and all later ones run eagerly.
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping
 
 import torch
+
+from . import switches
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,10 @@ class _Captured:
     output: torch.Tensor | None
 
 
-# "0" turns the graphs off (every pass eager), e.g. to compare or to rule them out.
-ENV_VAR = "LINGBOT_CUDA_GRAPHS"
-
-
 def graphs_supported(device: torch.device | str) -> bool:
     """CUDA graphs run on CUDA devices only (the CPU and other backends run eagerly), unless
     ``LINGBOT_CUDA_GRAPHS=0``."""
-    if os.environ.get(ENV_VAR, "1").strip() == "0":
+    if not switches.CUDA_GRAPHS():
         return False
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
@@ -134,4 +131,4 @@ class ForwardGraphs:
         self.state.clear()
 
 
-__all__ = ["ENV_VAR", "ForwardGraphs", "graphs_supported"]
+__all__ = ["ForwardGraphs", "graphs_supported"]

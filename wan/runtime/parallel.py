@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -41,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-OVERLAP_ENV = "LINGBOT_SP_OVERLAP"
+from . import switches
 
 _ACTIVE: contextvars.ContextVar["ShardedRun | None"] = contextvars.ContextVar("lingbot_sequence_parallel",
                                                                                      default=None)
@@ -64,7 +63,7 @@ class Exchange:
 
 def overlap_exchanges() -> bool:
     """Whether ``start_seq_to_heads`` callers let an exchange run beside the next projection."""
-    return os.environ.get(OVERLAP_ENV, "1") != "0"
+    return switches.SP_OVERLAP()
 
 
 @dataclass(frozen=True)
@@ -214,5 +213,5 @@ def strategy(name: str) -> type[SequenceParallel]:
     return STRATEGIES[name]
 
 
-__all__ = ["OVERLAP_ENV", "STRATEGIES", "Exchange", "SequenceParallel", "ShardedRun", "active", "current",
+__all__ = ["STRATEGIES", "Exchange", "SequenceParallel", "ShardedRun", "active", "current",
            "overlap_exchanges", "strategy"]

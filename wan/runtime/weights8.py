@@ -24,14 +24,13 @@ back to the dequantized bf16 weight: same weights, no activation rounding.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from . import fused, switches
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -232,12 +231,11 @@ def _quantized(x: "torch.Tensor | QuantizedRows", kind: str) -> tuple[torch.Tens
 # bench/RESULTS.md): the 5120² linears and the FFN's up projection 5-10 % faster, the error
 # against the float32 product of the same 8-bit operands 0.0017 -> 0.0022 (0.0033 for the
 # FFN's down projection, K = 13,824), against the ~0.036 the fp8 rounding of the operands
-# costs. "0" keeps the promoted accumulation.
-FAST_ACCUM_ENV = "LINGBOT_FP8_FAST_ACCUM"
+# costs. ``LINGBOT_FP8_FAST_ACCUM=0`` keeps the promoted accumulation.
 
 
 def _fast_accum(x: torch.Tensor) -> bool:
-    return x.is_cuda and os.environ.get(FAST_ACCUM_ENV, "1").strip() != "0"
+    return x.is_cuda and switches.FP8_FAST_ACCUM()
 
 
 def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
