@@ -248,7 +248,7 @@ def precision_input(note: str = "") -> io.Combo.Input:
 # LingBot-World Fast: the KV cache policy, shift and seed (the Fast Sampler and Fast Long
 # Video). The defaults are pipeline.fast.DEFAULT_POLICY's, the one place they are set.
 KV_CACHE_CHOICES = ("sliding_window", "full")
-KV_AUTO = "auto"  # bf16 where it fits beside the transformer, else int8 (host.fast_model.fit_kv_dtype)
+KV_AUTO = "auto"  # the memory plan's dtype (pipeline.memory.plan_fast_memory)
 KV_DTYPE_CHOICES = (KV_AUTO, *KV_DTYPES)
 MAX_KV_FRAMES = 240  # the latent frames of 957 video frames, the longest Fast video; more is the full cache
 
@@ -273,9 +273,9 @@ def fast_cache_inputs() -> list:
                      tooltip="sliding_window: the video's first latent frames that always stay in view (the "
                      "start image is latent frame 0); smaller than kv_window - 2."),
         io.Combo.Input("kv_dtype", options=list(KV_DTYPE_CHOICES), default=KV_AUTO,
-                       tooltip="auto: bf16 when the cache fits the GPU beside the transformer, int8 when it does "
-                       "not (the log says which; on a 24 GB card bf16 for the Fast Sampler, int8 for Fast Long "
-                       "Video and Play, which also hold the VAE). bf16: the cache in the model's precision. int8: "
+                       tooltip="auto: bf16 when the run fits the GPU with it (the memory plan: the transformer, the "
+                       "cache, the VAE where the node holds one, and a margin), else int8; the log says which and "
+                       "why. bf16: the cache in the model's precision. int8: "
                        "the cached frames in 8 bits with per-token scales, about 40% of the memory (~4.7 GB "
                        "instead of 11.9 GB for window 9 at 480x832); a small error in what later chunks see."),
     ]
@@ -408,7 +408,8 @@ def pick_prompt(text, positive, text_dim: int) -> torch.Tensor:
 
 def cache_policy(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str) -> CachePolicy:
     """The KV cache policy of the Fast widgets; errors name the widget. kv_dtype "auto"
-    gives the bf16 policy, which the node then fits to the device (``fit_kv_dtype``)."""
+    gives the bf16 policy, whose dtype the memory plan then decides for the device
+    (``host.fast_model.prepared_fast_run``)."""
     if kv_cache not in KV_CACHE_CHOICES:
         raise ValueError(f"kv_cache: {kv_cache!r} is not one of {', '.join(KV_CACHE_CHOICES)}")
     if kv_dtype not in KV_DTYPE_CHOICES:

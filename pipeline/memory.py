@@ -409,7 +409,9 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
                      vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
                      kv_dtype: str | None = None, terms_bytes: int = 0, graph_bytes: int = 0) -> FastMemoryPlan:
     """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
-    the kv_dtype, block swap, where the VAE runs, and the decode overlap).
+    the kv_dtype, block swap, where the VAE runs, and the decode overlap). Its kv_dtype is the
+    one rule of kv_dtype ``auto``: the Fast nodes (``nodes/host/fast_model.py``) and the
+    bench's ``--memory auto`` (``bench/memory_plan.py``) take it from here.
 
     ``transformer_bytes``: the Fast transformer with every block on the GPU (``blocks``
     blocks); ``run_bytes``: ``fast_run_bytes`` per cache dtype ("bf16", "int8");
