@@ -28,13 +28,12 @@ import numpy as np
 import torch
 
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
-from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders.layout import NF4_WEIGHTS_FILE, read_config, require_layout  # noqa: E402
 from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
-from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import CameraPath, camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
-from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import DiskExperts, load_expert  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
@@ -217,9 +216,9 @@ def sampling_record(experts: TimedExperts, step_times: list[float], params: Samp
 
 
 def run_load_expert(args: argparse.Namespace) -> dict:
-    """Load one NF4 expert to CUDA twice (the second from page cache), then once more from
-    the page cache the way safetensors copies to CUDA by itself (no pinned staging); peak
-    RssAnon."""
+    """Load the package's high-noise expert (any layout) to CUDA twice (the second from page
+    cache), then once more from the page cache the way safetensors copies to CUDA by itself
+    (no pinned staging); peak RssAnon."""
     files = find_package(args.package)
     record = base_record(args) | {"mode": "load-expert", "file_gb": sum(
         p.stat().st_size for p in files.high.iterdir()) / GB}
@@ -231,7 +230,7 @@ def run_load_expert(args: argparse.Namespace) -> dict:
                 tensor_source.make_uploader = lambda device: None
             try:
                 with watch.phase(f"load_{label}"):
-                    model = load_nf4_expert(files.high, "cuda")
+                    model = load_expert(files.high, "cuda")
                     sync()
             finally:
                 tensor_source.make_uploader = original
@@ -252,7 +251,7 @@ def run_naive_load(args: argparse.Namespace) -> dict:
     from comfyui_lingbot_world.wan.model import LingBotDiT
 
     files = find_package(args.package)
-    weights = files.high / "model.safetensors"
+    weights = require_layout(files.high, "nf4") / NF4_WEIGHTS_FILE  # the community recipe reads NF4 only
     config = read_config(files.high)
     record = base_record(args) | {"mode": "naive-load", "file_gb": weights.stat().st_size / GB}
     suffix = ".weight.quant_state.bitsandbytes__nf4"

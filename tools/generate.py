@@ -56,8 +56,9 @@ DEFAULT_AREA = 480 * 832
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="generate", description=__doc__)
     p.add_argument("--package", required=True, type=Path,
-                   help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders) or the "
-                   "official bf16 release (high_noise_model/, low_noise_model/)")
+                   help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders), an fp8 one "
+                   "(*_fp8, from quantize --format fp8) or the official bf16 release (high_noise_model/, "
+                   "low_noise_model/)")
     p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads)")
     p.add_argument("--prompt", help="text prompt (or --prompt-file)")
     p.add_argument("--prompt-file", type=Path, help="UTF-8 text file holding the prompt")

@@ -38,10 +38,10 @@ import torch
 
 from ..loaders.errors import CheckpointError
 from ..loaders.fp8 import convert_to_fp8
-from ..loaders.layout import LAYOUTS
 from ..loaders.new_file import install, partial_name, remove
 from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan_conversion
-from ..loaders.release import FAST, Release, ReleaseExpert, find_release
+from ..loaders.package import FAST, expert_folder
+from ..loaders.release import Release, ReleaseExpert, find_release
 from . import cli
 
 PROGRESS_SECONDS = 5.0  # at most one progress line this often per expert
@@ -75,7 +75,7 @@ class Job:
 
     def out_name(self, expert: ReleaseExpert) -> str:
         """The expert's folder in --out: its official name with the layout's suffix."""
-        return expert.role + LAYOUTS[self.format].folder_suffix
+        return expert_folder(expert.role, self.format)
 
 
 def _human(n: float) -> str:
