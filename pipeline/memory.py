@@ -139,6 +139,19 @@ def graph_pool_bytes(config: DiTConfig, latent_height: int, latent_width: int, c
     return activation_bytes(tokens, config.dim)
 
 
+# The weights' auto keeps this share of the card (at least WEIGHTS_RESERVE_MIN) free of the
+# transformer's weights, for the activations, the VAE and the Fast KV cache (Fast at 480x832
+# with the int8 cache needed about 7 GiB of working memory beside an NF4 transformer): a rule
+# of thumb.
+WEIGHTS_RESERVE_FRACTION = 0.25
+WEIGHTS_RESERVE_MIN = 8 * GIB
+
+
+def weights_budget(card_bytes: int) -> int:
+    """What weights ``auto`` lets a transformer's weights take of a card of ``card_bytes``."""
+    return int(card_bytes) - max(WEIGHTS_RESERVE_MIN, int(card_bytes * WEIGHTS_RESERVE_FRACTION))
+
+
 def fits(need: int, total: int, slack: int = 0) -> bool:
     """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it,
     less ``slack`` bytes kept free)."""

@@ -36,7 +36,9 @@ from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
 from ..loaders.new_file import new_file
 from ..pipeline.camera_preview import draw_trajectory
+from ..pipeline.experts import AS_STORED, WEIGHT_CHOICES, weight_kind_for
 from ..pipeline.generate import generate
+from ..pipeline.memory import resolve_device
 from ..pipeline.long_video import WindowParams
 from ..pipeline.lora import LoraSpec
 from ..pipeline.sampler_presets import PRESET_FRAMES, SAMPLER_PRESETS, apply_preset
@@ -108,6 +110,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--quantize", choices=("nf4",), help="quantize the experts of the official bf16 release to "
                    "NF4 while loading")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default=AS_STORED,
+                   help="the kind the experts' linear weights are held in once loaded, as the DiT loaders' weights "
+                   "input: as stored (a bf16 release follows --quantize), auto (the fastest kind this GPU runs whose "
+                   "weights fit beside the run; off CUDA as stored), or one of bf16, nf4, fp8, int8")
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16, help="frame rate of the .mp4")
@@ -277,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _flag_error("--lora", read_lora, spec.path, skeleton)
         del skeleton
     cli.attention(params.attention, device, "--attention")  # one tiny call: a kernel that cannot run answers now
+    for folder in (files.high, files.low):  # headers only: a kind this device cannot run answers now
+        _flag_error("--weights", weight_kind_for, folder, resolve_device(device), args.weights, args.quantize,
+                    args.block_swap or None)
     if args.preview and camera is not None:
         with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
             Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
@@ -287,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = generate(
             args.package, image, prompt, args.negative_prompt, frames, height, width, args.out, camera, params,
-            windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize,
+            windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize, weights=args.weights,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
             blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),
