@@ -24,11 +24,10 @@ FAST_DEVICES = ("single", "sequence_parallel", DECODE_ON_SECOND_GPU, "auto")
 DEVICES_TOOLTIP = (
     "single: one GPU. sequence_parallel: every chunk on 2 or 4 GPUs at once (as many as divide the model's 40 "
     "heads; ComfyUI's GPU first), each chunk's tokens split between them and the KV cache split by head, a worker "
-    "process per extra GPU kept warm between prompts; each GPU holds a copy of the transformer. Pays on NVLink "
-    "(measured on two H100s: a 480x832 chunk 0.72 s, Play 12 frames/s; one H100: 1.21 s), not on PCIe cards "
-    "without peer-to-peer. decode_on_second_gpu: the transformer on ComfyUI's GPU, the VAE of Play and Fast Long "
-    "Video (the start frame's encode, every chunk's decode) on the next GPU, so the decode never slows the next "
-    "chunk (measured on two H100s: Play 9.1 frames/s against 7.9 on one); the Fast Sampler itself runs as single. "
+    "process per extra GPU kept warm between prompts; each GPU holds a copy of the transformer. Pays on NVLink, "
+    "not on PCIe cards without peer-to-peer. decode_on_second_gpu: the transformer on ComfyUI's GPU, the VAE of "
+    "Play and Fast Long Video (the start frame's encode, every chunk's decode) on the next GPU, so the decode never "
+    "slows the next chunk; the Fast Sampler itself runs as single (measured figures: bench/RESULTS.md). "
     "auto: with 2 or more GPUs, times an all-to-all between them once per ComfyUI process (64 MB) and runs "
     f"sequence_parallel when it moves at least {NVLINK_CLASS_GBPS:.0f} GB/s, else decode_on_second_gpu (Fast has "
     "no CFG to split); model_info says what it measured and picked. See docs/multi_gpu.md.")

@@ -385,7 +385,7 @@ MIN_BLOCKS_ON_GPU = 1
 # compute per block and pass in a Fast chunk. A block's kept camera terms (0.09 GiB at
 # 480x832) save ~4 ms a chunk, so under block swap the plan swaps up to this share to keep
 # them: measured under a 24 GiB cap on an H100, 31 blocks on the GPU with terms of 4 ran a
-# chunk in 1.311 s, 21 blocks with terms of all 40 in 1.200 s (bench/RESULTS.md, seventh session).
+# chunk in 1.311 s, 21 blocks with terms of all 40 in 1.200 s (bench/RESULTS.md).
 SWAP_HIDDEN_SHARE = 0.5
 # A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
 # chunk, beside its carried state): what the overlap adds beside the next chunk's generation.

@@ -54,8 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the official bf16 release folder (or one expert folder, e.g. lingbot_world_fast/)")
     p.add_argument("--out", type=Path, required=True, help="the NF4 package folder to write into (created if missing)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where bitsandbytes quantizes: cuda is much faster; on 2 CPU cores an A14B expert takes "
-                   "about 20 minutes")
+                   help="where the experts are quantized: cuda is much faster than the CPU")
     p.add_argument("--format", choices=FORMATS, default="nf4",
                    help="nf4: bitsandbytes 4-bit (~9.6 GB an expert, the default); fp8: e4m3 with per-channel scales "
                    "(~18.5 GB, for the fp8 GEMMs of RTX 40 / H100 and newer)")

@@ -175,7 +175,7 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                                   fast.config, fast.identity, fast.devices, fast.decode_device, fast.attention)
     if vae and not plan.vae_on_gpu and device.type == "cuda":
         # Measured on an H100 under a 12 GiB cap: the float32 VAE on the CPU took 278 s to encode
-        # the start frame's condition before the first chunk (bench/RESULTS.md, fifth wave).
+        # the start frame's condition before the first chunk (bench/RESULTS.md).
         log.warning("LingBot Fast: no room for the VAE beside the transformer on %s (%s): it runs on the CPU, "
                     "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
                     "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())

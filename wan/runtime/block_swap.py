@@ -7,10 +7,10 @@ stream while earlier blocks compute.
 
 Which blocks are swapped (``swapped_blocks``): spread evenly over the stack, not the last
 N-K. A swapped block's copy starts when the swapped block before it starts computing, so it
-hides behind every block between the two. In the exact path one block computes ~100 ms
-against a ~9 ms copy and either order hides; a Fast chunk's block computes ~5 ms against
-~9 ms for an fp8 block's 0.46 GB over PCIe 5, so swapped blocks in a row would wait for
-their copies, and spread ones (every second block or sparser) do not.
+hides behind every block between the two. In the exact path a block computes many times
+longer than its copy takes and either order hides; a Fast chunk's block computes in less time
+than an fp8 block's copy over PCIe takes, so swapped blocks in a row would wait for their
+copies, and spread ones (every second block or sparser) do not (bench/RESULTS.md).
 ``LINGBOT_SWAP_SPREAD=0`` swaps the last N-K blocks instead (to compare).
 
 What moves is only the big part of a block: the ``weight`` of every linear-like layer
