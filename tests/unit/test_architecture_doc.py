@@ -5,6 +5,7 @@ imported only in nodes/."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -91,3 +92,37 @@ def test_the_import_check_sees_upward_imports() -> None:
     found = _pack_imports(ROOT / "loaders" / "probe.py", source)
     assert found == [(1, "pipeline"), (2, "host:folder_paths"), (3, "loaders")]
     assert _pack_imports(ROOT / "nodes" / "host" / "probe.py", "from ...wan import camera\n") == [(1, "wan")]
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _pack_module(path: str):
+    return importlib.import_module("comfyui_lingbot_world." + path.removesuffix(".py").replace("/", "."))
+
+
+def test_where_to_add_things_names_the_modules_that_hold_the_tables() -> None:
+    """Each "goes in" of the table (`module.py` `TABLE`) is a table in that module, and each
+    walk-through below it names files that exist."""
+    section = _section("Where to add things")
+    places = re.findall(r"^\| [^|]+ \| `((?:wan|loaders|pipeline|nodes|tools)/[\w/]+\.py)` `([A-Z_]+)`", section,
+                        flags=re.M)
+    assert len(places) >= 5, places  # layouts, GEMM kinds, attention backends, switches, samplers
+    for path, table in places:
+        rows = getattr(_pack_module(path), table, None)
+        assert isinstance(rows, dict) and rows, f"{path} holds no table {table}"
+    named = set(re.findall(r"`((?:tests|wan|loaders|pipeline|nodes|tools)/[\w/]+\.py)`", section))
+    assert {p for p in named if "<" not in p and not (ROOT / p).is_file()} == set()
+    for walk in ("GEMM kind", "attention backend", "checkpoint layout"):
+        assert f"\n### Adding a{'n' if walk[0] in 'aeiou' else ''} {walk}\n" in section, walk
+
+
+def test_each_auto_names_its_one_decider() -> None:
+    deciders = _section("Where to add things").split("\n### One decider per `auto`\n", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| ([\w ()]+) \| `((?:wan|pipeline|loaders)/[\w/]+\.py)` `(\w+)` \|", deciders, flags=re.M)
+    assert {choice for choice, _, _ in rows} >= {"attention", "kv_dtype (Fast)", "weights"}
+    for choice, path, function in rows:
+        decider = getattr(_pack_module(path), function, None)
+        assert callable(decider) and decider.__doc__, (choice, path, function)
