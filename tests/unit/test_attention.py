@@ -37,6 +37,13 @@ def test_auto_serves_a_sequence_parallel_run_only_with_a_backend_that_can(monkey
     assert attn.auto_backend((8, 9), {"sage"}) == "sage"
     assert attn.auto_backend((8, 9), {"sage"}, sequence_parallel=True) == "sdpa"
     assert attn.auto_backend((8, 9), {"sage", "fa2"}, sequence_parallel=True) == "flash"
+    monkeypatch.setattr(attn, "installed_kernels", lambda: frozenset({"sage"}))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 9))
+    cuda = torch.device("cuda", 0)
+    assert attn.decide("sage", cuda) == "sage"
+    with pytest.raises(ValueError, match="attention 'sage' cannot run here: sage cannot run a sequence-parallel model; "
+                                         "what runs here: sdpa; choose sdpa or auto"):
+        attn.decide("sage", cuda, sequence_parallel=True)
 
 
 def test_the_environment_decides_auto_and_an_explicit_choice_wins(monkeypatch):
