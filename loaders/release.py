@@ -94,7 +94,8 @@ def find_release(src: str | Path) -> Release:
                      if (name := expert_folder(role, layout)) != folders[role] and (src / name).is_dir()}
         hint = (f"; {', '.join(quantized)} are already quantized ({', '.join(sorted(set(quantized.values())))})"
                 if quantized else "")
-        raise CheckpointError(src, f"holds no bf16 expert folder ({', '.join(n + '/' for n in folders.values())}), found "
+        wanted = ", ".join(name + "/" for name in folders.values())
+        raise CheckpointError(src, f"holds no bf16 expert folder ({wanted}), found "
                                    f"{preview(found, limit=8) if found else 'nothing'}{hint}")
     shared = tuple(src / name for name in SHARED_FILES if (src / name).exists())
     missing = tuple(name for name in SHARED_FILES if not (src / name).exists())

@@ -93,11 +93,11 @@ def weights_input(default: str = AS_STORED) -> io.Combo.Input:
 ATTENTION_TOOLTIP = (
     "auto: LINGBOT_ATTENTION when it is set, else the kernel this GPU runs fastest among those installed (the same "
     "rule in every node and the command line): FlashAttention 3 on H100/H200 (pip install fa3-fwd), SageAttention "
-    "on RTX 30/40, flash-attn 2 on A100 and on RTX 30/40 without SageAttention, else PyTorch SDPA. flash_fp8 (H100/H200 only): "
-    "FlashAttention 3 on fp8 q, k and v, faster still, but it rounds them to 8 bits and its effect on the real "
-    "model's pictures is not measured, so auto never picks it (a bf16 Fast KV cache then also keeps its frames' "
-    "fp8 copy: more memory). sage, flash and flash_fp8 need their packages and a CUDA GPU; a choice that cannot "
-    "run here is refused naming what can. Speeds: bench/RESULTS.md.")
+    "on RTX 30/40, flash-attn 2 on A100 and on RTX 30/40 without SageAttention, else PyTorch SDPA. flash_fp8 "
+    "(H100/H200 only): FlashAttention 3 on fp8 q, k and v, faster still, but it rounds them to 8 bits and its "
+    "effect on the real model's pictures is not measured, so auto never picks it (a bf16 Fast KV cache then also "
+    "keeps its frames' fp8 copy: more memory). sage, flash and flash_fp8 need their packages and a CUDA GPU; a "
+    "choice that cannot run here is refused naming what can. Speeds: bench/RESULTS.md.")
 
 
 def attention_input(what: str) -> io.Combo.Input:
@@ -121,9 +121,9 @@ def block_swap_input() -> io.Int.Input:
                         max=MAX_BLOCK_SWAP, step=1,
                         tooltip="Blocks kept on the GPU; 0 = all (no block swap). N > 0 keeps N of the 40 "
                         "blocks on the GPU; the other blocks (spread among them) wait in pinned RAM and each "
-                        "streams to the GPU while the blocks before it compute. Lower = less VRAM (~0.2 GB per block for an "
-                        "NF4 A14B expert, ~0.9 GB for bf16) and more RAM; while the copies hide behind the compute, the "
-                        "same speed (measured figures: bench/RESULTS.md).")
+                        "streams to the GPU while the blocks before it compute. Lower = less VRAM (~0.2 GB per block "
+                        "for an NF4 A14B expert, ~0.9 GB for bf16) and more RAM; while the copies hide behind the "
+                        "compute, the same speed (measured figures: bench/RESULTS.md).")
 
 
 def device_input() -> io.Combo.Input:

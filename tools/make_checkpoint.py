@@ -160,7 +160,8 @@ def write_package(out: Path, preset: str, layout: str, seed: int, device: str, p
     if "experts" in parts:
         write_expert = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
         for offset, role in enumerate(BASE_ROLES):  # high- and low-noise differ by seed
-            put(expert_folder(role, layout), lambda path, offset=offset: write_expert(path, shapes["dit"], seed=seed + offset, device=device))
+            put(expert_folder(role, layout),
+                lambda path, offset=offset: write_expert(path, shapes["dit"], seed=seed + offset, device=device))
     if "t5" in parts:
         put(T5_FILE, lambda path: write_t5_checkpoint(path, shapes["t5"], seed=seed + 2))
     if "comfy_t5" in parts:  # the same weights as the t5 part (same seed), ComfyUI's layout

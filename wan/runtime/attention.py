@@ -297,8 +297,8 @@ def _why_not(backend: AttentionBackend, device: torch.device, sequence_parallel:
         low, high = backend.min_capability, backend.max_capability
         wanted = (f"{low[0]}.{low[1]}" if low == high else f"{low[0]}.{low[1]} or newer" if high is None
                   else f"{low[0]}.{low[1]} to {high[0]}.{high[1]}")
-        return (f"{backend.name} needs a GPU of compute capability {wanted} (Hopper: H100 / H200 for 9.0) and {device} is "
-                f"{capability[0]}.{capability[1]}")
+        return (f"{backend.name} needs a GPU of compute capability {wanted} (Hopper: H100 / H200 for 9.0) and "
+                f"{device} is {capability[0]}.{capability[1]}")
     if not backend.installed(installed_kernels()):
         return f"{backend.package} cannot be imported"
     if sequence_parallel and not backend.supports_sequence_parallel:
