@@ -11,7 +11,6 @@ import comfy.model_management as mm
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.parallel_pool import NVLINK_CLASS_GBPS
-from ..wan.runtime.attention import decide as decide_attention
 from . import inputs
 from .host.fast_model import FastDiT
 from .host.workers import comfy_gpus, measured_link, parallel_gpus
@@ -142,8 +141,6 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
         else:
             said = describe(identity)
         gpus, decode_gpu, placed = fast_devices(devices, config.num_heads)
-        if gpus:  # every rank attends to its shard of the heads: a kernel that cannot is refused now
-            decide_attention(attention, gpus[0], sequence_parallel=True)
         info = f"{said}; {load_line(options)}" + (f"; {placed}" if placed else "")
         log.info("LingBot Fast DiT Loader: %s", info)
         if attention != "auto":
