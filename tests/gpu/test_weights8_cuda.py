@@ -15,7 +15,7 @@ from comfyui_lingbot_world.pipeline.experts import load_expert, weight_kind_for
 from comfyui_lingbot_world.wan.runtime import attention as attn
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper
 from comfyui_lingbot_world.wan.runtime.dense import GEMM_KINDS, dense, gemm_kind, runs_on
-from comfyui_lingbot_world.wan.runtime import fused, weights8
+from comfyui_lingbot_world.wan.runtime import fused, switches, weights8
 from comfyui_lingbot_world.wan.runtime.weights8 import Linear8bit, quantize_activation, quantize_rows
 from fast_helpers import SHAPED, shaped_bf16_and_fp8
 
@@ -191,7 +191,7 @@ def test_quantize_activation_takes_the_kernel_on_cuda(monkeypatch: pytest.Monkey
     x = _activation(40, 512, torch.bfloat16)
     values, scales = quantize_activation(x, "fp8")
     assert len(calls) == 1 and "quantize_activation_pytorch" not in fused._broken
-    monkeypatch.setenv("LINGBOT_FUSED", "0")  # the switch back to the PyTorch ops
+    monkeypatch.setenv(switches.FUSED.name, "0")  # the switch back to the PyTorch ops
     eager_values, eager_scales = quantize_activation(x, "fp8")
     assert len(calls) == 1
     assert torch.equal(values.view(torch.uint8), eager_values.view(torch.uint8)) and torch.equal(scales, eager_scales)
