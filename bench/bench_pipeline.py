@@ -28,17 +28,17 @@ import numpy as np
 import torch
 
 import _pack  # noqa: F401  (bench/_pack.py: the checkout as comfyui_lingbot_world, before any pack import)
-from comfyui_lingbot_world.loaders.layout import read_config  # noqa: E402
+from comfyui_lingbot_world.loaders.layout import NF4_WEIGHTS_FILE, read_config, require_layout  # noqa: E402
 from comfyui_lingbot_world.loaders import tensor_source  # noqa: E402
-from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert  # noqa: E402
 from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import CameraPath, camera_condition, path_from_files, path_from_preset  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
-from comfyui_lingbot_world.pipeline.experts import DiskExperts  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import DiskExperts, load_expert  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.memory import release_module  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, expert_for, sample  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import make_sampler  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.switches import FUSED, SWITCHES  # noqa: E402
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from kernel_floor import block_floor_ms  # noqa: E402
 from memwatch import GB, MemoryWatch, read_status  # noqa: E402
@@ -92,8 +92,7 @@ def base_record(args: argparse.Namespace) -> dict:
 
 def env_record() -> dict:
     """The pack's settings that the environment changes, as this run had them (None: unset)."""
-    return {k: os.environ.get(k) for k in ("LINGBOT_SWAP_SPREAD", "LINGBOT_ATTENTION", "LINGBOT_FUSED",
-                                           "LINGBOT_CUDA_GRAPHS", "LINGBOT_STREAM_PRIORITY")}
+    return {name: os.environ.get(name) for name in SWITCHES}
 
 
 class TimedExperts(DiskExperts):
@@ -145,7 +144,7 @@ def run_pipeline(args: argparse.Namespace) -> dict:
     config = read_config(files.high)
     record = base_record(args) | {"size": args.size, "frames": args.frames, "steps": args.steps,
                                   "block_swap": args.block_swap, "batch_cfg": not args.no_batch_cfg,
-                                  "fused_kernels": os.environ.get("LINGBOT_FUSED", "1") != "0"}
+                                  "fused_kernels": FUSED()}
     cap_vram(args.vram_cap_gb)
     device = torch.device("cuda")
     # A small card encodes the prompt on the CPU: umT5-XXL alone is 10.6 GB in bf16.
@@ -218,9 +217,9 @@ def sampling_record(experts: TimedExperts, step_times: list[float], params: Samp
 
 
 def run_load_expert(args: argparse.Namespace) -> dict:
-    """Load one NF4 expert to CUDA twice (the second from page cache), then once more from
-    the page cache the way safetensors copies to CUDA by itself (no pinned staging); peak
-    RssAnon."""
+    """Load the package's high-noise expert (any layout) to CUDA twice (the second from page
+    cache), then once more from the page cache the way safetensors copies to CUDA by itself
+    (no pinned staging); peak RssAnon."""
     files = find_package(args.package)
     record = base_record(args) | {"mode": "load-expert", "file_gb": sum(
         p.stat().st_size for p in files.high.iterdir()) / GB}
@@ -232,7 +231,7 @@ def run_load_expert(args: argparse.Namespace) -> dict:
                 tensor_source.make_uploader = lambda device: None
             try:
                 with watch.phase(f"load_{label}"):
-                    model = load_nf4_expert(files.high, "cuda")
+                    model = load_expert(files.high, "cuda")
                     sync()
             finally:
                 tensor_source.make_uploader = original
@@ -253,7 +252,7 @@ def run_naive_load(args: argparse.Namespace) -> dict:
     from comfyui_lingbot_world.wan.model import LingBotDiT
 
     files = find_package(args.package)
-    weights = files.high / "model.safetensors"
+    weights = require_layout(files.high, "nf4") / NF4_WEIGHTS_FILE  # the community recipe reads NF4 only
     config = read_config(files.high)
     record = base_record(args) | {"mode": "naive-load", "file_gb": weights.stat().st_size / GB}
     suffix = ".weight.quant_state.bitsandbytes__nf4"

@@ -66,6 +66,7 @@ from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
 from bench_pipeline import env_record  # noqa: E402
 from memory_plan import apply_memory_plan  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.attention import CHOICES as ATTENTION_CHOICES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES, CachePolicy  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS, fast_step_indices  # noqa: E402
 from memwatch import GB, MemoryWatch  # noqa: E402
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--camera-terms", type=int, default=None,
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
-    p.add_argument("--attention", default=None, help="auto|sdpa|sage|flash (default: the process default)")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
+                   help="attention kernel; auto: the nodes' rule (wan/runtime/attention.py decide)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay the chunk's passes from CUDA graphs once the cache is full (FastParams.cuda_graphs)")
     p.add_argument("--vram-cap-gb", type=float, default=None)

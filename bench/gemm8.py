@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
-from comfyui_lingbot_world.wan.runtime.dense import runs_on  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.dense import GEMM_KINDS, runs_on  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.weights8 import (  # noqa: E402
-    PRODUCTS,
     quantize_activation,
     quantize_activation_pytorch,
     quantize_rows,
@@ -73,7 +72,7 @@ def measure(tokens: int, out_features: int, in_features: int, kinds: list[str], 
             fn = lambda: F.linear(x, w, bias)  # noqa: E731
         else:
             values, scales = quantize_rows(w, kind)
-            fn = (lambda v=values, s=scales, k=kind: PRODUCTS[k](x, v, s, bias))  # noqa: E731
+            fn = (lambda v=values, s=scales, k=kind: GEMM_KINDS[k].product(x, v, s, bias))  # noqa: E731
         ms = time_ms(fn, device, repeats)
         got = fn().float()
         rows[kind] = {"ms": ms, "tflops": flops / ms / 1e9,

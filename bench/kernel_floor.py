@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import _pack  # noqa: F401  (registers the checkout as comfyui_lingbot_world)
-from comfyui_lingbot_world.wan.runtime.weights8 import PRODUCTS, quantize_rows  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.dense import GEMM_KINDS  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.weights8 import quantize_rows  # noqa: E402
 from comfyui_lingbot_world.wan.geometry import MAX_TOKENS  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def linear_fn(x: torch.Tensor, weight: torch.Tensor, weights: str = "bf16"):
     if weights == "bf16":
         return lambda: F.linear(x, weight)
     values, scales = quantize_rows(weight, weights)
-    product = PRODUCTS[weights]
+    product = GEMM_KINDS[weights].product
     return lambda: product(x, values, scales, None)
 
 

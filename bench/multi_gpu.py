@@ -415,8 +415,8 @@ def run_sp(args) -> int:
     from comfyui_lingbot_world.pipeline.parallel_pool import PARALLEL_ENV, ParallelModel, RankPool, apply_env
     from comfyui_lingbot_world.pipeline.placement import AUTO, MODELS, decide_devices
     from comfyui_lingbot_world.wan.config import A14B, TINY
-    from comfyui_lingbot_world.wan.runtime.attention import ENV_VAR as ATTENTION_ENV, backend_name
-    from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV
+    from comfyui_lingbot_world.wan.runtime.attention import backend_name
+    from comfyui_lingbot_world.wan.runtime.switches import SWITCHES
 
     apply_env()
     worlds = sorted(set(args.ranks or [2]))
@@ -452,7 +452,7 @@ def run_sp(args) -> int:
               "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "tiny": args.tiny,
               "weights": args.weights,
-              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE", OVERLAP_ENV, ATTENTION_ENV)}}
+              "env": {k: os.environ.get(k) for k in (*PARALLEL_ENV, "NCCL_P2P_DISABLE", *SWITCHES)}}
     model = factory(devices[0])
     from comfyui_lingbot_world.wan.runtime.dense import gemm_kind
 
@@ -540,7 +540,8 @@ def _compare_attention(args, model, config, height: int, width: int, device: tor
 
     from fast_chunks import kernel_floor
     from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
-    from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV, CachePolicy
+    from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
+    from comfyui_lingbot_world.wan.runtime.switches import KV_FP8_KEEP
 
     floor = None
     if device.type == "cuda" and args.weights in ("fp8", "int8"):
@@ -552,9 +553,9 @@ def _compare_attention(args, model, config, height: int, width: int, device: tor
         name, _, variant = entry.strip().partition(":")
         if variant not in ("", "cast"):
             raise SystemExit(f"--attention-compare: {entry!r}: the only variant is NAME:cast")
-        saved = os.environ.get(KEEP_FP8_ENV)
+        saved = os.environ.get(KV_FP8_KEEP.name)
         if variant == "cast":
-            os.environ[KEEP_FP8_ENV] = "0"
+            os.environ[KV_FP8_KEEP.name] = "0"
         try:
             with attention_backend(name), torch.no_grad():
                 record = {"attention": backend_name(device), "kv_fp8_keep": variant != "cast"}
@@ -562,9 +563,9 @@ def _compare_attention(args, model, config, height: int, width: int, device: tor
                                                 args.camera_terms, args.cuda_graphs, common["steps"])
         finally:
             if saved is None:
-                os.environ.pop(KEEP_FP8_ENV, None)
+                os.environ.pop(KV_FP8_KEEP.name, None)
             else:
-                os.environ[KEEP_FP8_ENV] = saved
+                os.environ[KV_FP8_KEEP.name] = saved
         if reference is None:
             reference = got
         record["fast"]["rel_vs_first"] = [rel_err(got[i], reference[i]) for i in range(len(got))]  # first, last chunk

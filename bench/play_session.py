@@ -69,8 +69,10 @@ from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry  # noqa
 from comfyui_lingbot_world.pipeline.text import encode_text  # noqa: E402
 from comfyui_lingbot_world.pipeline.video_file import VideoWriter  # noqa: E402
 from comfyui_lingbot_world.wan.conditioning import image_to_tensor  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.attention import CHOICES as ATTENTION_CHOICES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import KV_DTYPES  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.switches import STREAM_PRIORITY  # noqa: E402
 from comfyui_lingbot_world.wan.scheduler import DEFAULT_FAST_STEPS, FAST_STEPS  # noqa: E402
 from fast_chunks import PROMPT, cap_vram, load_image, sync  # noqa: E402
 from bench_pipeline import env_record  # noqa: E402
@@ -287,9 +289,9 @@ def load_dit(args, dit: Path | None, device: torch.device):
         raise
 
 
-def _attention_used(choice: str | None, device: torch.device) -> str:
-    """The attention kernel the session's forwards run (``--attention``, else LINGBOT_ATTENTION
-    or the installed default), named as the backend table names it."""
+def _attention_used(choice: str, device: torch.device) -> str:
+    """The attention kernel the session's forwards run (``--attention``; auto: the nodes' rule),
+    named as the backend table names it."""
     from comfyui_lingbot_world.wan.runtime.attention import attention_backend, backend_name
 
     with attention_backend(choice):
@@ -321,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--camera-terms", type=int, default=None,
                    help="blocks whose camera terms a chunk keeps (FastParams.camera_terms; 40: all, 0: none); "
                         "default: the memory plan's with --memory auto, else 0")
-    p.add_argument("--attention", default=None)
+    p.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
+                   help="attention kernel; auto: the nodes' rule (wan/runtime/attention.py decide)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each chunk's passes from CUDA graphs once the cache is full (with --memory auto: "
                         "where the plan has room for their pool)")
@@ -410,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                     record["link"] = pool.measure_link()
                 priorities = [v.strip() for v in args.stream_priority.split(",") if v.strip()]
                 for priority, decoder_name, mode in itertools.product(priorities, decoders, modes):
-                    os.environ["LINGBOT_STREAM_PRIORITY"] = "0" if priority == "off" else "1"
+                    os.environ[STREAM_PRIORITY.name] = "0" if priority == "off" else "1"
                     key = mode if decoders == ["wan"] else f"{mode}_{decoder_name}"
                     key += "" if priorities == ["on"] else f"_priority_{priority}"
                     try:

@@ -56,6 +56,7 @@ from comfyui_lingbot_world.loaders.package import find_package  # noqa: E402
 from comfyui_lingbot_world.pipeline.camera import camera_condition  # noqa: E402
 from comfyui_lingbot_world.pipeline.guards import VAE_PRECISIONS  # noqa: E402
 from comfyui_lingbot_world.pipeline.decode import decode  # noqa: E402
+from comfyui_lingbot_world.pipeline.experts import AS_STORED  # noqa: E402
 from comfyui_lingbot_world.pipeline.image import encode_image  # noqa: E402
 from comfyui_lingbot_world.pipeline.lora import LoraExperts, LoraSpec  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampler_presets import apply_preset  # noqa: E402
@@ -141,9 +142,9 @@ def run_variant(args: argparse.Namespace, name: str, options: dict[str, str], im
                                      precision=options.get("vae", "fp32"))
         with watch.phase("camera"):
             camera = camera_condition(bench_camera_path(args), args.frames, height, width)
-        # weights: the kind the experts' linears are held and multiplied in (fp8, int8: made on load
-        # from the package's NF4; default: the package's own, the exact path's bf16 products)
-        experts = TimedExperts(files.high, files.low, device, quantize=options.get("weights"),
+        # weights: the kind the experts' linears are held and multiplied in, the loaders' choice
+        # (fp8, int8: made on load from the package's NF4; auto: the nodes' rule; default: as stored)
+        experts = TimedExperts(files.high, files.low, device, weights=options.get("weights", AS_STORED),
                                blocks_on_gpu=args.block_swap or None)
         source = experts
         if "lora" in options:

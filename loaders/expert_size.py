@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..wan.runtime.block_swap import resident_blocks, swapped_weight_keys
-from ..wan.runtime.dense import NF4_BYTES_PER_WEIGHT, weight_bytes
+from ..wan.runtime.dense import weight_bytes
 from .dit_weights import build_on_meta, linear_layers
 from .layout import CONFIG_FILE, layout_of, read_config
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt")
-__all__ = ["NF4_BYTES_PER_WEIGHT", "expert_memory", "expert_size_bytes", "expert_host_bytes"]
+__all__ = ["expert_memory", "expert_size_bytes", "expert_host_bytes"]
 
 
 def expert_memory(folder: str | Path, quantize: str | None = None,

@@ -29,6 +29,7 @@ from ..wan.config import A14B, DiTConfig
 from .errors import CheckpointError
 from .json_file import read_json_object
 from .layout import CONFIG_FILE
+from .package import BASE_ROLES, FAST
 
 ModelKind = Literal["fast", "base", "unknown"]
 
@@ -37,9 +38,6 @@ BASE_CLASS = "WanModel"
 # Init fields of the Fast class that diffusers writes into config.json (upstream defaults:
 # the full cache). A Base expert's config has neither.
 FAST_FIELDS = {"local_attn_size": -1, "sink_size": 0}
-FAST_FOLDER_PREFIX = "lingbot_world_fast"
-FAST_NF4_FOLDER = f"{FAST_FOLDER_PREFIX}_bnb_nf4"
-BASE_FOLDER_PREFIXES = ("high_noise_model", "low_noise_model")
 # Field names of diffusers' Wan transformer configs, never of the official ones.
 DIFFUSERS_FIELDS = ("in_channels", "num_attention_heads", "attention_head_dim")
 # What the official Fast config.json holds besides `_class_name` (the upstream class's
@@ -64,9 +62,9 @@ class ModelIdentity:
 
 def _folder_kind(name: str) -> ModelKind:
     name = name.lower()
-    if name.startswith(FAST_FOLDER_PREFIX):
+    if name.startswith(FAST):
         return "fast"
-    if name.startswith(BASE_FOLDER_PREFIXES):
+    if name.startswith(BASE_ROLES):
         return "base"
     return "unknown"
 
@@ -169,6 +167,6 @@ def fast_config_fields(config: DiTConfig) -> dict[str, Any]:
     return data
 
 
-__all__ = ["BASE_CLASS", "FAST_CLASS", "FAST_FIELDS", "FAST_FOLDER_PREFIX", "FAST_NF4_FOLDER", "ModelIdentity",
+__all__ = ["BASE_CLASS", "FAST_CLASS", "FAST_FIELDS", "ModelIdentity",
            "ModelKind", "assumed_message", "config_fields", "describe", "fast_config_fields", "identify_model",
            "require_model"]

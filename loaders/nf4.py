@@ -21,6 +21,8 @@ from torch import nn
 
 from ..wan.runtime.block_swap import BlockSwapper, host_weights_for, resident_blocks
 from ..wan.runtime.bnb import Linear4bit, Params4bit, unpack_tensor_to_dict
+from ..wan.runtime.weights4 import BLOCKSIZE, DOUBLE_QUANT, finish_layer, quantize_linear
+from ..wan.runtime.weights4 import packed_shape as nf4_packed_shape
 from ..wan.config import CONTROL_WEIGHT, DiTConfig
 from ..wan.model import LingBotDiT
 from .dit_weights import (build_on_meta, check_block_count, check_shapes, config_with_control, float_dtype,
@@ -68,8 +70,8 @@ def as_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class NF4Meta:
-    blocksize: int = 64
-    double_quant: bool = True
+    blocksize: int = BLOCKSIZE
+    double_quant: bool = DOUBLE_QUANT
     compute_dtype: torch.dtype = torch.bfloat16
     extra: Mapping[str, Any] = field(default_factory=dict)  # provenance, kept as written
 
@@ -127,55 +129,6 @@ def write_nf4_files(
 
 # --- quantizing ---------------------------------------------------------------------------
 
-# bitsandbytes repacks a 4-bit weight for its AVX512-BF16 CPU kernel on the first eval-mode
-# forward; that repacking assumes in_features divisible by the blocksize and out_features by
-# 32 and crashes otherwise (small layers of test geometries). Such layers keep the generic path.
-_CPU_REPACK_OUT_MULTIPLE = 32
-
-
-def _finish_layer(layer: Linear4bit, blocksize: int) -> Linear4bit:
-    if layer.in_features % blocksize or layer.out_features % _CPU_REPACK_OUT_MULTIPLE:
-        layer.support_avx512bf16_for_cpu = False
-    # Params4bit.module points back at the layer: a reference cycle that keeps a dropped
-    # model's (GPU) memory alive until the garbage collector runs. The link only serves
-    # quantization, which is done; bitsandbytes' own Params4bit.to() leaves it unset too.
-    layer.weight.module = None
-    return layer
-
-
-def quantize_linear(
-    linear: nn.Linear,
-    blocksize: int = 64,
-    double_quant: bool = True,
-    compute_dtype: torch.dtype = torch.bfloat16,
-) -> Linear4bit:
-    """A new NF4 ``Linear4bit`` holding ``linear``'s weights, quantized on their own device.
-
-    bitsandbytes does the quantization (``Params4bit.to(device)``); the weight is cast to
-    ``compute_dtype`` first, which is also the dtype the layer dequantizes to.
-    """
-    weight = linear.weight.detach()
-    if weight.is_meta:
-        raise ValueError("cannot quantize a layer that is still on the meta device")
-    layer = Linear4bit(
-        linear.in_features, linear.out_features, bias=linear.bias is not None, compute_dtype=compute_dtype,
-        compress_statistics=double_quant, quant_type="nf4", device="meta",
-    )
-    param = Params4bit(
-        weight.to(compute_dtype), requires_grad=False, blocksize=blocksize,
-        compress_statistics=double_quant, quant_type="nf4", module=layer,
-    )
-    layer.weight = param.to(weight.device)
-    if linear.bias is not None:
-        layer.bias = nn.Parameter(linear.bias.detach().to(compute_dtype), requires_grad=False)
-    return _finish_layer(layer, blocksize)
-
-
-def nf4_packed_shape(out_features: int, in_features: int) -> tuple[int, int]:
-    """Shape of the uint8 tensor bitsandbytes packs an [out, in] NF4 weight into (two values a byte)."""
-    return ((out_features * in_features + 1) // 2, 1)
-
-
 def _check_layer_settings(name: str, layer: Linear4bit, blocksize: int, double_quant: bool) -> None:
     state = layer.weight.quant_state
     if state is None or state.quant_type != "nf4":
@@ -195,8 +148,8 @@ def _cpu(tensor: torch.Tensor) -> torch.Tensor:
 def nf4_tensors(
     module: nn.Module,
     prefix: str = "",
-    blocksize: int = 64,
-    double_quant: bool = True,
+    blocksize: int = BLOCKSIZE,
+    double_quant: bool = DOUBLE_QUANT,
     compute_dtype: torch.dtype = torch.bfloat16,
     plain_dtype: torch.dtype = torch.bfloat16,
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -382,7 +335,7 @@ def _linear4bit_from_file(
         layer.weight.quant_state.to(device)  # in place: the layer's own quant_state is this object
     if linear.bias is not None:
         layer.bias = linear.bias  # already on the device, in compute dtype
-    return _finish_layer(layer, info["blocksize"])
+    return finish_layer(layer, info["blocksize"])
 
 
 def load_nf4_expert(

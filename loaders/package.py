@@ -1,20 +1,39 @@
-"""Find the files of a LingBot-World package (layout A or B, docs/conventions.md#checkpoint-layouts) under one
-root folder."""
+"""Find the files of a LingBot-World package (docs/conventions.md#checkpoint-layouts) under one
+root folder.
+
+A package names each expert's folder by its role (``high_noise_model``, ``low_noise_model``;
+``lingbot_world_fast``) and its layout's ``folder_suffix`` (``loaders/layout.py`` ``LAYOUTS``):
+``high_noise_model_bnb_nf4/`` (NF4), ``high_noise_model_fp8/`` (fp8), ``high_noise_model/``
+(bf16, the official release's name). A new layout's row names its folders here too.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError, preview
+from .layout import LAYOUTS
 
-# Expert folders, NF4 (layout A) first: when both are there the NF4 copy is the one that fits.
-HIGH_NOISE_FOLDERS = ("high_noise_model_bnb_nf4", "high_noise_model")
-LOW_NOISE_FOLDERS = ("low_noise_model_bnb_nf4", "low_noise_model")
+# The official folder names of the experts' roles (the bf16 release's).
+HIGH_NOISE = "high_noise_model"
+LOW_NOISE = "low_noise_model"
+BASE_ROLES = (HIGH_NOISE, LOW_NOISE)
 # LingBot-World Fast's one transformer (the official README puts it inside the Base-Cam folder).
-FAST_FOLDERS = ("lingbot_world_fast_bnb_nf4", "lingbot_world_fast")
+FAST = "lingbot_world_fast"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_FILE = "Wan2.1_VAE.pth"
 TOKENIZER_FOLDER = "tokenizer"
+
+
+def expert_folder(role: str, layout: str) -> str:
+    """The folder a package holds ``role``'s expert in when stored as ``layout``."""
+    return role + LAYOUTS[layout].folder_suffix
+
+
+def expert_folders(role: str) -> tuple[str, ...]:
+    """Every folder name ``role``'s expert may have, in ``LAYOUTS``' order: the smallest first,
+    which is the one a package that holds several is read from."""
+    return tuple(expert_folder(role, layout) for layout in LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -43,15 +62,21 @@ def find_package(root: str | Path) -> PackagePaths:
         raise CheckpointError(root, "package folder does not exist")
     if not root.is_dir():
         raise CheckpointError(root, f"is a file; pass the package folder that holds it ({root.parent})")
+    names = {p.name for p in root.iterdir() if p.is_file()}
+    layout = next((row.name for row in LAYOUTS.values() if row.present(names)), None)
+    if layout is not None:
+        raise CheckpointError(root, f"is the folder of one expert ({layout}); give the package folder above it "
+                                    f"({root.parent}), which holds both experts, the text encoder, the VAE and the "
+                                    "tokenizer")
 
-    high = _first_folder(root, HIGH_NOISE_FOLDERS)
-    low = _first_folder(root, LOW_NOISE_FOLDERS)
+    high = _first_folder(root, expert_folders(HIGH_NOISE))
+    low = _first_folder(root, expert_folders(LOW_NOISE))
     t5, vae, tokenizer = root / T5_FILE, root / VAE_FILE, root / TOKENIZER_FOLDER
     missing = []
-    if high is None:
-        missing.append(f"high-noise expert folder ({' or '.join(n + '/' for n in HIGH_NOISE_FOLDERS)})")
-    if low is None:
-        missing.append(f"low-noise expert folder ({' or '.join(n + '/' for n in LOW_NOISE_FOLDERS)})")
+    for role, folder, what in ((HIGH_NOISE, high, "high-noise"), (LOW_NOISE, low, "low-noise")):
+        if folder is None:
+            options = [name + "/" for name in expert_folders(role)]
+            missing.append(f"{what} expert folder ({', '.join(options[:-1])} or {options[-1]})")
     if not t5.is_file():
         missing.append(f"text encoder {T5_FILE}")
     if not vae.is_file():

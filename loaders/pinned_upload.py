@@ -1,9 +1,8 @@
 """Copy checkpoint tensors to a CUDA device through two pinned staging buffers.
 
 Handing safetensors a CUDA device makes it copy each tensor from pageable (memory-mapped)
-memory, which the driver stages through its own small buffers and waits on: an NF4 A14B
-expert (8.9 GB) took 2.5–3.6 s from the page cache on H100 machines, and 1.5 s this way on
-the same machine as the 2.5 s (bench/RESULTS.md). Here the host copies
+memory, which the driver stages through its own small buffers and waits on (an NF4 expert
+loads faster this way: bench/RESULTS.md). Here the host copies
 a tensor from the memory map into one page-locked buffer (PyTorch's CPU copy runs on all
 cores) while the GPU's DMA engine drains the other buffer asynchronously, so reading the
 page cache and the PCIe transfer overlap. Every transfer is queued on the current stream,

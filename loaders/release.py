@@ -17,12 +17,10 @@ from pathlib import Path
 from .errors import CheckpointError, preview
 from .layout import CONFIG_FILE, LAYOUTS, NF4_META_FILE, detect_expert_layout
 from .model_kind import FAST_FIELDS, identify_model
-from .package import FAST_FOLDERS, HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
+from .package import BASE_ROLES, FAST, T5_FILE, TOKENIZER_FOLDER, VAE_FILE, expert_folder
 
-# bf16 folder name -> NF4 folder name, in the order they are converted.
-NF4_NAMES = {bf16: nf4 for nf4, bf16 in (HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, FAST_FOLDERS)}
-FAST = FAST_FOLDERS[1]
-_BASE_ROLES = (HIGH_NOISE_FOLDERS[1], LOW_NOISE_FOLDERS[1])
+# The experts' roles, in the order they are converted; a release holds each in its bf16 folder.
+ROLES = (*BASE_ROLES, FAST)
 SHARED_FILES = (T5_FILE, VAE_FILE, TOKENIZER_FOLDER)
 
 
@@ -31,10 +29,6 @@ class ReleaseExpert:
     folder: Path  # a bf16 expert folder (layout B)
     role: str  # "high_noise_model", "low_noise_model" or "lingbot_world_fast"
     note: str = ""  # how the role was decided when config.json did not say
-
-    @property
-    def nf4_name(self) -> str:
-        return NF4_NAMES[self.role]
 
 
 @dataclass(frozen=True)
@@ -55,20 +49,20 @@ def _expert(folder: Path, role: str | None) -> ReleaseExpert:
     # otherwise the name the expert was found under.
     identity = identify_model(folder)
     name = role or folder.name
-    if identity.by_config == "fast" and name in _BASE_ROLES:
+    if identity.by_config == "fast" and name in BASE_ROLES:
         raise CheckpointError(folder / CONFIG_FILE,
                               f"is LingBot-World Fast's ({identity.config_evidence}), but the folder is {name}/, a Base "
                               f"expert's place; put the Fast transformer in {FAST}/ (or alone), and the Base "
                               "experts' own files here")
     if identity.by_config == "fast":
         return ReleaseExpert(folder, FAST)
-    if name in _BASE_ROLES:
+    if name in BASE_ROLES:
         return ReleaseExpert(folder, name)
     if name == FAST:
         return ReleaseExpert(folder, FAST, note=f"config.json does not say Fast ({identity.evidence}); "
                                                 f"taken as LingBot-World Fast by its folder name {FAST}/")
     raise CheckpointError(folder, f"holds a bf16 expert, but neither its name nor its config.json says which: "
-                                  f"{' or '.join(_BASE_ROLES)} (Base-Cam, Act) or LingBot-World Fast "
+                                  f"{' or '.join(BASE_ROLES)} (Base-Cam, Act) or LingBot-World Fast "
                                   f"(config.json with {', '.join(FAST_FIELDS)}); give the release folder "
                                   "that holds it, or rename it to its official name")
 
@@ -87,17 +81,21 @@ def find_release(src: str | Path) -> Release:
         raise CheckpointError(src, "is not a folder; give the release folder (lingbot-world-base-cam/ or the like)")
     if _is_expert_folder(src):
         return Release(src, (_expert(src, None),), (), ())
-    experts = [_expert(src / name, name) for name in NF4_NAMES if (src / name).is_dir()]
-    base = [e.role for e in experts if e.role in _BASE_ROLES]
+    folders = {role: expert_folder(role, "bf16") for role in ROLES}
+    experts = [_expert(src / name, role) for role, name in folders.items() if (src / name).is_dir()]
+    base = [e.role for e in experts if e.role in BASE_ROLES]
     if len(base) == 1:
-        other = next(r for r in _BASE_ROLES if r != base[0])
+        other = next(r for r in BASE_ROLES if r != base[0])
         raise CheckpointError(src, f"holds {base[0]}/ but not {other}/: a Base-Cam or Act release has both experts; "
                                    "the download is incomplete")
     if not experts:
         found = sorted(p.name + ("/" if p.is_dir() else "") for p in src.iterdir())
-        nf4 = [name for name in NF4_NAMES.values() if (src / name).is_dir()]
-        hint = f"; {', '.join(nf4)} are already NF4" if nf4 else ""
-        raise CheckpointError(src, f"holds no bf16 expert folder ({', '.join(n + '/' for n in NF4_NAMES)}), found "
+        quantized = {name: layout for role in ROLES for layout in LAYOUTS
+                     if (name := expert_folder(role, layout)) != folders[role] and (src / name).is_dir()}
+        hint = (f"; {', '.join(quantized)} are already quantized ({', '.join(sorted(set(quantized.values())))})"
+                if quantized else "")
+        wanted = ", ".join(name + "/" for name in folders.values())
+        raise CheckpointError(src, f"holds no bf16 expert folder ({wanted}), found "
                                    f"{preview(found, limit=8) if found else 'nothing'}{hint}")
     shared = tuple(src / name for name in SHARED_FILES if (src / name).exists())
     missing = tuple(name for name in SHARED_FILES if not (src / name).exists())

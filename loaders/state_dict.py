@@ -3,7 +3,7 @@
 The tensors come from a memory map (safetensors or ``torch.load(mmap=True)``), so each one is
 read from the page cache straight into its destination: no whole state dict in RAM. On the
 way to CUDA a CPU tensor goes through pinned staging buffers (``pinned_upload``), faster
-than copying from the memory map directly (1.6× for an NF4 expert on the H100).
+than copying from the memory map directly (bench/RESULTS.md).
 """
 from __future__ import annotations
 

@@ -1,19 +1,20 @@
 """Turn a loaded linear layer into another weight kind while an expert loads.
 
 The weight kinds are the rows of ``wan/runtime/dense.py`` ``GEMM_KINDS`` (bf16, nf4, fp8,
-int8). A loader that is asked for another kind than the one its file stores converts each
-linear layer the moment it is built, one layer at a time on the target device, so the
-peak stays one layer above the finished model: through the float weight (NF4 dequantized,
-8-bit rescaled) into the wanted kind (NF4 by bitsandbytes with the package's settings,
-``loaders.nf4.quantize_linear``; the others by their row's ``make``).
+int8), and everything here goes through the row: a loader that is asked for another kind
+than the one its file stores converts each linear layer the moment it is built, one layer at
+a time on the target device, so the peak stays one layer above the finished model: through
+the float weight (the held kind's ``float_weight``) into the wanted kind (its ``make``);
+block swap keeps each weight in pinned RAM as the row's ``host_weight`` says.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
-from ..wan.runtime.dense import GEMM_KINDS, dense, gemm_kind
-from ..wan.runtime.weights8 import Linear8bit, storage_dtype
+from ..wan.runtime.dense import GEMM_KINDS, gemm_kind
 
 WEIGHT_KINDS = tuple(GEMM_KINDS)  # bf16, nf4, fp8, int8
 
@@ -27,9 +28,7 @@ def check_kind(kind: str | None, what: str = "quantize") -> str | None:
 
 def float_weight(layer: nn.Module) -> torch.Tensor:
     """The layer's weight [out, in] as floats, whatever kind it holds."""
-    if isinstance(layer, Linear8bit):
-        return layer.dequantized()
-    return dense(layer).weight
+    return gemm_kind(layer).float_weight(layer)
 
 
 def linear_around(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -51,34 +50,19 @@ def convert_linear(layer: nn.Module, kind: str, dtype: torch.dtype = torch.bfloa
         return layer
     bias = None if layer.bias is None else layer.bias.detach().to(dtype)
     linear = linear_around(float_weight(layer).to(dtype), bias)
-    if kind == "nf4":
-        from .nf4 import quantize_linear  # bitsandbytes, with the package's settings
-
-        return quantize_linear(linear, compute_dtype=dtype)
-    make = GEMM_KINDS[kind].make
-    assert make is not None
-    return make(linear, dtype)
+    return GEMM_KINDS[kind].make(linear, dtype)
 
 
 def host_spec(kind: str, out_features: int, in_features: int,
               dtype: torch.dtype = torch.bfloat16) -> tuple[tuple[int, ...], torch.dtype]:
     """(shape, dtype) of a linear weight of kind ``kind`` as block swap keeps it in pinned RAM."""
-    if kind == "nf4":
-        from .nf4 import nf4_packed_shape
-
-        return nf4_packed_shape(out_features, in_features), torch.uint8
-    if kind == "bf16":
-        return (out_features, in_features), dtype
-    return (out_features, in_features), storage_dtype(kind)
+    return GEMM_KINDS[kind].host_weight(out_features, in_features, dtype)
 
 
 def host_bytes(kind: str, out_features: int, in_features: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """Pinned bytes of one such weight (``host_spec``'s size)."""
     shape, stored = host_spec(kind, out_features, in_features, dtype)
-    numel = 1
-    for n in shape:
-        numel *= n
-    return numel * stored.itemsize
+    return math.prod(shape) * stored.itemsize
 
 
 def move_weight_to_host(layer: nn.Module, host: torch.Tensor, name: str) -> None:

@@ -11,7 +11,6 @@ import comfy.model_management as mm
 from ..loaders.layout import detect_expert_layout, read_config
 from ..loaders.model_kind import assumed_message, describe, require_model
 from ..pipeline.placement import FAST, NVLINK_CLASS_GBPS, devices_choices
-from ..pipeline.sampling import ATTENTION_CHOICES
 from . import inputs
 from .host import gpus as host_gpus
 from .host.fast_model import FastDiT
@@ -24,11 +23,10 @@ FAST_DEVICES = devices_choices(FAST)
 DEVICES_TOOLTIP = (
     "single: one GPU. sequence_parallel: every chunk on 2 or 4 GPUs at once (as many as divide the model's 40 "
     "heads; ComfyUI's GPU first), each chunk's tokens split between them and the KV cache split by head, a worker "
-    "process per extra GPU kept warm between prompts; each GPU holds a copy of the transformer. Pays on NVLink "
-    "(measured on two H100s: a 480x832 chunk 0.72 s, Play 12 frames/s; one H100: 1.21 s), not on PCIe cards "
-    "without peer-to-peer. decode_on_second_gpu: the transformer on ComfyUI's GPU, the VAE of Play and Fast Long "
-    "Video (the start frame's encode, every chunk's decode) on the next GPU, so the decode never slows the next "
-    "chunk (measured on two H100s: Play 9.1 frames/s against 7.9 on one); the Fast Sampler itself runs as single. "
+    "process per extra GPU kept warm between prompts; each GPU holds a copy of the transformer. Pays on NVLink, "
+    "not on PCIe cards without peer-to-peer. decode_on_second_gpu: the transformer on ComfyUI's GPU, the VAE of "
+    "Play and Fast Long Video (the start frame's encode, every chunk's decode) on the next GPU, so the decode never "
+    "slows the next chunk; the Fast Sampler itself runs as single (measured figures: bench/RESULTS.md). "
     "auto: with 2 or more GPUs, times an all-to-all between them once per ComfyUI process (64 MB) and runs "
     f"sequence_parallel when it moves at least {NVLINK_CLASS_GBPS:.0f} GB/s, else decode_on_second_gpu (Fast has "
     "no CFG to split); model_info says what it measured and picked. See docs/multi_gpu.md.")
@@ -62,15 +60,6 @@ def load_line(options, device: torch.device) -> str:
     return f"{how}; {swap}"
 
 
-ATTENTION_TOOLTIP = (
-    "Attention kernel of the Fast Sampler, Fast Long Video and Play runs of this transformer. auto: FlashAttention 3 "
-    "on H100/H200 when installed (pip install fa3-fwd; a Fast chunk 1.20 -> 1.11 s on an H100), else PyTorch SDPA; "
-    "SageAttention on RTX 30/40 cards when installed. flash_fp8 (H100/H200 only): FlashAttention 3 on fp8 q/k/v, "
-    "a Fast chunk 5.5 % faster than FlashAttention 3 in bf16 on an H200 (a bf16 KV cache keeps its committed "
-    "frames in fp8 too: 5.75 GB more at 480x832), but it rounds q, k and v to 8 bits and its effect on the real "
-    "model's pictures is not measured, so auto never picks it.")
-
-
 class LingBotWorldFastDiTLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -102,8 +91,8 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
                 # Optional, last: saved workflows list widget values in order and load as single.
                 io.Combo.Input("devices", options=list(FAST_DEVICES), default="single", optional=True,
                                tooltip=DEVICES_TOOLTIP),
-                io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
-                               tooltip=ATTENTION_TOOLTIP),
+                inputs.attention_input("Attention kernel of the Fast Sampler, Fast Long Video and Play runs of "
+                                       "this transformer."),
             ],
             outputs=[
                 inputs.FastDiTType.Output("fast_dit", display_name="fast_dit",
@@ -125,8 +114,7 @@ class LingBotWorldFastDiTLoader(io.ComfyNode):
                 weights: str = inputs.AS_STORED, devices: str = "single", attention: str = "auto") -> io.NodeOutput:
         options = inputs.load_options(bf16_quantize, block_swap, weights)
         host_gpus.check_choice(devices, FAST)  # before any file is read: a missing GPU fails at once
-        if attention not in ATTENTION_CHOICES:
-            raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+        inputs.check_attention(attention)
         folder = resolve_model_path(fast_model, EXPERT_KINDS, "fast_model", want_dir=True)
         detect_expert_layout(folder)  # a wrong folder fails now, not minutes into a run
         identity = require_model(folder, "fast", "fast_model")

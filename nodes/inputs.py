@@ -15,6 +15,7 @@ from ..pipeline.guards import VAE_PRECISIONS
 from ..pipeline.image import VAESource
 from ..pipeline.text import TextEmbeddings
 from ..pipeline.text_conditioning import embedding_from_conditioning, text_from_conditioning
+from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES
 from ..wan.runtime.kv_cache import KV_DTYPES, CachePolicy
 from ..wan.geometry import MAX_SEED
 from ..wan.long_video import MAX_FRAMES
@@ -89,6 +90,30 @@ def weights_input(default: str = AS_STORED) -> io.Combo.Input:
                           tooltip=WEIGHTS_TOOLTIP)
 
 
+ATTENTION_TOOLTIP = (
+    "auto: LINGBOT_ATTENTION when it is set, else the kernel this GPU runs fastest among those installed (the same "
+    "rule in every node and the command line): FlashAttention 3 on H100/H200 (pip install fa3-fwd), SageAttention "
+    "on RTX 30/40, flash-attn 2 on A100 and on RTX 30/40 without SageAttention, else PyTorch SDPA. flash_fp8 "
+    "(H100/H200 only): FlashAttention 3 on fp8 q, k and v, faster still, but it rounds them to 8 bits and its "
+    "effect on the real model's pictures is not measured, so auto never picks it (a bf16 Fast KV cache then also "
+    "keeps its frames' fp8 copy: more memory). sage, flash and flash_fp8 need their packages and a CUDA GPU; a "
+    "choice that cannot run here is refused naming what can. Speeds: bench/RESULTS.md.")
+
+
+def attention_input(what: str) -> io.Combo.Input:
+    # Optional: saved workflows and API prompts from before this input run with auto.
+    return io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
+                          tooltip=f"{what} {ATTENTION_TOOLTIP}")
+
+
+def check_attention(attention: str) -> str:
+    """The ``attention`` widget's value, checked (the kernel is decided per device when the run
+    attends: ``wan.runtime.attention.decide``)."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+    return attention
+
+
 def block_swap_input() -> io.Int.Input:
     # The id stays "block_swap" (saved workflows and API prompts use it); the number is
     # the blocks KEPT on the GPU, as the label says.
@@ -96,9 +121,9 @@ def block_swap_input() -> io.Int.Input:
                         max=MAX_BLOCK_SWAP, step=1,
                         tooltip="Blocks kept on the GPU; 0 = all (no block swap). N > 0 keeps N of the 40 "
                         "blocks on the GPU; the other blocks (spread among them) wait in pinned RAM and each "
-                        "streams to the GPU while the blocks before it compute. Lower = less VRAM (~0.2 GB per block for an "
-                        "NF4 A14B expert, ~0.9 GB for bf16) and more RAM. Measured at 480x832x81 on an H100: "
-                        "20 blocks kept, 8.5 instead of 12.4 GiB while sampling, at the same speed.")
+                        "streams to the GPU while the blocks before it compute. Lower = less VRAM (~0.2 GB per block "
+                        "for an NF4 A14B expert, ~0.9 GB for bf16) and more RAM; while the copies hide behind the "
+                        "compute, the same speed (measured figures: bench/RESULTS.md).")
 
 
 def device_input() -> io.Combo.Input:
@@ -215,16 +240,15 @@ def precision_input(note: str = "") -> io.Combo.Input:
     # Optional and last: graphs saved before it keep their widget values and validate.
     return io.Combo.Input(
         "precision", options=list(PRECISIONS), default="fp32", optional=True,
-        tooltip="fp32 matches the reference VAE. bf16 halves the VAE's memory (480x832x81 decode: 4.4 instead "
-        "of 8.7 GiB on an H100) and is ~1.7x faster; its decoded pixels differed from fp32 by 0.006 on "
-        "average (max 0.06, on the -1..1 scale; synthetic weights, bench/RESULTS.md)." + (f" {note}" if note else ""),
+        tooltip="fp32 matches the reference VAE. bf16 halves the VAE's memory and is faster; its decoded pixels "
+        "differ slightly from fp32's (measured figures: bench/RESULTS.md)." + (f" {note}" if note else ""),
     )
 
 
 # LingBot-World Fast: the KV cache policy, shift and seed (the Fast Sampler and Fast Long
 # Video). The defaults are pipeline.fast.DEFAULT_POLICY's, the one place they are set.
 KV_CACHE_CHOICES = ("sliding_window", "full")
-KV_AUTO = "auto"  # bf16 where it fits beside the transformer, else int8 (host.fast_model.fit_kv_dtype)
+KV_AUTO = "auto"  # the memory plan's dtype (pipeline.memory.plan_fast_memory)
 KV_DTYPE_CHOICES = (KV_AUTO, *KV_DTYPES)
 MAX_KV_FRAMES = 240  # the latent frames of 957 video frames, the longest Fast video; more is the full cache
 
@@ -249,9 +273,9 @@ def fast_cache_inputs() -> list:
                      tooltip="sliding_window: the video's first latent frames that always stay in view (the "
                      "start image is latent frame 0); smaller than kv_window - 2."),
         io.Combo.Input("kv_dtype", options=list(KV_DTYPE_CHOICES), default=KV_AUTO,
-                       tooltip="auto: bf16 when the cache fits the GPU beside the transformer, int8 when it does "
-                       "not (the log says which; on a 24 GB card bf16 for the Fast Sampler, int8 for Fast Long "
-                       "Video and Play, which also hold the VAE). bf16: the cache in the model's precision. int8: "
+                       tooltip="auto: bf16 when the run fits the GPU with it (the memory plan: the transformer, the "
+                       "cache, the VAE where the node holds one, and a margin), else int8; the log says which and "
+                       "why. bf16: the cache in the model's precision. int8: "
                        "the cached frames in 8 bits with per-token scales, about 40% of the memory (~4.7 GB "
                        "instead of 11.9 GB for window 9 at 480x832); a small error in what later chunks see."),
     ]
@@ -395,7 +419,8 @@ def pick_prompt(text, positive, text_dim: int) -> torch.Tensor:
 
 def cache_policy(kv_cache: str, kv_window: int, kv_sink: int, kv_dtype: str) -> CachePolicy:
     """The KV cache policy of the Fast widgets; errors name the widget. kv_dtype "auto"
-    gives the bf16 policy, which the node then fits to the device (``fit_kv_dtype``)."""
+    gives the bf16 policy, whose dtype the memory plan then decides for the device
+    (``host.fast_model.prepared_fast_run``)."""
     if kv_cache not in KV_CACHE_CHOICES:
         raise ValueError(f"kv_cache: {kv_cache!r} is not one of {', '.join(KV_CACHE_CHOICES)}")
     if kv_dtype not in KV_DTYPE_CHOICES:

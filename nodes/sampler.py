@@ -1,9 +1,7 @@
 """LingBot-World Dual-Expert Sampler: high-noise expert first, then low-noise, one resident at a time."""
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 
 from comfy_api.latest import io
 
@@ -14,7 +12,6 @@ from ..pipeline.sampler_presets import SAMPLER_PRESETS, apply_preset
 from ..pipeline.sampling import SamplingParams, check_camera_matches, sample
 from ..pipeline.step_cache import StepStats
 from ..wan.geometry import video_tokens
-from ..wan.runtime.attention import CHOICES as ATTENTION_CHOICES, ENV_VAR as ATTENTION_ENV_VAR
 from . import inputs
 from .host.devices import check_interrupt
 from .host.expert_patcher import DiTExperts, run_experts
@@ -22,25 +19,6 @@ from .host.progress import LivePreview
 from .inputs import check_input, pick_text
 
 log = logging.getLogger(__name__)
-
-
-def sage_installed() -> bool:
-    return importlib.util.find_spec("sageattention") is not None
-
-
-def attention_choice(attention: str) -> str | None:
-    """The run's attention backend for the sampler's ``attention`` input (None: the process default).
-
-    ``auto`` without sageattention installed, or with a backend forced for the whole process
-    (LINGBOT_ATTENTION), is the process default, exactly as before this input existed (SDPA,
-    or flash-attn where installed). With sageattention installed it is the per-run ``auto``:
-    SDPA on H100-class GPUs, where the 8-bit kernel measured slower, SageAttention on RTX 30/40.
-    """
-    if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
-    if attention == "auto" and (os.environ.get(ATTENTION_ENV_VAR, "").strip() or not sage_installed()):
-        return None
-    return attention
 
 
 def stats_line(stats: StepStats) -> str:
@@ -87,13 +65,7 @@ class LingBotWorldSampler(io.ComfyNode):
                 io.Float.Input("cfg_truncate", default=0.0, min=0.0, max=1.0, step=0.05, optional=True,
                                tooltip="Skip the negative-prompt pass for this last fraction of the steps "
                                "(0 = off). Saves one of the two forwards of each of those steps."),
-                io.Combo.Input("attention", options=list(ATTENTION_CHOICES), default="auto", optional=True,
-                               tooltip="Attention kernel. auto: FlashAttention 3 on H100/H200 when it is installed "
-                               "(pip install fa3-fwd; measured faster there), else PyTorch SDPA; SageAttention 8-bit "
-                               "on RTX 30/40 cards when it is installed. flash_fp8: FlashAttention 3 on fp8 q/k/v "
-                               "(H100/H200 only), ~1.35x faster attention at 480p but it rounds q, k and v to 8 bits: "
-                               "its effect on the real model's pictures is not measured, so auto never picks it. "
-                               "sage and flash need their packages and a CUDA GPU."),
+                inputs.attention_input("Attention kernel of this sampler's runs."),
                 io.Combo.Input("preset", options=list(SAMPLER_PRESETS), default="none", optional=True,
                                tooltip="Overrides steps, shift, cfg, boundary and sampler. lightning_4step: the "
                                "Wan2.2-Lightning 4-step settings (4 steps, cfg 1, euler, shift 5, boundary 0.9; "
@@ -130,7 +102,7 @@ class LingBotWorldSampler(io.ComfyNode):
         check_camera_matches(camera, i2v)  # before any expert is loaded
         params = SamplingParams(steps=steps, shift=shift, cfg_high=cfg_high, cfg_low=cfg_low,
                                 boundary=boundary, seed=seed, sampler=sampler, cache_threshold=cache_threshold,
-                                cfg_truncate=cfg_truncate, attention=attention_choice(attention))
+                                cfg_truncate=cfg_truncate, attention=inputs.check_attention(attention))
         params = apply_preset(preset, params)
         steps = params.steps
         _, f_lat, lat_h, lat_w = i2v.y.shape

@@ -14,30 +14,27 @@ from ..loaders.expert_size import expert_memory
 from ..loaders.layout import layout_of
 from ..loaders.weight_kind import WEIGHT_KINDS
 from ..wan.runtime.dense import GEMM_KINDS, runs_on
-from .memory import build_or_release, release_module, resolve_device
+from .memory import build_or_release, release_module, resolve_device, weights_budget
 from .placement import Placement
 
 
 AS_STORED = "as stored"
 WEIGHT_CHOICES = (AS_STORED, "auto") + WEIGHT_KINDS
-# auto keeps this share of the card (at least AUTO_RESERVE_MIN) free of weights, for the
-# activations, the VAE and the Fast KV cache (Fast at 480x832 with the int8 cache did not fit
-# 16 GiB beside the 8.9 GiB NF4 transformer: ~7 GiB of working memory): a rule of thumb.
-# On a 24 GiB card the ~18.5 GB fp8 transformer then fits only with block swap.
-AUTO_RESERVE_FRACTION = 0.25
-AUTO_RESERVE_MIN = 8 * 2**30
 
 
 def choose_weight_kind(choice: str, stored_kind: str, bf16_quantize: str | None,
                        capability: tuple[int, int] | None, device_bytes: Callable[[str], int],
                        total_bytes: int | None) -> str | None:
-    """The weight kind an expert is loaded in (None: as stored).
+    """The weight kind an expert is loaded in (None: as stored): the one decider of the
+    ``weights`` choice, for both DiT loaders, the command line and the bench (through
+    ``weight_kind_for``).
 
-    ``choice``: "as stored" (today's behaviour: a bf16 folder follows ``bf16_quantize``,
-    others load as they are), a kind of ``GEMM_KINDS`` (refused, naming the card, where its
-    product does not run), or "auto": on a CUDA card of ``capability`` the fastest kind
-    (``speed_rank``) whose weights (``device_bytes(kind)``, after block swap) fit
-    ``total_bytes`` less the reserve; nothing fits: the smallest. Off CUDA auto is "as stored".
+    ``choice``: "as stored" (a bf16 folder follows ``bf16_quantize``, others load as they
+    are), a kind of ``GEMM_KINDS`` (refused, naming the card, where its product does not
+    run), or "auto": on a CUDA card of ``capability`` the fastest kind (the rows'
+    ``speed_rank``) whose weights (``device_bytes(kind)``, after block swap) fit
+    ``pipeline.memory.weights_budget`` of ``total_bytes``; nothing fits: the smallest. Off
+    CUDA auto is "as stored".
     """
     if choice not in WEIGHT_CHOICES:
         raise ValueError(f"weights: {choice!r} is not one of {', '.join(WEIGHT_CHOICES)}")
@@ -52,8 +49,7 @@ def choose_weight_kind(choice: str, stored_kind: str, bf16_quantize: str | None,
                              + (f" (it needs {need[0]}.{need[1]} or newer)" if need else "")
                              + "; choose auto, nf4 or bf16")
         return None if choice == stored_kind else choice
-    budget = None if total_bytes is None else total_bytes - max(AUTO_RESERVE_MIN,
-                                                                 int(total_bytes * AUTO_RESERVE_FRACTION))
+    budget = None if total_bytes is None else weights_budget(total_bytes)
     able = sorted((k for k in GEMM_KINDS if runs_on(k, capability)), key=lambda k: -GEMM_KINDS[k].speed_rank)
     sizes = {kind: device_bytes(kind) for kind in able}
     fitting = [kind for kind in able if budget is None or sizes[kind] <= budget]
@@ -93,18 +89,23 @@ def load_expert(folder: str | Path, device: torch.device | str, quantize: str | 
 class DiskExperts:
     """ExpertSource for use outside ComfyUI: loads from disk, one expert in memory at a time.
 
+    ``weights``: a ``WEIGHT_CHOICES`` entry, decided per expert folder on this device by
+    ``weight_kind_for`` (``quantize``: what "as stored" does to a bf16 folder).
     ``keep_resident``: an expert stays loaded after use (no reload per window of a long
     video) until ``close``: both experts in memory at once (2 × ~9.6 GB NF4 at A14B), for
     machines that have the room.
     """
 
     def __init__(self, high: str | Path, low: str | Path, device: torch.device | str | None = None,
-                 quantize: str | None = None, blocks_on_gpu: int | None = None, keep_resident: bool = False) -> None:
+                 quantize: str | None = None, blocks_on_gpu: int | None = None, keep_resident: bool = False,
+                 weights: str = AS_STORED) -> None:
         self.folders = {"high": Path(high), "low": Path(low)}
         self.device = resolve_device(device)
         self.quantize = quantize
         self.blocks_on_gpu = blocks_on_gpu  # blocks kept on the GPU; None: all
         self.keep_resident = keep_resident
+        self.kinds = {name: weight_kind_for(folder, self.device, weights, quantize, blocks_on_gpu)
+                      for name, folder in self.folders.items()}  # headers only: a wrong choice fails now
         self._resident: dict[str, nn.Module] = {}
 
     def acquire(self, name: str) -> nn.Module:
@@ -112,7 +113,7 @@ class DiskExperts:
             if not self.keep_resident:
                 for other in list(self._resident):
                     self.release(other)
-            self._resident[name] = load_expert(self.folders[name], self.device, self.quantize,
+            self._resident[name] = load_expert(self.folders[name], self.device, self.kinds[name],
                                                blocks_on_gpu=self.blocks_on_gpu)
         return self._resident[name]
 

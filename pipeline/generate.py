@@ -17,7 +17,7 @@ from ..loaders.new_file import GrowingFile
 from ..loaders.package import find_package
 from ..wan.long_video import plan_windows
 from .camera import CameraPath, check_controls
-from .experts import DiskExperts
+from .experts import AS_STORED, DiskExperts
 from .image import ImageLike
 from .long_video import LongVideoResult, WindowedCamera, WindowParams, sample_windows
 from .lora import LoraExperts, LoraSpec
@@ -44,6 +44,7 @@ def generate(
     device: torch.device | str | None = None,
     cache_dir: str | Path | None = None,
     quantize: str | None = None,
+    weights: str = AS_STORED,
     decode_tile: int | None = None,
     fps: int = 16,
     keep_resident: bool = False,
@@ -60,9 +61,11 @@ def generate(
     replaces an existing file only when the video is complete; a path is a ``GrowingFile`` with
     overwrite; the caller that passes its own reads from it what was kept after a failure or a
     cancel), or a callable that receives each window's new frames [3, n, H, W] in [-1, 1], in
-    order. ``loras``: adapters applied to the experts while they
-    sample (unmerged). ``blocks_on_gpu``: DiT blocks kept on the GPU (None: all; the rest
-    stream from pinned RAM). ``keep_resident``: both experts stay loaded across windows.
+    order. ``loras``: adapters applied to the experts while they sample (unmerged).
+    ``weights``: the kind the experts' linears are held in (``pipeline.experts.WEIGHT_CHOICES``,
+    decided by ``weight_kind_for``; ``quantize``: what "as stored" does to a bf16 folder).
+    ``blocks_on_gpu``: DiT blocks kept on the GPU (None: all; the rest stream from pinned RAM).
+    ``keep_resident``: both experts stay loaded across windows.
     The package's checkpoint (Base-Cam or Act, told by its weights' headers) must be one
     ``camera`` can drive: otherwise ``ControlMismatch`` before anything loads.
     """
@@ -76,7 +79,7 @@ def generate(
         windowed = WindowedCamera(camera, frames, height, width, windows.scale_quantile, control_type)
     text = encode_text(files.t5, files.tokenizer, prompt, negative_prompt, device, cache_dir)
     experts = DiskExperts(files.high, files.low, device, quantize, blocks_on_gpu=blocks_on_gpu,
-                          keep_resident=keep_resident)
+                          keep_resident=keep_resident, weights=weights)
     adapted = LoraExperts(experts, loras) if loras else experts
 
     def run(write: Callable[[torch.Tensor], None]) -> LongVideoResult:

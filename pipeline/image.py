@@ -37,7 +37,8 @@ class I2VCondition:
 
 def vae_dtype(device: torch.device, precision: str = "fp32") -> torch.dtype:
     """The VAE's dtype: float32 on every device as in the reference, unless ``precision``
-    asks for less ("bf16": about half the activation memory, decode differs by ~2 %)."""
+    asks for less ("bf16": about half the activation memory, and a decode that differs a little;
+    bench/RESULTS.md)."""
     return vae_precision(precision)
 
 

@@ -139,6 +139,19 @@ def graph_pool_bytes(config: DiTConfig, latent_height: int, latent_width: int, c
     return activation_bytes(tokens, config.dim)
 
 
+# The weights' auto keeps this share of the card (at least WEIGHTS_RESERVE_MIN) free of the
+# transformer's weights, for the activations, the VAE and the Fast KV cache (Fast at 480x832
+# with the int8 cache needed about 7 GiB of working memory beside an NF4 transformer): a rule
+# of thumb.
+WEIGHTS_RESERVE_FRACTION = 0.25
+WEIGHTS_RESERVE_MIN = 8 * GIB
+
+
+def weights_budget(card_bytes: int) -> int:
+    """What weights ``auto`` lets a transformer's weights take of a card of ``card_bytes``."""
+    return int(card_bytes) - max(WEIGHTS_RESERVE_MIN, int(card_bytes * WEIGHTS_RESERVE_FRACTION))
+
+
 def fits(need: int, total: int, slack: int = 0) -> bool:
     """Whether ``need`` bytes fit a device of ``total`` bytes (``AUTO_FIT_SHARE`` of it,
     less ``slack`` bytes kept free)."""
@@ -376,7 +389,7 @@ MIN_BLOCKS_ON_GPU = 1
 # compute per block and pass in a Fast chunk. A block's kept camera terms (0.09 GiB at
 # 480x832) save ~4 ms a chunk, so under block swap the plan swaps up to this share to keep
 # them: measured under a 24 GiB cap on an H100, 31 blocks on the GPU with terms of 4 ran a
-# chunk in 1.311 s, 21 blocks with terms of all 40 in 1.200 s (bench/RESULTS.md, seventh session).
+# chunk in 1.311 s, 21 blocks with terms of all 40 in 1.200 s (bench/RESULTS.md).
 SWAP_HIDDEN_SHARE = 0.5
 # A chunk's VAE decode working memory at 480x832 (activations of the stream decoder's
 # chunk, beside its carried state): what the overlap adds beside the next chunk's generation.
@@ -413,7 +426,9 @@ def plan_fast_memory(card_bytes: int, transformer_bytes: int, blocks: int, run_b
                      vae_bytes: int = 0, decode_bytes: int = 0, reserve_bytes: int = 0,
                      kv_dtype: str | None = None, terms_bytes: int = 0, graph_bytes: int = 0) -> FastMemoryPlan:
     """The Fast nodes' ``auto`` memory settings for a card of ``card_bytes`` (one function:
-    the kv_dtype, block swap, where the VAE runs, and the decode overlap).
+    the kv_dtype, block swap, where the VAE runs, and the decode overlap). Its kv_dtype is the
+    one rule of kv_dtype ``auto``: the Fast nodes (``nodes/host/fast_model.py``) and the
+    bench's ``--memory auto`` (``bench/memory_plan.py``) take it from here.
 
     ``transformer_bytes``: the Fast transformer with every block on the GPU (``blocks``
     blocks); ``run_bytes``: ``fast_run_bytes`` per cache dtype ("bf16", "int8");

@@ -50,7 +50,7 @@ class SamplingParams:
     cache_threshold: float = 0.0  # EasyCache threshold; 0: every step computed
     cache_warmup: int = EASYCACHE_WARMUP_STEPS  # steps of each expert always computed
     cfg_truncate: float = 0.0  # fraction of the last steps without the unconditional branch
-    attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+    attention: str | None = None  # wan.runtime.attention CHOICES for this run; None: auto
     # Noise schedule (wan/scheduler.py): "wan" = the reference's (integer timesteps from
     # 999), "lightning" = the step-distilled adapters' (float timesteps from 1000).
     schedule: str = "wan"

@@ -28,7 +28,8 @@ import torch.distributed as dist  # noqa: E402
 from comfyui_lingbot_world.wan.config import TINY  # noqa: E402
 from comfyui_lingbot_world.wan.model import LingBotDiT  # noqa: E402
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy  # noqa: E402
-from comfyui_lingbot_world.wan.runtime.parallel import OVERLAP_ENV, SequenceParallel  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.parallel import SequenceParallel  # noqa: E402
+from comfyui_lingbot_world.wan.runtime.switches import ATTENTION, SP_OVERLAP  # noqa: E402
 
 CONFIG = dataclasses.replace(TINY, num_heads=4)  # head_dim 16
 # Latent 3 x 6 x 10 with the (1, 2, 2) patch: 3 x 3 x 5 = 45 tokens (15 a frame), divisible
@@ -159,7 +160,7 @@ def check_fast_even(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4) -> dic
                 want = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=whole, commit=commit)
                 got = {}
                 for mode, cache in caches.items():
-                    os.environ[OVERLAP_ENV] = mode
+                    os.environ[SP_OVERLAP.name] = mode
                     got[mode] = m(x, torch.tensor([t]), context, y, camera=plucker, kv_cache=cache, commit=commit,
                                   parallel=sp)
                 if commit:
@@ -169,14 +170,14 @@ def check_fast_even(m: LingBotDiT, sp: SequenceParallel, chunks: int = 4) -> dic
                 x = want - 0.1 * x
         same &= torch.equal(caches["1"]._k, caches["0"]._k) and torch.equal(caches["1"]._v, caches["0"]._v)
     finally:
-        os.environ.pop(OVERLAP_ENV, None)
+        os.environ.pop(SP_OVERLAP.name, None)
     return {"fast_even_rel": worst, "fast_even_overlap_off_equal": bool(same),
             "fast_even_local_tokens": sp.local_length(FRAMES * (LAT_H // 2) * (lat_w // 2))}
 
 
 def run(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.setdefault("LINGBOT_ATTENTION", "sdpa")
+    os.environ.setdefault(ATTENTION.name, "sdpa")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         sp = SequenceParallel.from_group()

@@ -128,30 +128,51 @@ def cache_dir(path: Path | None, flag: str) -> Path | None:
     return path
 
 
-def attention(name: str | None, device: str, flag: str) -> str | None:
-    """An --attention choice run once now on ``device`` (a tiny call, the experts' head size),
-    so a kernel that cannot run here (not installed, no CUDA, built for another GPU or torch)
-    answers in one line before any model loads, not at the first sampling step."""
-    if name is None or name in ("auto", "sdpa"):
-        return name
+def switches() -> None:
+    """Every ``LINGBOT_*`` environment switch read now (wan/runtime/switches.py): a value one
+    does not take answers in one line naming it, before any model loads."""
+    from ..wan.runtime import switches as process_switches
+
+    try:
+        process_switches.check()
+    except ValueError as exc:
+        raise UsageError("", str(exc)) from None
+
+
+def attention(name: str, device: str, flag: str) -> str:
+    """An --attention choice decided now on ``device`` (``wan.runtime.attention.decide``: for
+    auto, LINGBOT_ATTENTION when set) and its kernel run once (a tiny call, the experts' head
+    size), so a kernel that cannot run here (not installed, no CUDA, built for another GPU or
+    torch) answers in one line before any model loads, not at the first sampling step."""
     import torch
 
     from ..pipeline.memory import resolve_device
-    from ..wan.runtime.attention import attention as run_attention
-    from ..wan.runtime.attention import attention_backend
+    from ..wan.runtime import attention as attn
+    from ..wan.runtime.switches import ATTENTION
 
     where = resolve_device(device)
+    env = ATTENTION.name if name == "auto" and ATTENTION() is not None else None  # auto is what it says
+    try:
+        picked = attn.decide(name, where)
+    except ValueError as exc:  # it names the choice or the variable, and what runs here
+        raise UsageError("" if env else flag, str(exc)) from None
+    if picked == "sdpa":
+        return name
     try:
         q = torch.randn(1, 16, 2, 128, device=where, dtype=torch.bfloat16)
-        with attention_backend(name):
-            out = run_attention(q, q, q)
+        with attn.attention_backend(picked):
+            out = attn.attention(q, q, q)
         if where.type == "cuda":
             torch.cuda.synchronize(where)
         if not bool(torch.isfinite(out).all()):
             raise RuntimeError("it returned NaN or infinite values")
     except Exception as exc:  # noqa: BLE001 - whatever the kernel raises, the answer is the same
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(flag, f"{name} cannot run on {where} here ({reason}); use --attention sdpa or auto") from None
+        if env:
+            raise UsageError("", f"{env}={picked} cannot run here: {reason} (on {where}); unset {env} or set it "
+                                 "to sdpa") from None
+        raise UsageError(flag, f"attention {picked!r} cannot run here: {reason} (on {where}); use --attention "
+                               "sdpa") from None
     return name
 
 

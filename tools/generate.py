@@ -38,7 +38,9 @@ from ..loaders.trajectory import ACTION_FILE, read_intrinsics_row
 from ..pipeline import camera as camera_stage
 from ..loaders.new_file import GrowingFile, new_file
 from ..pipeline.camera_preview import draw_trajectory
+from ..pipeline.experts import AS_STORED, WEIGHT_CHOICES, weight_kind_for
 from ..pipeline.generate import generate
+from ..pipeline.memory import resolve_device
 from ..pipeline.long_video import WindowParams
 from ..pipeline.lora import LoraSpec
 from ..pipeline.sampler_presets import PRESET_FRAMES, SAMPLER_PRESETS, apply_preset
@@ -59,8 +61,9 @@ DEFAULT_AREA = TRAINED_SIZE[0] * TRAINED_SIZE[1]
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = cli.ArgumentParser(prog="generate", description=__doc__)
     p.add_argument("--package", required=True, type=Path,
-                   help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders) or the "
-                   "official bf16 release (high_noise_model/, low_noise_model/)")
+                   help="folder of the LingBot-World package: the NF4 one (*_bnb_nf4 expert folders), an fp8 one "
+                   "(*_fp8, from quantize --format fp8) or the official bf16 release (high_noise_model/, "
+                   "low_noise_model/)")
     p.add_argument("--image", required=True, type=Path, help="first frame (any image Pillow reads; turned upright by "
                    "its EXIF orientation, as ComfyUI's Load Image does)")
     p.add_argument("--prompt", help="text prompt (or --prompt-file)")
@@ -111,6 +114,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--quantize", choices=("nf4",), help="quantize the experts of the official bf16 release to "
                    "NF4 while loading")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default=AS_STORED,
+                   help="the kind the experts' linear weights are held in once loaded, as the DiT loaders' weights "
+                   "input: as stored (a bf16 release follows --quantize), auto (the fastest kind this GPU runs whose "
+                   "weights fit beside the run; off CUDA as stored), or one of bf16, nf4, fp8, int8")
     p.add_argument("--decode-tile", type=int, default=0, help="latent tile size for decoding (0 = whole frame)")
     p.add_argument("--cache-dir", type=Path, help="prompt-embedding cache folder")
     p.add_argument("--fps", type=int, default=16, help="frame rate of the .mp4")
@@ -119,8 +126,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="EasyCache step caching threshold (0 = off; the authors use 0.05 for Wan2.2 I2V)")
     speed.add_argument("--cfg-truncate", type=float, default=0.0,
                       help="fraction of the last steps without the negative-prompt pass (0 = off)")
-    speed.add_argument("--attention", choices=ATTENTION_CHOICES,
-                      help="attention kernel (default: auto, SDPA on H100-class GPUs)")
+    speed.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
+                      help="attention kernel; auto: LINGBOT_ATTENTION when set, else the fastest one installed for "
+                      "this GPU (wan/runtime/attention.py auto_backend)")
     speed.add_argument("--sampling-preset", choices=SAMPLER_PRESETS, default="none",
                       help="overrides --steps, --shift, --cfg, --boundary and --sampler. lightning_4step: the "
                       "Wan2.2-Lightning 4-step settings (use with its LoRAs); official_act2cam: the official act2cam "
@@ -233,6 +241,7 @@ def _camera_flag(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Everything a user can get wrong is checked here, before the first model loads.
+    cli.switches()
     prompt = _prompt(args)
     cli.output_file(args.out, "--out", ".mp4", args.overwrite)
     if args.preview:
@@ -292,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _flag_error("--lora", read_lora, spec.path, skeleton)
         del skeleton
     cli.attention(params.attention, device, "--attention")  # one tiny call: a kernel that cannot run answers now
+    for folder in (files.high, files.low):  # headers only: a kind this device cannot run answers now
+        _flag_error("--weights", weight_kind_for, folder, resolve_device(device), args.weights, args.quantize,
+                    args.block_swap or None)
     if args.preview and camera is not None:
         with new_file(args.preview) as partial:  # a new file renamed into place (loaders/new_file.py)
             Image.fromarray(draw_trajectory(camera.poses[:frames], cuts=window_cuts(plan))).save(partial, format="PNG")
@@ -303,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = generate(
             args.package, image, prompt, args.negative_prompt, frames, height, width, video, camera, params,
-            windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize,
+            windows, device=device, cache_dir=args.cache_dir, quantize=args.quantize, weights=args.weights,
             decode_tile=args.decode_tile or None, fps=args.fps, keep_resident=args.keep_experts,
             blocks_on_gpu=args.block_swap or None, loras=loras,
             on_step=lambda i, n: print(f"step {i}/{n}", file=sys.stderr, flush=True),

@@ -47,9 +47,9 @@ import torch
 
 from ..loaders.dit_weights import linear_layers
 from ..loaders.nf4_convert import BLOCKSIZE, QUANT_STATE_MAX_BYTES
-from ..loaders.model_kind import FAST_FOLDER_PREFIX, FAST_NF4_FOLDER, fast_config_fields
+from ..loaders.model_kind import fast_config_fields
 from ..loaders.new_file import install, partial_name, refuse_existing, remove
-from ..loaders.package import HIGH_NOISE_FOLDERS, LOW_NOISE_FOLDERS, T5_FILE, TOKENIZER_FOLDER, VAE_FILE
+from ..loaders.package import BASE_ROLES, FAST, T5_FILE, TOKENIZER_FOLDER, VAE_FILE, expert_folder
 from .synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
 from .synthetic.t5 import COMFY_T5_FILES, write_comfy_t5, write_t5_checkpoint, write_tokenizer
 from .synthetic.vae import write_vae_checkpoint
@@ -73,10 +73,6 @@ SHARED_PARTS = ("t5", "vae", "tokenizer")
 PARTS = (MODEL_PART["base"], *SHARED_PARTS)  # the default parts of --model base
 # Written only when asked for: the text encoder in ComfyUI's layout.
 EXTRA_PARTS = ("comfy_t5",)
-# Folder names per layout: (high-noise, low-noise).
-EXPERT_FOLDERS = {"nf4": (HIGH_NOISE_FOLDERS[0], LOW_NOISE_FOLDERS[0]), "bf16": (HIGH_NOISE_FOLDERS[1], LOW_NOISE_FOLDERS[1])}
-# The Fast transformer's folder per layout: the official download's name, the NF4 package's.
-FAST_FOLDERS = {"bf16": FAST_FOLDER_PREFIX, "nf4": FAST_NF4_FOLDER}
 FAST_SEED_OFFSET = 4  # after the experts (0, 1), T5 (2) and the VAE (3)
 PROGRESS_SECONDS = 5.0  # at most one progress line this often per expert
 # Room counted for the tokenizer folder: a bound well above what write_tokenizer writes for
@@ -137,7 +133,8 @@ def _human(n: int) -> str:
 
 def part_targets(out: Path, layout: str, parts: list[str], comfy_t5: str = "bf16") -> list[Path]:
     """The files and folders of ``out`` that writing ``parts`` makes (or replaces)."""
-    names = {MODEL_PART["fast"]: [FAST_FOLDERS[layout]], "experts": list(EXPERT_FOLDERS[layout]), "t5": [T5_FILE],
+    names = {MODEL_PART["fast"]: [expert_folder(FAST, layout)],
+             "experts": [expert_folder(role, layout) for role in BASE_ROLES], "t5": [T5_FILE],
              "comfy_t5": [COMFY_T5_FILES[comfy_t5]], "vae": [VAE_FILE], "tokenizer": [TOKENIZER_FOLDER]}
     return [out / name for part in parts for name in names[part]]
 
@@ -224,12 +221,13 @@ def write_package(out: Path, preset: str, layout: str, seed: int, device: str, p
 
     write_dit = write_synthetic_nf4_expert if layout == "nf4" else write_synthetic_bf16_expert
     if MODEL_PART["fast"] in parts:
-        name = FAST_FOLDERS[layout]
+        name = expert_folder(FAST, layout)
         put(name, MODEL_PART["fast"],
             lambda path: write_dit(path, shapes["dit"], seed=seed + FAST_SEED_OFFSET, device=device,
                                    config_fields=fast_config_fields(shapes["dit"]), on_part=_PartProgress(name, say)))
     if "experts" in parts:
-        for offset, folder in enumerate(EXPERT_FOLDERS[layout]):  # high- and low-noise differ by seed
+        for offset, role in enumerate(BASE_ROLES):  # high- and low-noise differ by seed
+            folder = expert_folder(role, layout)
             put(folder, "experts", lambda path, offset=offset, folder=folder: write_dit(
                 path, shapes["dit"], seed=seed + offset, device=device, on_part=_PartProgress(folder, say)))
     if "t5" in parts:

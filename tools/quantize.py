@@ -38,10 +38,10 @@ import torch
 
 from ..loaders.errors import CheckpointError
 from ..loaders.fp8 import convert_to_fp8
-from ..loaders.layout import LAYOUTS
 from ..loaders.new_file import install, partial_name, remove
 from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan_conversion
-from ..loaders.release import FAST, Release, ReleaseExpert, find_release
+from ..loaders.package import FAST, expert_folder
+from ..loaders.release import Release, ReleaseExpert, find_release
 from . import cli
 from .cli import duration, human_bytes
 
@@ -55,8 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the official bf16 release folder (or one expert folder, e.g. lingbot_world_fast/)")
     p.add_argument("--out", type=Path, required=True, help="the NF4 package folder to write into (created if missing)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where bitsandbytes quantizes: cuda is much faster; on 2 CPU cores an A14B expert takes "
-                   "about 20 minutes")
+                   help="where the experts are quantized: cuda is much faster than the CPU")
     p.add_argument("--format", choices=FORMATS, default="nf4",
                    help="nf4: bitsandbytes 4-bit (~9.6 GB an expert, the default); fp8: e4m3 with per-channel scales "
                    "(~18.5 GB, for the fp8 GEMMs of RTX 40 / H100 and newer)")
@@ -76,7 +75,7 @@ class Job:
 
     def out_name(self, expert: ReleaseExpert) -> str:
         """The expert's folder in --out: its official name with the layout's suffix."""
-        return expert.role + LAYOUTS[self.format].folder_suffix
+        return expert_folder(expert.role, self.format)
 
 
 def _size(path: Path) -> int:

@@ -2,7 +2,7 @@
 
 A loader that takes the block count from the largest index it sees (``blocks.N.…``) builds
 N blocks before it compares a single key: one extra tiny tensor named ``blocks.99999.x``
-made the text encoder build 100,000 blocks (230 s, 5.4 GB). ``count_blocks`` reads the
+made the text encoder build 100,000 blocks before it failed. ``count_blocks`` reads the
 count from the keys alone and refuses it unless the indices run 0..N-1 without a gap, N is
 at most a stated bound, and every block holds the tensors each block must have.
 """

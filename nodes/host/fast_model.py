@@ -14,10 +14,9 @@ rank 0 (its copy is the same patcher), each worker GPU's copy is a ``WorkerPatch
 worker copies too; the model the run gets is a ``ParallelModel`` whose KV cache is sharded
 by head on every rank.
 
-``fit_kv_dtype`` is the Fast nodes' kv_dtype "auto": the bf16 cache where it fits the
-device beside the transformer, int8 where it does not (measured on the H100 under a 24 GiB
-cap, bench/RESULTS.md: bf16 with window 9 fits a clip from a pre-encoded image, 20.8 GiB,
-but not a stream that also holds the VAE and its states; int8 does, 22.2 GiB).
+The Fast nodes' kv_dtype "auto" is the memory plan's (``pipeline.memory.plan_fast_memory``,
+the one rule, which the bench applies too): the bf16 cache where the run fits the device with
+it, int8 where it does not.
 """
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ from torch import nn
 import comfy.model_management as mm
 
 from ...loaders.model_kind import ModelIdentity
-from ...pipeline.memory import (AUTO_FIT_SHARE, FastMemoryPlan, camera_terms_bytes, fast_run_bytes, fits,
-                                graph_pool_bytes, plan_fast_memory)
+from ...pipeline.memory import FastMemoryPlan, camera_terms_bytes, fast_run_bytes, graph_pool_bytes, plan_fast_memory
 from ...wan.config import DiTConfig
 from ...wan.runtime.cuda_graphs import graphs_supported
 from ...wan.runtime.kv_cache import CachePolicy
@@ -102,22 +100,6 @@ def run_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_wi
     return fast_run_bytes(fast.config, policy, latent_height, latent_width, latent_frames, extra, fast.attention)
 
 
-def fit_kv_dtype(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_width: int,
-                 latent_frames: int | None, extra: int = 0) -> CachePolicy:
-    """``policy`` (a bf16 cache) where the transformer and ``run_memory`` fit the load
-    device, else the same window in int8; says which, and why, in the log."""
-    device = fast.patcher.load_device
-    total = mm.get_total_memory(device)
-    need = (fast.patcher.model_size() + run_memory(fast, policy, latent_height, latent_width, latent_frames, extra)
-            + mm.minimum_inference_memory())
-    if fits(need, total):
-        log.info("LingBot Fast: kv_dtype auto -> bf16 (%.1f of %.1f GiB on %s)", need / 2**30, total / 2**30, device)
-        return policy
-    log.info("LingBot Fast: kv_dtype auto -> int8: the bf16 cache would need %.1f GiB with the transformer, "
-             "more than %.0f%% of %.1f GiB on %s", need / 2**30, AUTO_FIT_SHARE * 100, total / 2**30, device)
-    return dataclasses.replace(policy, dtype="int8")
-
-
 @dataclass
 class PreparedRun(Generic[R]):
     """What ``prepared_fast_run`` yields: the loaded transformer, the run with its cache
@@ -171,23 +153,23 @@ def graph_memory(fast: FastDiT, policy: CachePolicy, latent_height: int, latent_
 def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: int, latent_width: int,
                       latent_frames: int | None, vae: int = 0, decode: int = 0,
                       keep_warm: bool = False) -> Iterator[PreparedRun[R]]:
-    """The three Fast nodes' one preparation: ``run`` (``FastParams`` or ``PlaySettings``:
-    anything with a cache ``policy``) with kv_dtype auto fitted to the device
-    (``fit_kv_dtype``) when ``auto_dtype``; the memory plan for the card (``vae``: the VAE
-    streams' budget on the device, ``decode``: a chunk's decode beside the next chunk),
-    whose block swap applies where the loader keeps every block on the GPU (its "0"); the
-    run's memory asked of ComfyUI and the transformer loaded, unloaded however the block ends
-    (``keep_warm``, Play: kept loaded after a run that ended well where its passes were
-    captured as CUDA graphs, so the next session starts on the same captures;
-    ``loaded_fast_model``)."""
+    """The three Fast nodes' one preparation: the memory plan for the card (``vae``: the VAE
+    streams' budget on the device, ``decode``: a chunk's decode beside the next chunk), whose
+    kv_dtype ``run`` (``FastParams`` or ``PlaySettings``: anything with a cache ``policy``)
+    takes when ``auto_dtype`` and whose block swap applies where the loader keeps every block
+    on the GPU (its "0"); the run's memory asked of ComfyUI and the transformer loaded,
+    unloaded however the block ends (``keep_warm``, Play: kept loaded after a run that ended
+    well where its passes were captured as CUDA graphs, so the next session starts on the same
+    captures; ``loaded_fast_model``)."""
     device = torch.device(fast.patcher.load_device)
     decode_device = decode_gpu_with_room(fast.decode_device, vae + decode) if device.type == "cuda" else None
     if decode_device is not None:  # the VAE streams are the other GPU's: the transformer's GPU keeps their room
         vae = decode = 0
+    plan = memory_plan(fast, run.policy, auto_dtype, latent_height, latent_width, latent_frames, vae, decode)
     if auto_dtype:
-        run = dataclasses.replace(run, policy=fit_kv_dtype(fast, run.policy, latent_height, latent_width,
-                                                          latent_frames, vae))
-    plan = memory_plan(fast, run.policy, False, latent_height, latent_width, latent_frames, vae, decode)
+        run = dataclasses.replace(run, policy=dataclasses.replace(run.policy, dtype=plan.kv_dtype))
+        log.info("LingBot Fast: kv_dtype auto -> %s (%.0f GiB on %s: %s)", plan.kv_dtype,
+                 mm.get_total_memory(device) / 2**30, device, plan.describe())
     load = fast
     options = fast.patcher.model.options
     if plan.blocks_on_gpu is not None and options.blocks_on_gpu is None and device.type == "cuda":
@@ -196,7 +178,7 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                                   fast.config, fast.identity, fast.devices, fast.decode_device, fast.attention)
     if vae and not plan.vae_on_gpu and device.type == "cuda":
         # Measured on an H100 under a 12 GiB cap: the float32 VAE on the CPU took 278 s to encode
-        # the start frame's condition before the first chunk (bench/RESULTS.md, fifth wave).
+        # the start frame's condition before the first chunk (bench/RESULTS.md).
         log.warning("LingBot Fast: no room for the VAE beside the transformer on %s (%s): it runs on the CPU, "
                     "so the start frame's encode takes minutes and every chunk's decode is slow. precision bf16 "
                     "halves the VAE's memory and may keep it on the GPU.", device, plan.describe())
@@ -280,5 +262,5 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
                 end_run()
 
 
-__all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "fit_kv_dtype", "loaded_fast_model", "memory_plan",
+__all__ = ["FastDiT", "PreparedRun", "decode_gpu_with_room", "loaded_fast_model", "memory_plan",
            "plan_terms", "prepared_fast_run", "run_memory"]

@@ -21,7 +21,7 @@ import folder_paths
 from ...loaders.errors import CheckpointError
 from ...loaders.expert_config import read_expert_config
 from ...loaders.layout import BF16_SHARD_PREFIX, CONFIG_FILE, detect_expert_layout
-from ...loaders.model_kind import FAST_FOLDER_PREFIX
+from ...loaders.package import FAST as FAST_FOLDER
 from ...loaders.weight_role import WEIGHT_SUFFIXES, weight_role
 from ...wan.tokenizer import SENTENCEPIECE_MODEL, TOKENIZER_JSON
 
@@ -168,7 +168,7 @@ def list_tokenizer_folders(kinds: Iterable[str] = TOKENIZER_KINDS) -> list[str]:
 
 
 def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS, hints: tuple[str, ...] = ()) -> list[str]:
-    """Folders that hold a DiT expert (or the Fast transformer) of layout A (NF4) or B (bf16);
+    """Folders that hold a DiT expert (or the Fast transformer) of any layout (loaders/layout.py LAYOUTS);
     those whose name holds one of ``hints`` first."""
     def visit(kind, root, here, dirnames, filenames):
         if EXPERT_CONFIG in filenames and is_expert_folder(here):
@@ -182,7 +182,7 @@ def list_expert_folders(kinds: Iterable[str] = EXPERT_KINDS, hints: tuple[str, .
 def list_fast_folders() -> list[str]:
     """The Fast DiT Loader's list: every transformer folder, those named as the official Fast
     release first (a Base expert given to it is refused with what its files say)."""
-    return list_expert_folders(EXPERT_KINDS, (FAST_FOLDER_PREFIX,))
+    return list_expert_folders(EXPERT_KINDS, (FAST_FOLDER,))
 
 
 # --------------------------------------------------------------------------- T5 or VAE?
@@ -271,7 +271,7 @@ def default_in_package(names: list[str]) -> str | None:
 def default_fast_folder(folders: list[str]) -> str | None:
     """The Fast DiT Loader's default: a folder named as the official Fast release
     (``lingbot_world_fast*``; the first in the list's order), else the first folder."""
-    fast = [f for f in folders if _leaf(f).startswith(FAST_FOLDER_PREFIX)]
+    fast = [f for f in folders if _leaf(f).startswith(FAST_FOLDER)]
     return (fast or folders or [None])[0]
 
 

@@ -22,8 +22,8 @@ HTTP routes (also under ``/api``) after it has imported the custom nodes; old an
 ComfyUI both work this way. Outside a running ComfyUI nothing is registered.
 
 The route never stalls ComfyUI's event loop: the live models come from weak references the
-loaders keep (no scan of every Python object, which took 0.3-0.6 s per call on a busy
-server), and the rest runs in one worker thread whose result concurrent requests share.
+loaders keep (no scan of every Python object, which stalls a busy server), and the rest
+runs in one worker thread whose result concurrent requests share.
 Folders are shown relative to their ComfyUI model folder (``<kind>/<path>``), never as
 absolute paths.
 """

@@ -65,7 +65,7 @@ class FastParams:
     # Entries of the 1000-step table a chunk steps through: the official 4, or the first 3, 2 or
     # 1 of them (wan.scheduler.fast_step_indices(steps), the nodes' ``steps``).
     timestep_indices: tuple[int, ...] = FAST_TIMESTEP_INDICES
-    attention: str | None = None  # auto|sdpa|sage|flash for this run; None: the process default
+    attention: str | None = None  # wan.runtime.attention CHOICES for this run; None: auto
     # Blocks whose camera scale and shift are kept for the chunk's five forwards (bit for bit
     # the same output, fewer GEMMs a chunk; memory: pipeline.memory.camera_terms_bytes per
     # block; 0: none). The Fast nodes set it from their memory plan.

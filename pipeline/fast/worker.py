@@ -26,13 +26,14 @@ results). ``LINGBOT_STREAM_PRIORITY=0`` turns it off.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import torch
+
+from ...wan.runtime import switches
 
 HIGHEST_PRIORITY = -100  # torch maps it to the device's highest stream priority
 
@@ -121,7 +122,7 @@ def generation_first(device: torch.device, overlap: bool = True) -> Iterator[Non
     the caller's stream. A no-op off CUDA, without ``overlap`` (nothing runs beside it) or
     with ``LINGBOT_STREAM_PRIORITY=0``."""
     device = torch.device(device)
-    if device.type != "cuda" or not overlap or os.environ.get("LINGBOT_STREAM_PRIORITY", "1") == "0":
+    if device.type != "cuda" or not overlap or not switches.STREAM_PRIORITY():
         yield
         return
     before = torch.cuda.current_stream(device)

@@ -3,31 +3,25 @@ all-reduce of one number every few blocks), so a cancel on rank 0 stops every ra
 same block boundary and the group stays usable."""
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from ...wan.runtime import switches
 
 
 class Cancelled(Exception):
     """Raised on the workers when rank 0 cancelled (they go back to waiting for commands)."""
 
 
-# Blocks between two cancel exchanges of a parallel forward. Each exchange's flag is read at
-# the next one, so the host waits for the GPU at every exchange; every 8 blocks keeps it
-# further ahead than every block (bench/RESULTS.md has the measurement).
-# ``LINGBOT_CANCEL_SYNC_BLOCKS`` overrides it (every rank must agree).
-CANCEL_SYNC_BLOCKS = 8
-
-
 def synced_cancel(device: torch.device, local: Callable[[], None] | None = None,
                   every: int | None = None) -> "SyncedCancel":
     """A ``cancel`` hook that every rank calls before every block: rank 0's ``local`` check
-    decides, and every ``every`` blocks (``CANCEL_SYNC_BLOCKS``) one all-reduce of one number
+    decides, and every ``every`` blocks (``LINGBOT_CANCEL_SYNC_BLOCKS``) one all-reduce of one number
     tells the others, so all stop together."""
     if every is None:
-        every = int(os.environ.get("LINGBOT_CANCEL_SYNC_BLOCKS", CANCEL_SYNC_BLOCKS))
+        every = switches.CANCEL_SYNC_BLOCKS()
     return SyncedCancel(device, local, max(int(every), 1))
 
 
@@ -84,4 +78,4 @@ class SyncedCancel:
             raise Cancelled("rank 0 cancelled the run")
 
 
-__all__ = ["CANCEL_SYNC_BLOCKS", "Cancelled", "SyncedCancel", "synced_cancel"]
+__all__ = ["Cancelled", "SyncedCancel", "synced_cancel"]

@@ -112,7 +112,7 @@ def test_fp8_attention_with_kept_operands_equals_casting_every_pass(folders, mon
     (LINGBOT_KV_FP8_KEEP=0), eagerly and replayed from graphs (the commit's moves, the last
     layer's stale cast)."""
     from comfyui_lingbot_world.wan.runtime import attention as attn
-    from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV
+    from comfyui_lingbot_world.wan.runtime.switches import KV_FP8_KEEP
 
     _need("fp8")
     if not attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", torch.cuda.get_device_capability()):
@@ -124,7 +124,7 @@ def test_fp8_attention_with_kept_operands_equals_casting_every_pass(folders, mon
     with attn.attention_backend("flash_fp8"):
         eager, _ = session(model, False, "all", True, kept_fp8=kept)
         graphed, (captures, replays, disabled) = session(model, True, "all", True, kept_fp8=kept)
-        monkeypatch.setenv(KEEP_FP8_ENV, "0")
+        monkeypatch.setenv(KV_FP8_KEEP.name, "0")
         cast, _ = session(model, False, "all", True, kept_fp8=kept)
     assert kept == [True, True, False]
     assert disabled is None and (captures, replays) == (2, 18)

@@ -11,6 +11,7 @@ from comfyui_lingbot_world.pipeline.fast import FastParams, stream_fast_video
 from comfyui_lingbot_world.pipeline.fast.worker import worker_thread_alive
 from comfyui_lingbot_world.pipeline.play import PlaySession, PlaySettings
 from comfyui_lingbot_world.pipeline.play.registry import SessionRegistry
+from comfyui_lingbot_world.wan.runtime import switches
 from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy
 from fast_helpers import HEIGHT, WIDTH, image, prompt, tiny_fast_model, tiny_vae
 
@@ -117,6 +118,6 @@ def test_the_generation_runs_on_a_highest_priority_stream_and_hands_back_in_orde
     assert torch.equal(y + 0, torch.full_like(x, 2.0))  # the caller's stream reads it after the block's work
     with generation_first(device, overlap=False):
         assert torch.cuda.current_stream(device) == before  # nothing beside it: nothing to prioritise
-    monkeypatch.setenv("LINGBOT_STREAM_PRIORITY", "0")
+    monkeypatch.setenv(switches.STREAM_PRIORITY.name, "0")
     with generation_first(device):
         assert torch.cuda.current_stream(device) == before

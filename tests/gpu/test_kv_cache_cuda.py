@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan.runtime import fused, triton_kernels
+from comfyui_lingbot_world.wan.runtime import switches, triton_kernels
 from comfyui_lingbot_world.wan.runtime.kv_cache import (CachePolicy, KVCache, dequantize_int8,
                                                          dequantize_int8_pytorch, quantize_int8)
 
@@ -42,7 +42,7 @@ def test_an_int8_cache_attends_the_same_bits_with_and_without_the_kernel(monkeyp
     g = torch.Generator(device=CUDA).manual_seed(1)
     attended = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv(fused.ENV_VAR, flag)
+        monkeypatch.setenv(switches.FUSED.name, flag)
         cache = KVCache(policy, layers=layers, heads=heads, head_dim=head_dim, frame_tokens=frame_tokens,
                         dtype=torch.bfloat16, device=CUDA)
         g.manual_seed(1)

@@ -15,8 +15,8 @@ from comfyui_lingbot_world.pipeline.experts import load_expert, weight_kind_for
 from comfyui_lingbot_world.wan.runtime import attention as attn
 from comfyui_lingbot_world.wan.runtime.block_swap import BlockSwapper
 from comfyui_lingbot_world.wan.runtime.dense import GEMM_KINDS, dense, gemm_kind, runs_on
-from comfyui_lingbot_world.wan.runtime import fused, weights8
-from comfyui_lingbot_world.wan.runtime.weights8 import Linear8bit, PRODUCTS, quantize_activation, quantize_rows
+from comfyui_lingbot_world.wan.runtime import fused, switches, weights8
+from comfyui_lingbot_world.wan.runtime.weights8 import Linear8bit, quantize_activation, quantize_rows
 from fast_helpers import SHAPED, shaped_bf16_and_fp8
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +44,7 @@ def test_cuda_8bit_product_against_float_and_bf16(kind: str, tokens: int) -> Non
     w = torch.randn(256, 512, device=CUDA, generator=gen) / 16
     bias = torch.randn(256, device=CUDA, generator=gen).to(torch.bfloat16)
     values, scales = quantize_rows(w, kind)
-    got = PRODUCTS[kind](x, values, scales, bias)
+    got = GEMM_KINDS[kind].product(x, values, scales, bias)
     xq, xs = quantize_rows(x, kind)
     exact = (xq.float() * xs[:, None]) @ (values.float() * scales[:, None]).t() + bias.float()
     # Same 8-bit operands: only the float32 summation order and the bf16 output rounding
@@ -64,7 +64,7 @@ def test_cuda_8bit_product_against_float_and_bf16(kind: str, tokens: int) -> Non
     # The CPU computes the same product from the same operands (the kernel is the only
     # difference; PyTorch's CPU _scaled_mm took only per-tensor scales up to at least 2.10,
     # where fp8_linear applies the row and column scales after a unit-scale product).
-    cpu = PRODUCTS[kind](x.cpu(), values.cpu(), scales.cpu(), bias.cpu())
+    cpu = GEMM_KINDS[kind].product(x.cpu(), values.cpu(), scales.cpu(), bias.cpu())
     torch.testing.assert_close(got.cpu().float(), cpu.float(), rtol=2e-2, atol=2e-2)
 
 
@@ -191,7 +191,7 @@ def test_quantize_activation_takes_the_kernel_on_cuda(monkeypatch: pytest.Monkey
     x = _activation(40, 512, torch.bfloat16)
     values, scales = quantize_activation(x, "fp8")
     assert len(calls) == 1 and "quantize_activation_pytorch" not in fused._broken
-    monkeypatch.setenv(fused.ENV_VAR, "0")  # the switch back to the PyTorch ops
+    monkeypatch.setenv(switches.FUSED.name, "0")  # the switch back to the PyTorch ops
     eager_values, eager_scales = quantize_activation(x, "fp8")
     assert len(calls) == 1
     assert torch.equal(values.view(torch.uint8), eager_values.view(torch.uint8)) and torch.equal(scales, eager_scales)

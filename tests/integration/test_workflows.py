@@ -167,10 +167,11 @@ def test_invalid_inputs_are_rejected_with_the_input_named(comfy_server: ComfySer
     # The pack checks its file combos itself (validate_inputs): 0.3.x hosts skip V3 combos. A
     # refusing validate_inputs marks every input it takes: on those hosts it also takes the
     # fixed combos (device and precision here; nodes/host/combo_check.py), so each error names
-    # the vae.
+    # the vae; and input_types, which it takes to tell links apart (combo_check.py), is listed too.
     names = [(e["type"], e["extra_info"]["input_name"]) for e in errors]
     assert names[0] == ("custom_validation_failed", "vae") and {name for _, name in names} <= {
-        "vae", "device", "precision"} and {kind for kind, _ in names} == {"custom_validation_failed"}, names
+        "vae", "device", "precision", "input_types"} and {kind for kind, _ in names} == {"custom_validation_failed"}, \
+        names
     assert all("vae: 'lingbot/no-such-package/Wan2.1_VAE.pth' is not offered" in e["details"] for e in errors)
     assert rejected.value.node_errors[VAE_ENCODE]["class_type"] == "LingBotWorldVAEEncode"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
 from pathlib import Path
 
@@ -213,22 +214,43 @@ def test_the_naming_rule_and_the_import_scan() -> None:
     assert imported_modules(TESTS / "node_runs.py") <= found  # the helper's imports count
 
 
-def _where_to_add_rows() -> list[list[str]]:
-    text = DOC.read_text(encoding="utf-8").split("## Where to add things", 1)[1]
-    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ")]
-    return [cells for cells in rows if cells[0].strip() not in ("a new …",)]
+def _section(title: str) -> str:
+    text = DOC.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_where_to_add_things_names_tables_that_exist() -> None:
+def _pack_module(path: str):
+    return importlib.import_module("comfyui_lingbot_world." + path.removesuffix(".py").replace("/", "."))
+
+
+def _where_to_add_rows(section: str) -> list[list[str]]:
+    """The cells of the "a new … | goes in" table, the first table of the section."""
+    table = section.split("\n| a new … |", 1)[1].split("\n\n", 1)[0]
+    return [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")]
+
+
+def test_where_to_add_things_names_the_modules_that_hold_the_tables() -> None:
     """Each row of "Where to add things" names the module and the table a new entry goes in
-    (`path.py` `TABLE`): the module exists and holds that table."""
-    import importlib
-
-    rows = _where_to_add_rows()
-    assert len(rows) >= 5, rows
+    (`module.py` `TABLE`): the module exists and holds that table; each walk-through below
+    the table names files that exist."""
+    section = _section("Where to add things")
+    rows = _where_to_add_rows(section)
+    assert len(rows) >= 6, rows  # layouts, GEMM kinds, attention backends, switches, samplers, devices modes
     for cells in rows:
-        found = re.search(r"`((?:wan|loaders|pipeline|nodes)/[\w/]+)\.py` `([A-Z_]+)`", cells[1])
+        found = re.search(r"`((?:wan|loaders|pipeline|nodes|tools)/[\w/]+\.py)` `([A-Z_]+)`", cells[1])
         assert found, f"docs/architecture.md, Where to add things: {cells[0].strip()!r} names no `module.py` `TABLE`"
-        module = importlib.import_module("comfyui_lingbot_world." + found.group(1).replace("/", "."))
-        table = getattr(module, found.group(2), None)
-        assert isinstance(table, dict) and table, f"{found.group(1)}.py has no table {found.group(2)}"
+        table = getattr(_pack_module(found.group(1)), found.group(2), None)
+        assert isinstance(table, dict) and table, f"{found.group(1)} holds no table {found.group(2)}"
+    named = set(re.findall(r"`((?:tests|wan|loaders|pipeline|nodes|tools)/[\w/]+\.py)`", section))
+    assert {p for p in named if "<" not in p and not (ROOT / p).is_file()} == set()
+    for walk in ("GEMM kind", "attention backend", "checkpoint layout", "parallel strategy"):
+        assert f"\n### Adding a{'n' if walk[0] in 'aeiou' else ''} {walk}\n" in section, walk
+
+
+def test_each_auto_names_its_one_decider() -> None:
+    deciders = _section("Where to add things").split("\n### One decider per `auto`\n", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| ([\w ()]+) \| `((?:wan|pipeline|loaders)/[\w/]+\.py)` `(\w+)` \|", deciders, flags=re.M)
+    assert {choice for choice, _, _ in rows} >= {"attention", "kv_dtype (Fast)", "weights", "devices"}
+    for choice, path, function in rows:
+        decider = getattr(_pack_module(path), function, None)
+        assert callable(decider) and decider.__doc__, (choice, path, function)

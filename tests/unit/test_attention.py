@@ -6,40 +6,75 @@ import threading
 import pytest
 import torch
 
-from comfyui_lingbot_world.wan.runtime import attention as attn
+from comfyui_lingbot_world.wan.runtime import attention as attn, switches
 from triton_interpreter import run_interpreted
 
 
 @pytest.mark.parametrize("capability,installed,expected", [
-    ((9, 0), True, "sdpa"),  # Hopper: SDPA measured faster than sageattention 1.0.6
-    ((10, 0), True, "sdpa"),
-    ((8, 9), True, "sage"),  # RTX 40
-    ((8, 6), True, "sage"),  # RTX 30
-    ((8, 6), False, "sdpa"),
-    ((8, 0), True, "sdpa"),  # A100: not known faster
-    (None, True, "sdpa"),  # CPU
+    ((9, 0), {"sage"}, "sdpa"),  # Hopper: SDPA measured faster than sageattention 1.0.6
+    ((10, 0), {"sage"}, "sdpa"),
+    ((8, 9), {"sage"}, "sage"),  # RTX 40
+    ((8, 6), {"sage"}, "sage"),  # RTX 30
+    ((8, 6), set(), "sdpa"),
+    ((8, 0), {"sage"}, "sdpa"),  # A100: not known faster
+    (None, {"sage", "fa3", "fa2"}, "sdpa"),  # CPU
+    ((9, 0), {"fa3", "sage"}, "flash"),  # FlashAttention 3 in bf16 on Hopper
+    ((8, 9), {"fa3", "sage"}, "sage"),  # FA3's kernels are built for sm90 only
+    ((10, 0), {"fa3"}, "sdpa"),
+    ((8, 0), {"fa2"}, "flash"),  # flash-attn 2 below Hopper
+    ((8, 6), {"fa2", "sage"}, "sage"),
+    ((9, 0), {"fa2"}, "sdpa"),
+    ((7, 5), {"fa2"}, "sdpa"),  # flash-attn 2 needs Ampere
 ])
 def test_auto_rule(capability, installed, expected):
     assert attn.auto_backend(capability, installed) == expected
 
 
-@pytest.mark.parametrize("capability,expected", [((9, 0), "flash"), ((8, 9), "sage"), ((10, 0), "sdpa"), (None, "sdpa")])
-def test_auto_takes_flashattention_3_on_hopper(capability, expected):
-    """FA3 in bf16 measured faster than cuDNN SDPA on an H100; its kernels are built for sm90 only."""
-    assert attn.auto_backend(capability, True, fa3_installed=True) == expected
+def test_auto_serves_a_sequence_parallel_run_only_with_a_backend_that_can(monkeypatch):
+    row = attn.ATTENTION_BACKENDS["sage"]
+    monkeypatch.setitem(attn.ATTENTION_BACKENDS, "sage",
+                        attn.AttentionBackend(**{**row.__dict__, "supports_sequence_parallel": False}))
+    assert attn.auto_backend((8, 9), {"sage"}) == "sage"
+    assert attn.auto_backend((8, 9), {"sage"}, sequence_parallel=True) == "sdpa"
+    assert attn.auto_backend((8, 9), {"sage", "fa2"}, sequence_parallel=True) == "flash"
+    monkeypatch.setattr(attn, "installed_kernels", lambda: frozenset({"sage"}))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 9))
+    cuda = torch.device("cuda", 0)
+    assert attn.decide("sage", cuda) == "sage"
+    with pytest.raises(ValueError, match="attention 'sage' cannot run here: sage cannot run a sequence-parallel model; "
+                                         "what runs here: sdpa; choose sdpa or auto"):
+        attn.decide("sage", cuda, sequence_parallel=True)
+
+
+def test_the_environment_decides_auto_and_an_explicit_choice_wins(monkeypatch):
+    monkeypatch.setattr(attn, "installed_kernels", lambda: frozenset({"sage"}))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 9))
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv(switches.ATTENTION.name, raising=False)
+    assert attn.decide("auto", cuda) == attn.decide(None, cuda) == "sage"
+    monkeypatch.setenv(switches.ATTENTION.name, " SDPA ")
+    assert attn.decide("auto", cuda) == "sdpa" and attn.decide("sage", cuda) == "sage"
+    monkeypatch.setenv(switches.ATTENTION.name, "flash")  # not installed: refused naming the variable and what runs
+    with pytest.raises(ValueError, match=r"^LINGBOT_ATTENTION=flash cannot run here: flash-attn .* cannot be "
+                                         r"imported; what runs here: sdpa, sage; unset LINGBOT_ATTENTION"):
+        attn.decide("auto", cuda)
+    monkeypatch.setenv(switches.ATTENTION.name, "xformers")
+    with pytest.raises(ValueError, match="LINGBOT_ATTENTION='xformers' is not a value it takes: one of sdpa, flash"):
+        attn.decide("auto", cuda)
+    assert attn.decide("sdpa", cuda) == "sdpa"  # an explicit choice does not read it
 
 
 def test_choice_is_scoped_to_the_block_and_thread(monkeypatch):
-    monkeypatch.delenv(attn.ENV_VAR, raising=False)
+    monkeypatch.delenv(switches.ATTENTION.name, raising=False)
     attn.reset_backend_choice()
     seen = {}
     with attn.attention_backend("auto"):
         assert attn.backend_name("cpu") == "sdpa"
-        other = threading.Thread(target=lambda: seen.setdefault("thread", attn._RUN_CHOICE.get()))
+        other = threading.Thread(target=lambda: seen.setdefault("thread", attn.run_choice()))
         other.start()
         other.join()
-        assert attn._RUN_CHOICE.get() == "auto"
-    assert attn._RUN_CHOICE.get() is None
+        assert attn.run_choice() == "auto"
+    assert attn.run_choice() is None
     assert seen["thread"] is None  # another thread (another run) does not see this run's choice
 
 
@@ -48,12 +83,12 @@ def test_bad_or_impossible_choices_are_refused():
         with attn.attention_backend("xformers"):
             pass
     q = torch.randn(1, 4, 2, 8)
-    with attn.attention_backend("sage"), pytest.raises(RuntimeError, match="needs CUDA"):
+    with attn.attention_backend("sage"), pytest.raises(ValueError, match="sage needs a CUDA GPU.*what runs here: sdpa"):
         attn.attention(q, q, q)
 
 
 def test_sdpa_choice_matches_the_default_on_cpu(monkeypatch):
-    monkeypatch.delenv(attn.ENV_VAR, raising=False)
+    monkeypatch.delenv(switches.ATTENTION.name, raising=False)
     attn.reset_backend_choice()
     q, k, v = (torch.randn(1, 6, 2, 8) for _ in range(3))
     with attn.attention_backend("sdpa"):
@@ -83,26 +118,27 @@ def test_per_head_fp8_operands_are_scaled_by_each_heads_absmax():
 
 
 @pytest.mark.parametrize("capability,runs", [((9, 0), True), ((8, 9), False), ((10, 0), False), (None, True)])
-def test_fp8_attention_is_hopper_only(capability, runs):
+def test_fp8_attention_is_hopper_only(capability, runs, monkeypatch):
     assert attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", capability) is runs
     assert not attn.ATTENTION_BACKENDS["flash_fp8"].runs_on("cpu")
     if capability is not None and not runs:
-        with pytest.raises(RuntimeError, match=rf"9\.0.*{capability[0]}\.{capability[1]}"):
-            attn._check_capability("flash_fp8", capability, "flash_fp8")
+        monkeypatch.setattr(attn, "installed_kernels", lambda: frozenset({"fa3"}))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
+        with pytest.raises(ValueError, match=rf"compute capability 9\.0 .* is {capability[0]}\.{capability[1]}"):
+            attn.decide("flash_fp8", torch.device("cuda", 0))
 
 
 def test_fp8_attention_is_never_auto_and_refused_on_the_cpu(monkeypatch):
-    assert attn.auto_backend((9, 0), True) == "sdpa"
+    assert attn.auto_backend((9, 0), {"fa3", "fa2", "sage"}) == "flash"
     q = torch.randn(1, 4, 2, 128)
-    with attn.attention_backend("flash_fp8"), pytest.raises(RuntimeError, match="needs CUDA"):
+    with attn.attention_backend("flash_fp8"), pytest.raises(ValueError, match="flash_fp8 needs a CUDA GPU"):
         attn.attention(q, q, q)
-    monkeypatch.setenv(attn.ENV_VAR, "flash_fp8")
-    attn.reset_backend_choice()
+    monkeypatch.setenv(switches.ATTENTION.name, "flash_fp8")
     try:
-        with pytest.raises(RuntimeError, match="LINGBOT_ATTENTION=flash_fp8 needs CUDA"):
+        with pytest.raises(ValueError, match="LINGBOT_ATTENTION=flash_fp8 cannot run here: flash_fp8 needs a CUDA"):
             attn.attention(q, q, q)
     finally:
-        monkeypatch.delenv(attn.ENV_VAR)
+        monkeypatch.delenv(switches.ATTENTION.name)
         attn.reset_backend_choice()
 
 

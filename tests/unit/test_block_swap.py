@@ -26,7 +26,7 @@ from torch import nn
 from comfyui_lingbot_world.loaders import bf16 as bf16_mod
 from comfyui_lingbot_world.loaders import nf4 as nf4_mod
 from comfyui_lingbot_world.loaders.bf16 import load_bf16_expert
-from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert, nf4_packed_shape, quantize_linear
+from comfyui_lingbot_world.loaders.nf4 import load_nf4_expert
 from comfyui_lingbot_world.tools.synthetic.dit import (
     make_synthetic_expert,
     write_synthetic_bf16_expert,
@@ -36,6 +36,8 @@ from comfyui_lingbot_world.loaders.expert_size import expert_host_bytes, expert_
 from comfyui_lingbot_world.pipeline.experts import load_expert
 from comfyui_lingbot_world.pipeline.memory import release_module
 from comfyui_lingbot_world.wan.runtime import block_swap as bs
+from comfyui_lingbot_world.wan.runtime.switches import SWAP_SPREAD
+from comfyui_lingbot_world.wan.runtime.weights4 import packed_shape as nf4_packed_shape, quantize_linear
 from comfyui_lingbot_world.wan.runtime.block_swap import (
     HOST_ALIGNMENT,
     BlockSwapper,
@@ -43,7 +45,6 @@ from comfyui_lingbot_world.wan.runtime.block_swap import (
     allocate_host_tensors,
     plan_slabs,
     resident_blocks,
-    SPREAD_ENV,
     swappable_weights,
     swapped_blocks,
     swapped_weight_keys,
@@ -168,7 +169,7 @@ def test_swapped_weight_keys_name_every_linear_weight_of_the_swapped_blocks() ->
 
 
 def test_swapped_blocks_are_spread_evenly_and_the_env_puts_them_last(monkeypatch) -> None:
-    monkeypatch.delenv(SPREAD_ENV, raising=False)
+    monkeypatch.delenv(SWAP_SPREAD.name, raising=False)
     assert swapped_blocks(31, 40) == [3, 7, 12, 16, 21, 25, 30, 34, 39]
     assert swapped_blocks(20, 40) == list(range(1, 40, 2))
     assert swapped_blocks(0, 5) == [0, 1, 2, 3, 4] and swapped_blocks(5, 5) == [] and swapped_blocks(9, 5) == []
@@ -178,7 +179,7 @@ def test_swapped_blocks_are_spread_evenly_and_the_env_puts_them_last(monkeypatch
         assert not got or got[-1] == 39
         gaps = [b - a for a, b in zip(got, got[1:])]
         assert not gaps or max(gaps) - min(gaps) <= 1  # even spacing
-    monkeypatch.setenv(SPREAD_ENV, "0")
+    monkeypatch.setenv(SWAP_SPREAD.name, "0")
     assert swapped_blocks(31, 40) == list(range(31, 40))
 
 

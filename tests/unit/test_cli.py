@@ -106,6 +106,35 @@ def test_incomplete_package_names_what_is_missing(image, tmp_path, capsys, nothi
     assert "high-noise expert folder" in err[0] and "text encoder" in err[0]
 
 
+def test_one_expert_folder_as_the_package_names_the_folder_above(packages, image, tmp_path, capsys, nothing_loads):
+    for layout, folder in (("nf4", "high_noise_model_bnb_nf4"), ("bf16", "low_noise_model")):
+        expert = packages[layout] / folder
+        code, err = _run_generate(_base(expert, image, tmp_path / "v.mp4"), capsys)
+        expected = (f"generate: error: --package: {expert}: is the folder of one expert ({layout}); give the package "
+                    f"folder above it ({packages[layout]}), which holds both experts, the text encoder, the VAE and "
+                    "the tokenizer")
+        assert (code, err) == (2, [expected])
+
+
+@pytest.mark.parametrize("weights, quantize, held", [("int8", [], "int8"), ("as stored", ["--quantize", "nf4"], "nf4"),
+                                                     ("auto", [], None)])
+def test_weights_reach_the_experts_through_the_loaders_decider(packages, image, tmp_path, capsys, monkeypatch,
+                                                               weights, quantize, held):
+    """--weights is the DiT loaders' weights input: decided per expert by
+    pipeline.experts.weight_kind_for (auto off CUDA: as stored), the kind each expert loads in."""
+    from comfyui_lingbot_world.pipeline import experts
+
+    loaded = []
+
+    def record(folder, device, quantize=None, blocks_on_gpu=None):
+        loaded.append((Path(folder).name, quantize))
+        raise KeyboardInterrupt  # nothing more to see: the run stops at its first expert
+    monkeypatch.setattr(experts, "load_expert", record)
+    code, _ = _run_generate(_base(packages["bf16"], image, tmp_path / "v.mp4") + ["--weights", weights, *quantize],
+                            capsys)
+    assert code == 130 and loaded == [("high_noise_model", held)]
+
+
 def test_bad_pose_folder_fails_before_loading(package, image, tmp_path, capsys, nothing_loads):
     poses = tmp_path / "cam"
     poses.mkdir()

@@ -190,6 +190,25 @@ def test_attention_backend_that_cannot_run_here_is_one_line_before_work(package,
     assert code == 130 and seen["attention"] == "sdpa"
 
 
+@pytest.mark.parametrize("variable, value, expected", [
+    ("LINGBOT_ATTENTION", "flash", "generate: error: LINGBOT_ATTENTION=flash cannot run here: flash needs a CUDA GPU, "
+     "and attention runs on cpu; what runs here: sdpa; unset LINGBOT_ATTENTION or set it to sdpa"),
+    ("LINGBOT_ATTENTION", "xformers", "generate: error: LINGBOT_ATTENTION='xformers' is not a value it takes: one of "
+     "sdpa, flash, flash_fp8, sage (unset: auto's own pick); unset LINGBOT_ATTENTION for its default"),
+    ("LINGBOT_FUSED", "maybe", "generate: error: LINGBOT_FUSED='maybe' is not a value it takes: 0 or 1 (unset: 1); "
+     "unset LINGBOT_FUSED for its default"),
+])
+def test_an_environment_switch_is_checked_as_early_as_the_flags(package, image, tmp_path, variable, value, expected):
+    """The real process with a switch set to what cannot run or is no value: one line naming the
+    variable, its value and what runs, exit 2, before any model loads (no plan line)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")} | {variable: value}
+    done = subprocess.run([sys.executable, str(ROOT), "generate", *_argv(package, image, tmp_path / "v.mp4", "--frames",
+                                                                         "5", "--device", "cpu")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [expected]), done.stderr[-2000:]
+    assert not (tmp_path / "v.mp4").exists()
+
+
 @pytest.mark.parametrize("content", [b"not a safetensors file at all", "unrelated"], ids=["junk-bytes", "other-model"])
 def test_junk_lora_file_is_one_line_before_work(package, image, tmp_path, capsys, nothing_loads, content,
                                                 monkeypatch):

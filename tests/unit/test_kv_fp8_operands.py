@@ -15,7 +15,8 @@ from comfyui_lingbot_world.wan import model as model_module
 from comfyui_lingbot_world.wan.config import A14B
 from comfyui_lingbot_world.wan.runtime import attention as attn
 from comfyui_lingbot_world.wan.runtime import kv_cache
-from comfyui_lingbot_world.wan.runtime.kv_cache import KEEP_FP8_ENV, CachePolicy, KVCache
+from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy, KVCache
+from comfyui_lingbot_world.wan.runtime.switches import KV_FP8_KEEP
 from comfyui_lingbot_world.wan.runtime.weights8 import FP8, quantize_heads_pytorch, requantize_heads
 from fast_helpers import LAT_H, LAT_W, prompt, whole_camera, video_frames
 from fast_helpers import one_thread, model  # noqa: F401  (module fixtures)
@@ -84,7 +85,7 @@ def test_an_int8_cache_or_the_switch_keeps_none(monkeypatch):
     geometry = dict(layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, frame_tokens=FT, device="cpu")
     int8 = KVCache(CachePolicy(dtype="int8"), dtype=torch.bfloat16, **geometry)
     assert int8.layer(0).attended_fp8() is None
-    monkeypatch.setenv(KEEP_FP8_ENV, "0")
+    monkeypatch.setenv(KV_FP8_KEEP.name, "0")
     off = KVCache(CachePolicy(), dtype=torch.bfloat16, **geometry)
     assert off.layer(0).attended_fp8() is None and off.nbytes() == KVCache(CachePolicy(), dtype=torch.bfloat16,
                                                                              **geometry).nbytes()
@@ -212,7 +213,7 @@ def test_a_fast_run_with_kept_operands_is_the_per_pass_run_bit_for_bit(model, mo
     plucker = whole_camera(video_frames(latent_frames))
     out = {}
     for keep in ("0", "1"):
-        monkeypatch.setenv(KEEP_FP8_ENV, keep)
+        monkeypatch.setenv(KV_FP8_KEEP.name, keep)
         used = []
 
         def kernel(q, used=used):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from comfy_host import comfy_root
-from comfyui_lingbot_world.wan.runtime import attention as attention_mod
+from comfyui_lingbot_world.wan.runtime import attention as attention_mod, switches
 from comfyui_lingbot_world.wan.config import A14B, TINY, DiTConfig
 from comfyui_lingbot_world.wan.model import LingBotDiT
 
@@ -366,7 +366,7 @@ def test_input_validation_names_the_field():
 # ------------------------------------------------------------------------ attention
 @pytest.fixture
 def fresh_backend(monkeypatch):
-    monkeypatch.delenv(attention_mod.ENV_VAR, raising=False)
+    monkeypatch.delenv(switches.ATTENTION.name, raising=False)
     attention_mod.reset_backend_choice()
     yield monkeypatch
     attention_mod.reset_backend_choice()
@@ -385,13 +385,13 @@ def test_attention_default_sdpa_matches_softmax(fresh_backend):
 
 def test_attention_env_override_errors_are_clear(fresh_backend):
     q = torch.randn(1, 4, 2, 8)
-    fresh_backend.setenv(attention_mod.ENV_VAR, "flash")
-    with pytest.raises(RuntimeError, match="LINGBOT_ATTENTION=flash"):
+    fresh_backend.setenv(switches.ATTENTION.name, "flash")
+    with pytest.raises(ValueError, match="LINGBOT_ATTENTION=flash cannot run here: flash needs a CUDA GPU"):
         attention_mod.attention(q, q, q)
     attention_mod.reset_backend_choice()
-    fresh_backend.setenv(attention_mod.ENV_VAR, "turbo")
+    fresh_backend.setenv(switches.ATTENTION.name, "turbo")
     with pytest.raises(ValueError, match="turbo"):
         attention_mod.attention(q, q, q)
     attention_mod.reset_backend_choice()
-    fresh_backend.setenv(attention_mod.ENV_VAR, "sdpa")
+    fresh_backend.setenv(switches.ATTENTION.name, "sdpa")
     assert attention_mod.attention(q, q, q).shape == q.shape

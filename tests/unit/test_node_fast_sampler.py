@@ -7,6 +7,7 @@ Cancel mid-chunk, and the transformer never left resident."""
 from __future__ import annotations
 
 import gc
+import math
 import weakref
 
 import pytest
@@ -126,12 +127,13 @@ def test_fast_sampler_takes_core_conditioning_instead_of_text(fast_installed):
     assert fast_not_resident(fast)
 
 
-def test_auto_kv_dtype_keeps_bf16_where_it_fits_and_takes_int8_where_it_does_not(fast_installed, monkeypatch,
-                                                                                    caplog):
-    """kv_dtype auto: the same clip as bf16 on a device with room; as int8 (the same latent as
-    asking for int8) when the bf16 cache and the transformer would take more than the
-    device's AUTO_FIT_SHARE; the log says which."""
+def test_auto_kv_dtype_is_the_memory_plans_at_the_cards_limit(fast_installed, monkeypatch, caplog):
+    """kv_dtype auto is one rule (pipeline.memory.plan_fast_memory, which the bench applies
+    too): the same clip as bf16 on a card where the bf16 run fits with the allocator's slack;
+    one byte less and it is int8 with every block on the card (the same latent as asking for
+    int8), never bf16 with blocks swapped; the log says which."""
     from comfyui_lingbot_world.nodes.host import fast_model
+    from comfyui_lingbot_world.pipeline.memory import ALLOCATOR_SLACK, AUTO_FIT_SHARE
 
     text, i2v = encode_prompt(), encode_start(FAST_FRAMES)
     fast, _ = load_fast()
@@ -139,16 +141,22 @@ def test_auto_kv_dtype_keeps_bf16_where_it_fits_and_takes_int8_where_it_does_not
     bf16 = run_fast_sampler(fast, text, i2v, camera, kv_dtype="bf16")["samples"]
     int8 = run_fast_sampler(fast, text, i2v, camera, kv_dtype="int8")["samples"]
     assert not torch.equal(bf16, int8)  # the cache's precision shows in the result
-    need = (fast.patcher.model_size() + mm.minimum_inference_memory()
-            + fast_model.run_memory(fast, fast_model.CachePolicy(window=9, sink=3, dtype="bf16"), H // 8, W // 8,
-                                    (FAST_FRAMES - 1) // 4 + 1))
+    need = {dtype: fast.patcher.model_size() + mm.minimum_inference_memory()
+            + fast_model.run_memory(fast, fast_model.CachePolicy(window=9, sink=3, dtype=dtype), H // 8, W // 8,
+                                    (FAST_FRAMES - 1) // 4 + 1) for dtype in ("bf16", "int8")}
+    limit = math.ceil((need["bf16"] + ALLOCATOR_SLACK) / AUTO_FIT_SHARE)  # the least card bf16 fits
+    assert (need["int8"] + ALLOCATOR_SLACK) / AUTO_FIT_SHARE <= limit - 1  # where int8 still fits
+    plans = []
+    real_plan = fast_model.memory_plan
+    monkeypatch.setattr(fast_model, "memory_plan", lambda *a, **k: plans.append(real_plan(*a, **k)) or plans[-1])
     with caplog.at_level("INFO"):
-        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: int(need / fast_model.AUTO_FIT_SHARE) + 1)
+        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: limit)
         assert torch.equal(run_fast_sampler(fast, text, i2v, camera, kv_dtype="auto")["samples"], bf16)
         assert "kv_dtype auto -> bf16" in caplog.text
-        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: int(need / fast_model.AUTO_FIT_SHARE) - 1)
+        monkeypatch.setattr(mm, "get_total_memory", lambda *a, **k: limit - 1)
         assert torch.equal(run_fast_sampler(fast, text, i2v, camera, kv_dtype="auto")["samples"], int8)
-        assert "kv_dtype auto -> int8: the bf16 cache would need" in caplog.text
+        assert "kv_dtype auto -> int8" in caplog.text
+    assert [(p.kv_dtype, p.blocks_on_gpu, p.fits) for p in plans] == [("bf16", None, True), ("int8", None, True)]
     assert fast_not_resident(fast)
 
 
@@ -271,7 +279,7 @@ def test_the_loaders_attention_choice_is_what_the_run_attends_with(fast_installe
     assert seen and set(seen) == {"sdpa"}
     # A kernel that cannot run here fails the run by its name, before a latent is made.
     fast, _ = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="flash_fp8").args
-    with pytest.raises(RuntimeError, match="'flash_fp8' needs CUDA"):
+    with pytest.raises(ValueError, match="attention 'flash_fp8' cannot run here: flash_fp8 needs a CUDA GPU"):
         run_fast_sampler(fast, text, i2v)
     with pytest.raises(ValueError, match="attention: 'xformers' is not one of auto, sdpa"):
         LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="xformers")

@@ -4,6 +4,7 @@ cancel, refusals; the fast-mode inputs (step cache, CFG truncation, attention, p
 Act checkpoint's controls and the refusal of a wrong checkpoint/controls pairing."""
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 
@@ -23,10 +24,10 @@ from comfyui_lingbot_world.nodes import sampler as sampler_module  # noqa: E402
 from comfyui_lingbot_world.nodes.camera import LingBotWorldCamera  # noqa: E402
 from comfyui_lingbot_world.nodes.host import model_files  # noqa: E402
 from comfyui_lingbot_world.nodes.host.expert_patcher import ComfyExpertSource  # noqa: E402
-from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler, attention_choice  # noqa: E402
+from comfyui_lingbot_world.nodes.sampler import LingBotWorldSampler  # noqa: E402
 from comfyui_lingbot_world.pipeline.latent import to_comfy_latent  # noqa: E402
 from comfyui_lingbot_world.pipeline.sampling import SamplingParams, sample  # noqa: E402
-from comfyui_lingbot_world.wan.runtime import attention as attn  # noqa: E402
+from comfyui_lingbot_world.wan.runtime import attention as attn, switches  # noqa: E402
 
 
 clean_comfy_state = pytest.fixture(autouse=True)(comfy_state_reset)
@@ -182,30 +183,103 @@ def test_all_off_is_the_old_sampler_bit_for_bit(installed):
     assert not_resident(dit)
 
 
-def test_auto_attention_without_sageattention_is_sdpa(monkeypatch):
-    monkeypatch.delenv(attn.ENV_VAR, raising=False)
-    monkeypatch.setattr(sampler_module, "sage_installed", lambda: False)
-    monkeypatch.setitem(attn._LOADERS, "sage", lambda: None)  # sageattention not installed
-    attn.reset_backend_choice()
+# Optional attention kernels as their modules: FlashAttention 3 (either package), flash-attn 2
+# and SageAttention. A test "installs" one by putting a stand-in module in sys.modules and
+# removes one by putting None there (import fails, find_spec says absent).
+_KERNEL_MODULES = {"fa3": ("flash_attn_interface", "fa3_fwd_interface"), "fa2": ("flash_attn",),
+                   "sage": ("sageattention",)}
+
+
+def _install_kernels(monkeypatch, kernels: set[str]) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    for kernel, names in _KERNEL_MODULES.items():
+        for name in names:
+            module = None
+            if kernel in kernels:
+                module = types.ModuleType(name)
+                module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+                module.flash_attn_func = module.sageattn = lambda q, k, v, **kw: q
+            monkeypatch.setitem(sys.modules, name, module)
+
+
+class _Stop(Exception):
+    """Ends a run at its attention scope, once the scope's outcomes are read."""
+
+
+def _outcomes_at_the_scope(monkeypatch, module, capabilities) -> dict:
+    """Patch ``module``'s ``attention_backend`` (the scope a run attends in): the first scope a run
+    opens records, for each GPU compute capability, the backend attention picks on cuda:0 in it
+    (or "refused"), and stops the run."""
+    scope, seen = attn.attention_backend, {}  # what both modules import
+    capability = {"now": None}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability["now"])
+
+    def recording(name):
+        for capability["now"] in capabilities:
+            attn.reset_backend_choice()
+            with scope(name):
+                try:
+                    seen[capability["now"]] = attn.backend_name(torch.device("cuda", 0))
+                except (RuntimeError, ValueError):
+                    seen[capability["now"]] = "refused"
+        raise _Stop
+    monkeypatch.setattr(module, "attention_backend", recording)
+    return seen
+
+
+# GPU generations: A100, RTX 30, RTX 40, H100, RTX 50.
+CAPABILITIES = ((8, 0), (8, 6), (8, 9), (9, 0), (12, 0))
+INSTALLS = [set(), {"fa2"}, {"fa3"}, {"sage"}, {"fa2", "sage"}, {"fa3", "sage"}]
+
+
+def _rule(env: str | None, installed: set[str], capability: tuple[int, int]) -> str:
+    """The documented rule of ``auto`` (wan/runtime/attention.py auto_backend and decide)."""
+    if env is not None:
+        runs = {"sdpa": True, "sage": "sage" in installed and capability >= (8, 0),
+                "flash": bool({"fa3", "fa2"} & installed) and capability >= (8, 0)}[env]
+        return env if runs else "refused"
+    if "fa3" in installed and capability == (9, 0):
+        return "flash"
+    if "sage" in installed and capability in ((8, 6), (8, 9)):
+        return "sage"
+    if "fa2" in installed and capability < (9, 0):
+        return "flash"
+    return "sdpa"
+
+
+def test_base_and_fast_auto_attention_pick_the_same_kernel(fast_installed, monkeypatch):
+    """The Dual-Expert Sampler's and the Fast nodes' (Fast DiT Loader's) attention ``auto`` pick
+    the same kernel on every GPU generation under each install of the optional kernels and each
+    LINGBOT_ATTENTION: the one rule of wan/runtime/attention.py."""
+    from comfyui_lingbot_world.nodes.fast_dit_loader import LingBotWorldFastDiTLoader
+    from comfyui_lingbot_world.pipeline import sampling
+    from comfyui_lingbot_world.pipeline.fast import generator
+    from node_runs import FAST, run_fast_sampler
+
+    text, i2v, dit = _inputs()
+    fast = LingBotWorldFastDiTLoader.execute(FAST, "none", 0, attention="auto").args[0]
+    fast_i2v = encode_start(9)
     try:
-        assert attention_choice("auto") is None  # the process default, as before the input existed
-        with attn.attention_backend(attention_choice("auto")):
-            assert attn.backend_name("cpu") == "sdpa"
-        monkeypatch.setattr(sampler_module, "sage_installed", lambda: True)
-        assert attention_choice("auto") == "auto"  # then the per-run pick by GPU
-        with attn.attention_backend(attention_choice("auto")):
-            assert attn.backend_name("cpu") == "sdpa"
-        for capability in ((8, 6), (8, 9), (9, 0), (8, 0)):  # RTX 30, RTX 40, H100, A100
-            assert attn.auto_backend(capability, sage_installed=False) == "sdpa"
-        assert attn.auto_backend((8, 9), sage_installed=True) == "sage"
-        assert attn.auto_backend((9, 0), sage_installed=True) == "sdpa"
-        # A backend forced for the whole process stays in charge under auto.
-        monkeypatch.setenv(attn.ENV_VAR, "sdpa")
-        assert attention_choice("auto") is None and attention_choice("sdpa") == "sdpa"
+        for env, installed in itertools.product((None, "sdpa", "sage", "flash"), INSTALLS):
+            if env is None:
+                monkeypatch.delenv(switches.ATTENTION.name, raising=False)
+            else:
+                monkeypatch.setenv(switches.ATTENTION.name, env)
+            _install_kernels(monkeypatch, installed)
+            base = _outcomes_at_the_scope(monkeypatch, sampling, CAPABILITIES)
+            with pytest.raises(_Stop):
+                _latent(dit, text, i2v, attention="auto")
+            fast_seen = _outcomes_at_the_scope(monkeypatch, generator, CAPABILITIES)
+            with pytest.raises(_Stop):
+                run_fast_sampler(fast, text, fast_i2v)
+            expected = {capability: _rule(env, installed, capability) for capability in CAPABILITIES}
+            assert base == fast_seen == expected, (env, sorted(installed), base, fast_seen)
     finally:
         attn.reset_backend_choice()
-    with pytest.raises(ValueError, match="attention: 'xformers'"):
-        attention_choice("xformers")
+    assert not_resident(dit)
 
 
 def test_cache_and_cfg_truncation_compute_fewer_forwards(installed, caplog):

@@ -4,6 +4,8 @@ store them, types, defaults, outputs), tooltips, shared defaults, and the pack's
 its combo values (inside the ComfyUI host, on the CPU)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from comfy_host import comfy_state_reset, use_comfy_in_process
@@ -137,7 +139,7 @@ def test_the_fast_nodes_share_their_inputs_with_the_base_nodes(comfy_dirs):
         assert list(node["optional"])[-1] == "steps"
     assert (sampler["required"]["kv_window"][1]["default"], sampler["required"]["kv_sink"][1]["default"]) == (
         DEFAULT_POLICY.window, DEFAULT_POLICY.sink)
-    assert options(sampler["required"]["kv_dtype"]) == ["auto", "bf16", "int8"]  # auto: fast_model.fit_kv_dtype
+    assert options(sampler["required"]["kv_dtype"]) == ["auto", "bf16", "int8"]  # auto: the memory plan's
     frames = stream["required"]["frames"][1]
     # 81 as a fresh Camera node (issue 17: fresh nodes agree); the tooltip tells 961 -> 957.
     assert (frames["default"], frames["max"]) == (81, 961) and "957" in frames["tooltip"]
@@ -183,6 +185,26 @@ def test_size_tooltips_name_the_node_to_match_never_the_node_itself(node_id, com
 def test_a_node_without_a_vae_encode_in_its_graph_never_mentions_one(node_id, comfy_dirs):
     for where, text in _texts(pack_nodes.NODE_CLASS_MAPPINGS[node_id]).items():
         assert "VAE Encode" not in text, (where, text)
+
+
+# What a measured figure looks like: a speed-up, a time or rate on a card, a card's name with
+# a memory figure. Those live in bench/RESULTS.md, one copy, with their card and date.
+MEASURED = re.compile(r"\d(\.\d+)?x (faster|of|over)|\d(\.\d+)? ?(s|ms|frames/s) (on|against)|-> \d|"
+                      r"\d (GiB|GB) on an? |on (an?|one|two|four) H[12]00|\d % (faster|slower)")
+
+
+@pytest.mark.parametrize("node_id", sorted(pack_nodes.NODE_CLASS_MAPPINGS))
+def test_tooltips_hold_no_measured_figures(node_id, comfy_dirs):
+    for where, text in _texts(pack_nodes.NODE_CLASS_MAPPINGS[node_id]).items():
+        assert not MEASURED.search(text), (where, MEASURED.search(text).group(0), text)
+
+
+def test_the_measured_figure_pattern_finds_the_old_ones():
+    for old in ("~1.35x faster attention at 480p", "a Fast chunk 1.20 -> 1.11 s on an H100",
+                "4.4 instead of 8.7 GiB on an H100", "measured on two H100s: a 480x832 chunk 0.72 s", "1.16x of cuDNN",
+                "5.5 % faster than"):
+        assert MEASURED.search(old), old
+    assert not MEASURED.search("81 = 5 s at 16 fps; ~9.6 GB for an NF4 expert; H100/H200 only")
 
 
 def test_fresh_camera_long_video_and_vae_encode_nodes_agree_on_frames(comfy_dirs):

@@ -182,7 +182,7 @@ def test_src_mistakes(release, tmp_path, capsys, nothing_converts, make, fragmen
 
 def test_nf4_package_as_src_says_it_is_already_nf4(package, tmp_path, capsys, nothing_converts):
     code, _, err = _run(["--src", str(package), "--out", str(tmp_path / "out")], capsys)
-    _one_line(code, err, "--src", "high_noise_model_bnb_nf4, low_noise_model_bnb_nf4 are already NF4")
+    _one_line(code, err, "--src", "high_noise_model_bnb_nf4, low_noise_model_bnb_nf4 are already quantized (nf4)")
     code, _, err = _run(["--src", str(package / "high_noise_model_bnb_nf4"), "--out", str(tmp_path / "out")], capsys)
     _one_line(code, err, "--src", "is already an NF4 expert")
 

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from PIL import Image
+
 from comfyui_lingbot_world.loaders.layout import detect_expert_layout
+from comfyui_lingbot_world.loaders.package import find_package
 from comfyui_lingbot_world.pipeline.experts import load_expert
-from comfyui_lingbot_world.tools import cli, quantize
+from comfyui_lingbot_world.tools import cli, generate, quantize
 from comfyui_lingbot_world.wan.runtime.weights8 import Linear8bit
 
 SHARED = ["Wan2.1_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pth", "tokenizer"]
@@ -45,6 +48,25 @@ def test_release_becomes_the_fp8_package(release, tmp_path, capsys) -> None:
                               and torch.equal(a.weight_scale, b.weight_scale) for a, b in layers)
     assert "FP8 in high_noise_model_fp8/" in text and "tensors," in text
     assert not list(out.glob(".*")), "temporary folders left behind"
+
+
+def test_the_fp8_package_runs_through_generate(release, tmp_path, capsys) -> None:
+    """A new user's three commands: make_checkpoint --layout bf16 (the ``packages`` fixture),
+    quantize --format fp8, then generate on the fp8 package (its folders named by LAYOUTS'
+    folder_suffix; fp8 products run on the CPU, dense.GEMM_KINDS)."""
+    out = tmp_path / "fp8-package"
+    assert cli.run("quantize", quantize.main, ["--src", str(release), "--out", str(out), "--format", "fp8"]) == 0
+    image = tmp_path / "start.png"
+    Image.new("RGB", (64, 48), (40, 90, 160)).save(image)
+    video = tmp_path / "v.mp4"
+    code = cli.run("generate", generate.main, ["--package", str(out), "--image", str(image), "--prompt", "a walk",
+                                                "--out", str(video), "--size", "32x32", "--frames", "5",
+                                                "--steps", "2", "--device", "cpu"])
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert f"wrote {video} (5 frames, 32x32, 1 window(s))" in said.out and video.stat().st_size > 0
+    assert [p.name for p in (find_package(out).high, find_package(out).low)] == ["high_noise_model_fp8",
+                                                                              "low_noise_model_fp8"]
 
 
 def test_help_names_the_formats(capsys) -> None:

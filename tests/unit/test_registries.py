@@ -15,7 +15,7 @@ from torch import nn
 from comfyui_lingbot_world.loaders.expert_size import expert_host_bytes, expert_size_bytes
 from comfyui_lingbot_world.loaders.fp8 import convert_to_fp8
 from comfyui_lingbot_world.loaders.layout import LAYOUTS, detect_expert_layout, layout_of
-from comfyui_lingbot_world.loaders.nf4 import quantize_linear
+from comfyui_lingbot_world.loaders.weight_kind import convert_linear, host_spec
 from comfyui_lingbot_world.pipeline import placement as devices_table
 from comfyui_lingbot_world.tools.synthetic.dit import write_synthetic_bf16_expert, write_synthetic_nf4_expert
 from comfyui_lingbot_world.wan.config import TINY
@@ -84,18 +84,12 @@ def test_layouts_agree_with_each_other(layout_folders) -> None:
 
 # --------------------------------------------------------------------------- GEMM kinds
 
-def _layer_of(kind: str, linear: nn.Linear) -> nn.Module:
-    if GEMM_KINDS[kind].make is not None:
-        return GEMM_KINDS[kind].make(linear, torch.bfloat16)
-    assert kind == "nf4"
-    return quantize_linear(linear)
-
-
 @pytest.mark.parametrize("kind", list(GEMM_KINDS))
 def test_each_gemm_kind_row_multiplies(kind: str) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(64, 48).requires_grad_(False)
-    layer = _layer_of(kind, linear)
+    row = GEMM_KINDS[kind]
+    layer = row.make(linear, torch.bfloat16)
     assert gemm_kind(layer).name == kind
     x = torch.randn(3, 10, 64)
     expected = F.linear(x, linear.weight, linear.bias)
@@ -107,7 +101,15 @@ def test_each_gemm_kind_row_multiplies(kind: str) -> None:
     buffer = torch.empty(30, 48, dtype=torch.bfloat16)
     dense(layer)(x.reshape(30, 64), out=buffer)
     torch.testing.assert_close(buffer.float(), dense(layer)(x.reshape(30, 64)).float())
-    assert GEMM_KINDS[kind].weight_bytes(48, 64) > 0
+    assert row.weight_bytes(48, 64) > 0
+    # What the loaders read of the row (loaders/weight_kind.py): the float weight back, the
+    # tensor block swap keeps in pinned RAM, a layer of every other kind made from this one.
+    back = row.float_weight(layer).float()
+    assert back.shape == (48, 64) and (back - linear.weight).norm() / linear.weight.norm() < 0.12
+    assert host_spec(kind, 48, 64) == (tuple(layer.weight.shape), layer.weight.dtype)
+    for other in GEMM_KINDS:
+        converted = convert_linear(layer, other)
+        assert gemm_kind(converted).name == other and (converted is layer) is (other == kind)
 
 
 def test_gemm_capabilities() -> None:

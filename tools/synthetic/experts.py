@@ -13,14 +13,15 @@ from ...loaders.dit_weights import linear_layers
 from ...loaders.nf4 import VALID_BLOCKSIZES, NF4Meta, nf4_tensors, quantize_linear, write_nf4_files
 from ...wan.model import LingBotDiT
 from ...wan.runtime.bnb import Linear4bit, bnb
+from ...wan.runtime.weights4 import BLOCKSIZE, DOUBLE_QUANT
 
 __all__ = ["quantize_linears_", "save_bf16_expert", "save_nf4_expert"]
 
 
 def quantize_linears_(
     model: nn.Module,
-    blocksize: int = 64,
-    double_quant: bool = True,
+    blocksize: int = BLOCKSIZE,
+    double_quant: bool = DOUBLE_QUANT,
     compute_dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
     """Replace every plain nn.Linear of ``model`` by its NF4 ``Linear4bit`` (in place), layer by layer."""
@@ -33,8 +34,8 @@ def quantize_linears_(
 def save_nf4_expert(
     model: LingBotDiT,
     folder: str | Path,
-    blocksize: int = 64,
-    double_quant: bool = True,
+    blocksize: int = BLOCKSIZE,
+    double_quant: bool = DOUBLE_QUANT,
     compute_dtype: torch.dtype = torch.bfloat16,
     provenance: dict | None = None,
 ) -> Path:

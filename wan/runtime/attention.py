@@ -4,21 +4,18 @@ All inputs and outputs use the layout [batch, tokens, heads, head_dim]. The DiT 
 masks: a sample has no padded tokens and cross-attention looks at every text position.
 
 The backends are rows of ``ATTENTION_BACKENDS`` with their constraints (devices, dtypes,
-head sizes, compute capability) and whether they serve a sequence-parallel run.
-The backend is chosen once per device type. PyTorch SDPA is always available; on CUDA
-flash-attn (3, then 2) or SageAttention is used when installed. ``flash_fp8`` (FlashAttention
-3 on fp8 operands quantized per head, Hopper only) is never picked by itself: it rounds q, k
-and v to 3 mantissa bits, and what that does to pictures of the real weights is not measured.
-The environment variable LINGBOT_ATTENTION=sdpa|flash|flash_fp8|sage forces one; forcing one
-that cannot run is an error.
+head sizes, compute capability, the optional kernels that serve them) and whether they serve
+a sequence-parallel run. PyTorch SDPA is always available; on CUDA FlashAttention (3, then
+2) or SageAttention when installed.
 
-A run can choose its own backend with ``attention_backend(name)`` (a context manager over
-a context variable, so the choice ends with the run and does not leak into other runs or
-threads). ``auto`` picks by GPU (``auto_backend``): FlashAttention 3 in bf16 on Hopper when
-installed (measured faster than cuDNN SDPA on an H100, 2026-11-28), else PyTorch SDPA on
-Hopper and newer (sageattention 1.0.6 ran at 0.75-0.80x of cuDNN SDPA on an H100) and
-wherever the 8-bit kernel is not known to be faster; SageAttention when installed on
-Ampere/Ada consumer cards (sm86/sm89), where its authors report about 2x over FlashAttention 2.
+A run chooses its backend with ``attention_backend(name)`` (a context manager over a context
+variable, so the choice ends with the run and does not leak into other runs or threads);
+``decide`` turns the choice into the backend on each device: ``auto`` is
+``LINGBOT_ATTENTION`` when set (wan/runtime/switches.py), else ``auto_backend``'s rule by
+GPU and installed kernels; a backend that cannot run there is refused in one line.
+``flash_fp8`` (FlashAttention 3 on fp8 operands quantized per head, Hopper only) is never
+picked by ``auto``: it rounds q, k and v to 3 mantissa bits, and what that does to pictures
+of the real weights is not measured.
 """
 from __future__ import annotations
 
@@ -26,14 +23,14 @@ import contextlib
 import contextvars
 import functools
 import importlib
-import os
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 import torch
 import torch.nn.functional as F
 
-ENV_VAR = "LINGBOT_ATTENTION"
+from . import switches
+
 # Compute capabilities where the 8-bit SageAttention kernel is published as faster than
 # FlashAttention 2 / SDPA: RTX 30 (sm86) and RTX 40 / L4 / L40 (sm89).
 SAGE_FASTER_CAPABILITIES = ((8, 6), (8, 9))
@@ -67,14 +64,29 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+def _fa2() -> Callable | None:
+    """flash-attn 2's ``flash_attn_func``; None when it does not import."""
+    try:
+        return importlib.import_module("flash_attn").flash_attn_func
+    except Exception:  # noqa: BLE001 - a broken install must not break the default path
+        return None
+
+
+def _sageattn() -> Callable | None:
+    """SageAttention's ``sageattn``; None when it does not import."""
+    try:
+        return importlib.import_module("sageattention").sageattn
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _load_flash() -> Kernel | None:
     """flash-attn 3 (Hopper) first, then flash-attn 2; None when neither imports."""
     fa3 = _fa3()
     if fa3 is not None:
         return lambda q, k, v: _first(fa3(q, k, v))
-    try:
-        from flash_attn import flash_attn_func as fa2
-    except Exception:  # noqa: BLE001
+    fa2 = _fa2()
+    if fa2 is None:
         return None
     return lambda q, k, v: fa2(q, k, v)
 
@@ -126,9 +138,8 @@ SAGE_HEAD_DIMS = (64, 96, 128)  # what sageattn's kernels take; the A14B experts
 
 
 def _load_sage() -> Kernel | None:
-    try:
-        from sageattention import sageattn
-    except Exception:  # noqa: BLE001
+    sageattn = _sageattn()
+    if sageattn is None:
         return None
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -140,6 +151,14 @@ def _load_sage() -> Kernel | None:
 
 _LOADERS = {"flash": _load_flash, "flash_fp8": _load_flash_fp8, "flash_fp8_kept": _load_flash_fp8_kept,
             "sage": _load_sage}
+# The optional kernels a backend may need, each probed by importing it.
+KERNELS: dict[str, Callable[[], Callable | None]] = {"fa3": _fa3, "fa2": _fa2, "sage": _sageattn}
+
+
+@functools.lru_cache(maxsize=None)
+def installed_kernels() -> frozenset[str]:
+    """The optional kernels (``KERNELS``) that import in this process (probed once)."""
+    return frozenset(name for name, probe in KERNELS.items() if probe() is not None)
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,8 @@ class AttentionBackend:
     min_capability: tuple[int, int] | None  # least CUDA compute capability (None: any)
     supports_sequence_parallel: bool
     max_capability: tuple[int, int] | None = None  # greatest one (None: any): kernels built for one architecture
+    # The optional kernels (``KERNELS``) that serve it, any one of them; empty: built into PyTorch.
+    kernels: tuple[str, ...] = ()
     # The same kernel on fp8 keys and values the caller keeps quantized per (sample, head),
     # ``weights8.quantize_heads``' layout (a KV cache casts its committed frames once, not
     # on every pass); None: the backend attends to the keys and values as they are.
@@ -175,20 +196,24 @@ class AttentionBackend:
         return ((self.min_capability is None or capability >= self.min_capability)
                 and (self.max_capability is None or capability <= self.max_capability))
 
+    def installed(self, kernels: Collection[str]) -> bool:
+        """Whether one of the kernels it needs is among ``kernels`` (``installed_kernels()``)."""
+        return not self.kernels or any(k in kernels for k in self.kernels)
+
 
 _FLOATS = (torch.float32,) + _HALF
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "sdpa": AttentionBackend("sdpa", lambda: _sdpa, "PyTorch", ("cpu", "cuda"), _FLOATS, None, None, True),
     "flash": AttentionBackend("flash", lambda: _LOADERS["flash"](),
                               "flash-attn (FlashAttention 3: flash_attn_interface or the fa3-fwd wheel; or flash_attn 2)",
-                              ("cuda",), _HALF, tuple(range(8, 257, 8)), (8, 0), True),
+                              ("cuda",), _HALF, tuple(range(8, 257, 8)), (8, 0), True, kernels=("fa3", "fa2")),
     # Hopper only: FlashAttention 3's fp8 kernels are built for sm90.
     "flash_fp8": AttentionBackend("flash_fp8", lambda: _LOADERS["flash_fp8"](),
                                   "FlashAttention 3 (the fa3-fwd wheel, or flash_attn_interface)", ("cuda",), _HALF,
-                                  FA3_FP8_HEAD_DIMS, (9, 0), True, max_capability=(9, 0),
+                                  FA3_FP8_HEAD_DIMS, (9, 0), True, max_capability=(9, 0), kernels=("fa3",),
                                   kept=lambda: _LOADERS["flash_fp8_kept"]()),
     "sage": AttentionBackend("sage", lambda: _LOADERS["sage"](), "sageattention", ("cuda",), _HALF,
-                             SAGE_HEAD_DIMS, (8, 0), True),
+                             SAGE_HEAD_DIMS, (8, 0), True, kernels=("sage",)),
 }
 BACKENDS = tuple(ATTENTION_BACKENDS)
 CHOICES = ("auto",) + BACKENDS
@@ -217,90 +242,113 @@ def _half_precision(kernel: Kernel) -> Kernel:
     return run
 
 
-@functools.lru_cache(maxsize=None)
-def _select(device_type: str) -> tuple[str, Kernel]:
-    forced = os.environ.get(ENV_VAR, "").strip().lower()
-    if forced and forced not in BACKENDS:
-        raise ValueError(f"{ENV_VAR}={forced!r} is not one of {', '.join(BACKENDS)}")
-    if forced == "sdpa":
-        return "sdpa", _sdpa
-    if forced:
-        if device_type != "cuda":
-            raise RuntimeError(
-                f"{ENV_VAR}={forced} needs CUDA tensors, but attention runs on {device_type!r}; "
-                f"unset {ENV_VAR} or set it to sdpa"
-            )
-        _check_capability(forced, torch.cuda.get_device_capability(), ENV_VAR + "=" + forced)
-        kernel = ATTENTION_BACKENDS[forced].load()
-        if kernel is None:
-            package = ATTENTION_BACKENDS[forced].package
-            raise RuntimeError(f"{ENV_VAR}={forced} but {package} cannot be imported; install it or unset {ENV_VAR}")
-        return forced, _half_precision(kernel)
-    if device_type == "cuda":
-        capability = torch.cuda.get_device_capability()
-        picked = auto_backend(capability, _LOADERS["sage"]() is not None, _fa3() is not None)
-        if picked != "sdpa":
-            return picked, _half_precision(ATTENTION_BACKENDS[picked].load())
-        flash = _LOADERS["flash"]()
-        if flash is not None and tuple(capability) < (9, 0):  # flash-attn 2 where it is the flash kernel there is
-            return "flash", _half_precision(flash)
-    return "sdpa", _sdpa
+def auto_backend(capability: tuple[int, int] | None, installed: Collection[str] = (),
+                 sequence_parallel: bool = False) -> str:
+    """``auto``'s pick by GPU and installed kernels (``installed_kernels()``; ``capability``:
+    the CUDA device's, None off CUDA), when ``LINGBOT_ATTENTION`` does not say:
 
+    1. Hopper (sm90) with FlashAttention 3: ``flash`` in bf16 (faster than cuDNN SDPA there,
+       with the same error against float32; bench/RESULTS.md);
+    2. RTX 30 / RTX 40 (sm86, sm89) with SageAttention: ``sage``, where its 8-bit kernel is
+       published as faster than FlashAttention 2 (on Hopper it measured slower than SDPA);
+    3. Ampere and Ada (sm80 to sm89) with flash-attn 2: ``flash``;
+    4. else PyTorch ``sdpa`` (the CPU, Blackwell, and wherever no kernel is known faster).
 
-def _check_capability(name: str, capability: tuple[int, int], what: str) -> None:
-    """RuntimeError naming the GPU generation a backend's kernels were built for."""
-    backend = ATTENTION_BACKENDS[name]
-    if not backend.runs_on("cuda", capability):
-        low, high = backend.min_capability, backend.max_capability
-        wanted = (f"compute capability {low[0]}.{low[1]}" if low == high else
-                  f"compute capability {low[0]}.{low[1]} or newer" if high is None else
-                  f"compute capability {low[0]}.{low[1]} to {high[0]}.{high[1]}")
-        raise RuntimeError(f"{what} needs a GPU of {wanted} (Hopper: H100 / H200 for 9.0), this one is "
-                           f"{capability[0]}.{capability[1]}; choose sdpa or auto")
+    ``flash_fp8`` is never picked: it rounds q, k and v to 8 bits, and what that does to the
+    real model's pictures is not measured. ``sequence_parallel``: only backends that serve a
+    sequence-parallel run."""
+    def able(name: str, kernel: str) -> bool:
+        backend = ATTENTION_BACKENDS[name]
+        return (kernel in installed and backend.runs_on("cuda", capability)
+                and (backend.supports_sequence_parallel or not sequence_parallel))
 
-
-def auto_backend(capability: tuple[int, int] | None, sage_installed: bool, fa3_installed: bool = False) -> str:
-    """``auto``'s pick for a CUDA device of this compute capability (None: not CUDA).
-
-    Hopper with FlashAttention 3: ``flash`` (bf16), measured on an H100 on 2026-11-28 at
-    1.16x cuDNN SDPA on a Fast chunk's shapes and 1.12x on the exact path's 480p, with the
-    same error against float32 (bench/RESULTS.md). An installed SageAttention only where it
-    is known to be faster: on the H100 it ran at 0.75-0.8x of SDPA, on RTX 30/40 cards ~2x."""
     if capability is None:
         return "sdpa"
-    if fa3_installed and ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", capability):  # FA3's architecture
+    capability = tuple(capability)
+    if able("flash", "fa3") and ATTENTION_BACKENDS["flash_fp8"].runs_on("cuda", capability):  # FA3's architecture
         return "flash"
-    if sage_installed and tuple(capability) in SAGE_FASTER_CAPABILITIES:
+    if able("sage", "sage") and capability in SAGE_FASTER_CAPABILITIES:
         return "sage"
+    if able("flash", "fa2") and capability < (9, 0):
+        return "flash"
     return "sdpa"
 
 
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def runnable(device: torch.device | str, sequence_parallel: bool = False) -> list[str]:
+    """The backends that can run on ``device`` here: its type and compute capability, the
+    kernels installed, and a sequence-parallel run's need."""
+    device = torch.device(device)
+    capability, installed = _capability(device), installed_kernels()
+    return [b.name for b in ATTENTION_BACKENDS.values()
+            if b.runs_on(device.type, capability) and b.installed(installed)
+            and (b.supports_sequence_parallel or not sequence_parallel)]
+
+
+def _why_not(backend: AttentionBackend, device: torch.device, sequence_parallel: bool) -> str | None:
+    """Why ``backend`` cannot run on ``device`` here (None: it can)."""
+    if device.type not in backend.devices:
+        return f"{backend.name} needs a CUDA GPU, and attention runs on {device.type}"
+    capability = _capability(device)
+    if not backend.runs_on(device.type, capability):
+        low, high = backend.min_capability, backend.max_capability
+        wanted = (f"{low[0]}.{low[1]}" if low == high else f"{low[0]}.{low[1]} or newer" if high is None
+                  else f"{low[0]}.{low[1]} to {high[0]}.{high[1]}")
+        return (f"{backend.name} needs a GPU of compute capability {wanted} (Hopper: H100 / H200 for 9.0) and "
+                f"{device} is {capability[0]}.{capability[1]}")
+    if not backend.installed(installed_kernels()):
+        return f"{backend.package} cannot be imported"
+    if sequence_parallel and not backend.supports_sequence_parallel:
+        return f"{backend.name} cannot run a sequence-parallel model"
+    return None
+
+
+def decide(choice: str | None, device: torch.device | str, sequence_parallel: bool = False) -> str:
+    """The backend a run's ``choice`` attends with on ``device``: the one decider of ``auto``
+    for every node, the command line and the bench.
+
+    ``auto`` (or None): ``LINGBOT_ATTENTION`` when it is set (``wan/runtime/switches.py``),
+    else ``auto_backend`` for the device's compute capability and the kernels installed here.
+    Any other choice is itself. A backend that cannot run here (device type, compute
+    capability, not installed, ``sequence_parallel`` need) is refused with a ValueError of one
+    line naming the choice (or the variable and its value) and what can run here."""
+    choice = choice or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"attention backend must be one of {', '.join(CHOICES)}, got {choice!r}")
+    device = torch.device(device)
+    forced = switches.ATTENTION() if choice == "auto" else None
+    if choice == "auto" and forced is None:
+        return auto_backend(_capability(device), installed_kernels(), sequence_parallel)
+    name = forced or choice
+    why = _why_not(ATTENTION_BACKENDS[name], device, sequence_parallel)
+    if why is not None:
+        able = runnable(device, sequence_parallel)
+        them = able[0] if len(able) == 1 else f"one of {', '.join(able)}"
+        what, fix = ((f"{switches.ATTENTION.name}={name}", f"unset {switches.ATTENTION.name} or set it to {them}")
+                     if forced else (f"attention {name!r}", f"choose {them} or auto"))
+        raise ValueError(f"{what} cannot run here: {why}; what runs here: {', '.join(able)}; {fix}")
+    return name
+
+
 @functools.lru_cache(maxsize=None)
-def _chosen(name: str, device: torch.device) -> tuple[str, Kernel]:
-    """The kernel for a per-run choice on ``device`` (errors name the choice and the fix)."""
-    if name == "auto":
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        name = auto_backend(capability, capability is not None and _LOADERS["sage"]() is not None,
-                            capability is not None and _fa3() is not None)
+def _kernel(choice: str | None, device: torch.device, forced: str) -> tuple[str, Kernel]:
+    """The decided backend's kernel (``forced``: the raw ``LINGBOT_ATTENTION``, part of the key)."""
+    name = decide(choice, device)
     if name == "sdpa":
         return "sdpa", _sdpa
-    backend = ATTENTION_BACKENDS[name]
-    if not backend.runs_on(device.type):
-        raise RuntimeError(f"attention backend {name!r} needs CUDA tensors, but attention runs on "
-                           f"{device.type!r}; choose sdpa or auto")
-    _check_capability(name, torch.cuda.get_device_capability(device), f"attention backend {name!r}")
-    kernel = backend.load()
-    if kernel is None:
-        package = backend.package
-        raise RuntimeError(f"attention backend {name!r} chosen but {package} cannot be imported; "
-                           f"install it or choose sdpa or auto")
+    kernel = ATTENTION_BACKENDS[name].load()
+    if kernel is None:  # imported when probed, not now: a broken install
+        raise ValueError(f"attention {name!r}: {ATTENTION_BACKENDS[name].package} cannot be imported")
     return name, _half_precision(kernel)
 
 
 @contextlib.contextmanager
 def attention_backend(name: str | None) -> Iterator[None]:
-    """Use backend ``name`` (auto|sdpa|sage|flash|flash_fp8) for attention calls inside the block;
-    None keeps the process default (LINGBOT_ATTENTION, else the first installed kernel)."""
+    """Use backend ``name`` (auto|sdpa|sage|flash|flash_fp8; None: auto) for attention calls
+    inside the block, decided on each device by ``decide``."""
     if name is not None and name not in CHOICES:
         raise ValueError(f"attention backend must be one of {', '.join(CHOICES)}, got {name!r}")
     token = _RUN_CHOICE.set(name)
@@ -317,12 +365,9 @@ def run_choice() -> str | None:
 
 
 def _kernel_for(device: torch.device) -> tuple[str, Kernel]:
-    choice = _RUN_CHOICE.get()
-    if choice is None:
-        return _select(device.type)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _chosen(choice, device)
+    return _kernel(_RUN_CHOICE.get(), device, switches.ATTENTION.raw())
 
 
 def backend_name(device: torch.device | str) -> str:
@@ -331,9 +376,9 @@ def backend_name(device: torch.device | str) -> str:
 
 
 def reset_backend_choice() -> None:
-    """Forget the cached choice (after changing LINGBOT_ATTENTION, e.g. in tests)."""
-    _select.cache_clear()
-    _chosen.cache_clear()
+    """Forget the probed kernels and the cached choices (after installing one, e.g. in tests)."""
+    installed_kernels.cache_clear()
+    _kernel.cache_clear()
     _kept_kernel.cache_clear()
 
 

@@ -7,10 +7,10 @@ stream while earlier blocks compute.
 
 Which blocks are swapped (``swapped_blocks``): spread evenly over the stack, not the last
 N-K. A swapped block's copy starts when the swapped block before it starts computing, so it
-hides behind every block between the two. In the exact path one block computes ~100 ms
-against a ~9 ms copy and either order hides; a Fast chunk's block computes ~5 ms against
-~9 ms for an fp8 block's 0.46 GB over PCIe 5, so swapped blocks in a row would wait for
-their copies, and spread ones (every second block or sparser) do not.
+hides behind every block between the two. In the exact path a block computes many times
+longer than its copy takes and either order hides; a Fast chunk's block computes in less time
+than an fp8 block's copy over PCIe takes, so swapped blocks in a row would wait for their
+copies, and spread ones (every second block or sparser) do not (bench/RESULTS.md).
 ``LINGBOT_SWAP_SPREAD=0`` swaps the last N-K blocks instead (to compare).
 
 What moves is only the big part of a block: the ``weight`` of every linear-like layer
@@ -35,13 +35,14 @@ Pure PyTorch: nothing here imports bitsandbytes.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
+
+from . import switches
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ def _blocks_of(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
-# "0": swap the last N-K blocks instead of spreading them (to compare; see the module's note).
-SPREAD_ENV = "LINGBOT_SWAP_SPREAD"
-
-
 def swapped_blocks(resident: int, num_layers: int) -> list[int]:
     """The blocks block swap keeps off the device when ``resident`` of ``num_layers`` stay,
     ascending: spread evenly, the j-th at floor((j + 1) * N / S) - 1 for S swapped blocks.
@@ -83,7 +80,7 @@ def swapped_blocks(resident: int, num_layers: int) -> list[int]:
     count = num_layers - resident
     if count <= 0:
         return []
-    if os.environ.get(SPREAD_ENV, "1").strip() == "0":
+    if not switches.SWAP_SPREAD():  # the last N-K blocks instead (to compare)
         return list(range(resident, num_layers))
     return [(j + 1) * num_layers // count - 1 for j in range(count)]
 

@@ -40,7 +40,6 @@ shapes replays what an earlier one (or a warm-up) captured.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
+from . import switches
 from .attention import backend_name
 from .camera_terms import CameraTerms
 
@@ -66,14 +66,10 @@ class _Captured:
     output: torch.Tensor | None
 
 
-# "0" turns the graphs off (every pass eager), e.g. to compare or to rule them out.
-ENV_VAR = "LINGBOT_CUDA_GRAPHS"
-
-
 def graphs_supported(device: torch.device | str) -> bool:
     """CUDA graphs run on CUDA devices only (the CPU and other backends run eagerly), unless
     ``LINGBOT_CUDA_GRAPHS=0``."""
-    if os.environ.get(ENV_VAR, "1").strip() == "0":
+    if not switches.CUDA_GRAPHS():
         return False
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
@@ -245,4 +241,4 @@ def _kept_camera(model: Any, graphs: ForwardGraphs, camera_tokens: "torch.Tensor
     return kept
 
 
-__all__ = ["ENV_VAR", "ForwardGraphs", "graphed_pass", "graphs_supported", "replays_graphs"]
+__all__ = ["ForwardGraphs", "graphed_pass", "graphs_supported", "replays_graphs"]

@@ -11,10 +11,12 @@ A LoRA attached to the layer (``wan.runtime.lora.attach_lora``) is added to the 
 (``W + scale * B A``), never to the layer's own weight.
 
 ``GEMM_KINDS`` is the table of weight kinds a linear layer may hold and how each multiplies
-(the place to add one): bf16 (a plain floating-point weight), NF4 (bitsandbytes, dequantized
-once per block), fp8 and int8 (``wan.runtime.weights8``: 8-bit × 8-bit products with
-per-token activation scales). ``dense(layer)`` picks the row by what the layer holds. Only
-the NF4 row knows about bitsandbytes; it imports it lazily, and only for a weight that
+(the place to add one, its math in a module of its own): bf16 (a plain floating-point
+weight), NF4 (``wan.runtime.weights4``: bitsandbytes, dequantized once per block), fp8 and
+int8 (``wan.runtime.weights8``: 8-bit × 8-bit products with per-token activation scales).
+``dense(layer)`` picks the row by what the layer holds; the loaders convert a layer to a
+kind, and size what block swap keeps of it, through the row alone (``loaders/weight_kind.py``).
+Only the NF4 row knows about bitsandbytes; it imports it lazily, and only for a weight that
 carries a bitsandbytes quant state (so bitsandbytes is installed).
 """
 from __future__ import annotations
@@ -26,8 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import weights4
 from .lora import LORA_ATTR, add_lora_delta
-from .weights8 import PRODUCTS, Linear8bit, QuantizedRows, fp8_linear, kind_of_dtype, quantize_once
+from .weights8 import Linear8bit, QuantizedRows, fp8_linear, int8_linear, kind_of_dtype, quantize_once, storage_dtype
 
 
 @dataclass
@@ -82,7 +85,7 @@ class Dense8:
     adapters: tuple = ()
 
     def _product(self, x2d: "torch.Tensor | QuantizedRows") -> torch.Tensor:
-        y = PRODUCTS[self.kind](x2d, self.weight, self.scale, self.bias, self.dtype)
+        y = GEMM_KINDS[self.kind].product(x2d, self.weight, self.scale, self.bias, self.dtype)
         plain = x2d.x if isinstance(x2d, QuantizedRows) else x2d
         for f in self.adapters:
             down, up = f.down.to(plain.device, self.dtype), f.up.to(plain.device, self.dtype)
@@ -96,10 +99,10 @@ class Dense8:
             raise ValueError("Dense: gelu and out cannot be combined")
         lead = x.shape[:-1]
         x2d = x if isinstance(x, QuantizedRows) else x.reshape(-1, x.shape[-1])
-        if out is not None and self.kind == "fp8" and not self.adapters and out.is_contiguous() \
-                and out.dtype == self.dtype:
-            # The fp8 kernel writes into out's rows itself (no product tensor and copy).
-            fp8_linear(x2d, self.weight, self.scale, self.bias, self.dtype, out=out.view(-1, out.shape[-1]))
+        if out is not None and not self.adapters and out.is_contiguous() and out.dtype == self.dtype:
+            # The product writes into out's rows (the fp8 kernel itself: no product tensor and copy).
+            GEMM_KINDS[self.kind].product(x2d, self.weight, self.scale, self.bias, self.dtype,
+                                          out=out.view(-1, out.shape[-1]))
             return out
         y = self._product(x2d)
         if gelu:
@@ -118,20 +121,10 @@ def _dense_plain(layer: nn.Module) -> Dense:
 
 
 def _dense_nf4(layer: nn.Module) -> Dense:
-    from .bnb import bnb
-
-    bnb_functional = bnb.functional
-    weight = layer.weight
-    data, quant_state = weight.data, weight.quant_state
-    if getattr(quant_state, "packing_format_for_cpu", False):
-        # The layer's own CPU forward repacked the weight for bitsandbytes' AVX512 kernel;
-        # dequantize a copy in the standard layout (the layer is left as it is).
-        data, quant_state = bnb_functional._convert_weight_packed_for_cpu_inverse(data, quant_state)
-    matrix = bnb_functional.dequantize_4bit(data, quant_state)
-    dtype = getattr(layer, "compute_dtype", None) or matrix.dtype
-    matrix = add_lora_delta(layer, matrix.to(dtype))  # a new tensor when adapters hang on the layer
+    matrix = weights4.dequantize(layer)
+    matrix = add_lora_delta(layer, matrix)  # a new tensor when adapters hang on the layer
     bias = layer.bias
-    return Dense(matrix, None if bias is None else bias.detach().to(dtype))
+    return Dense(matrix, None if bias is None else bias.detach().to(matrix.dtype))
 
 
 def _dense_8bit(layer: nn.Module) -> Dense8:
@@ -160,45 +153,64 @@ def _make_plain(layer: nn.Module, dtype: torch.dtype) -> nn.Module:
     return linear
 
 
-NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64  # 4 bits a weight plus one 8-bit absmax per 64 (double quant)
+def _make_nf4(layer: nn.Module, dtype: torch.dtype) -> nn.Module:
+    return weights4.quantize_linear(layer, compute_dtype=dtype)  # the package's blocksize and double quant
+
+
+# (out, in, compute dtype) -> (shape, dtype) of the weight tensor block swap keeps in pinned RAM.
+HostWeight = Callable[[int, int, torch.dtype], tuple[tuple[int, ...], torch.dtype]]
+
+
+def _host_8bit(kind: str) -> HostWeight:
+    return lambda out_f, in_f, dtype: ((out_f, in_f), storage_dtype(kind))
 
 
 @dataclass(frozen=True)
 class GemmKind:
     """One weight kind a linear layer can hold: how to recognise it, how its product runs,
-    where it can run, what it occupies, and how to make it from a floating-point layer."""
+    where it can run, what it occupies (on the device and under block swap in pinned RAM),
+    how to make it from a floating-point layer and back."""
 
     name: str
     holds: Callable[[nn.Module], bool]  # the layer holds this kind of weight
     build: Callable[[nn.Module], "Dense | Dense8"]  # the reusable product for one block
     weight_bytes: Callable[[int, int], int]  # bytes of an [out, in] weight once loaded
+    host_weight: HostWeight  # the weight tensor block swap keeps in pinned RAM
+    float_weight: Callable[[nn.Module], torch.Tensor]  # the layer's weight [out, in] as floats
+    # From a floating-point layer (any nn.Linear) into a layer of this kind computing in the
+    # given dtype: what the loaders convert with while an expert loads.
+    make: Callable[[nn.Module, torch.dtype], nn.Module]
     # Least CUDA compute capability whose tensor cores run the product; None: any device.
     min_capability: tuple[int, int] | None = None
     runs_on_cpu: bool = True
-    # From a floating-point layer (any nn.Linear, in the given compute dtype); None: made
-    # by its own loader (NF4: bitsandbytes with the package's settings, loaders/nf4.py).
-    make: Callable[[nn.Module, torch.dtype], nn.Module] | None = None
-    speed_rank: int = 0  # larger is faster on a card that supports it (auto picks by it)
-
-
-def _has_quant_state(layer: nn.Module) -> bool:
-    return getattr(layer.weight, "quant_state", None) is not None
+    speed_rank: int = 0  # larger is faster on a card that supports it (weights auto picks by it)
+    # The product of a kind that multiplies as it is held (``Dense8``): (x or QuantizedRows,
+    # weight, per-channel scale, bias, out dtype, out=None) -> [M, N]; None: ``build``
+    # makes a floating-point ``Dense``.
+    product: Callable[..., torch.Tensor] | None = None
 
 
 def _holds_8bit(kind: str) -> Callable[[nn.Module], bool]:
     return lambda layer: kind_of_dtype(layer.weight.dtype) == kind
 
 
+def _row_8bit(kind: str, min_capability: tuple[int, int], speed_rank: int, product: Callable) -> GemmKind:
+    return GemmKind(kind, _holds_8bit(kind), _dense_8bit, lambda out_f, in_f: out_f * in_f + 4 * out_f,
+                    _host_8bit(kind), lambda layer: layer.dequantized(), _make_8bit(kind),
+                    min_capability=min_capability, speed_rank=speed_rank, product=product)
+
+
 GEMM_KINDS: dict[str, GemmKind] = {
-    "bf16": GemmKind("bf16", lambda layer: not _has_quant_state(layer) and layer.weight.dtype.is_floating_point
+    "bf16": GemmKind("bf16", lambda layer: not weights4.holds_nf4(layer) and layer.weight.dtype.is_floating_point
                      and kind_of_dtype(layer.weight.dtype) is None, _dense_plain,
-                     lambda out_f, in_f: out_f * in_f * 2, make=_make_plain, speed_rank=2),
-    "nf4": GemmKind("nf4", _has_quant_state, _dense_nf4,
-                    lambda out_f, in_f: int(out_f * in_f * NF4_BYTES_PER_WEIGHT), speed_rank=1),
-    "fp8": GemmKind("fp8", _holds_8bit("fp8"), _dense_8bit, lambda out_f, in_f: out_f * in_f + 4 * out_f,
-                    min_capability=(8, 9), make=_make_8bit("fp8"), speed_rank=4),
-    "int8": GemmKind("int8", _holds_8bit("int8"), _dense_8bit, lambda out_f, in_f: out_f * in_f + 4 * out_f,
-                     min_capability=(8, 0), make=_make_8bit("int8"), speed_rank=3),
+                     lambda out_f, in_f: out_f * in_f * 2, lambda out_f, in_f, dtype: ((out_f, in_f), dtype),
+                     lambda layer: layer.weight.detach(), _make_plain, speed_rank=2),
+    "nf4": GemmKind("nf4", weights4.holds_nf4, _dense_nf4,
+                    lambda out_f, in_f: int(out_f * in_f * weights4.BYTES_PER_WEIGHT),
+                    lambda out_f, in_f, dtype: (weights4.packed_shape(out_f, in_f), torch.uint8),
+                    weights4.dequantize, _make_nf4, speed_rank=1),
+    "fp8": _row_8bit("fp8", (8, 9), 4, fp8_linear),
+    "int8": _row_8bit("int8", (8, 0), 3, int8_linear),
 }
 
 

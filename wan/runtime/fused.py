@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-ENV_VAR = "LINGBOT_FUSED"
+from . import switches
+
 log = logging.getLogger(__name__)
 
 
@@ -92,10 +92,6 @@ def rms_rope_(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | 
     return x
 
 
-def _enabled() -> bool:
-    return os.environ.get(ENV_VAR, "1") != "0"
-
-
 @functools.lru_cache(maxsize=None)
 def _kernels():
     try:
@@ -154,7 +150,7 @@ def register_kernel(fn: Callable, cuda: Callable) -> None:
 def run(fn: Callable, *args, **kwargs):
     """``fn(*args)``, through its Triton kernel when the first tensor is on CUDA."""
     cuda = _CUDA.get(fn)
-    if cuda is not None and args[0].is_cuda and _enabled() and fn.__name__ not in _broken:
+    if cuda is not None and args[0].is_cuda and switches.FUSED() and fn.__name__ not in _broken:
         kernels = _kernels()
         if kernels is not None:
             try:

@@ -63,28 +63,18 @@ session replays what the last one (or a warm-up) captured. ``free()`` frees it f
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator, Sequence
 
 import torch
 
 from ..geometry import CHUNK_FRAMES, MAX_TOKENS
-from . import fused
+from . import fused, switches
 from .cuda_graphs import ForwardGraphs
 from .weights8 import FP8, head_absmax, heads_scale, requantize_heads
 
 KV_DTYPES = ("bf16", "int8")
 INT8_MAX = 127
-# "0": a cache keeps no fp8 attention operands (an fp8 kernel casts every attended frame on
-# every pass), e.g. to compare.
-KEEP_FP8_ENV = "LINGBOT_KV_FP8_KEEP"
-
-
-def _keep_fp8_allowed() -> bool:
-    return os.environ.get(KEEP_FP8_ENV, "1").strip() != "0"
-
-
 @dataclass(frozen=True)
 class CachePolicy:
     """What the cache keeps. ``window``: latent frames one chunk attends to, its own
@@ -309,7 +299,7 @@ class KVCache:
         self._cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
         self._cross_set = [False] * layers
         # fp8 attention operands kept between passes (``attended_fp8``): made on first use.
-        self.keeps_fp8 = not self.int8 and _keep_fp8_allowed()
+        self.keeps_fp8 = not self.int8 and switches.KV_FP8_KEEP()
         self._fp8: _KeptFP8 | None = None
         self._layers = [LayerKV(self, i) for i in range(layers)]
         self.slot_frames: list[int] = []  # absolute latent frame held by each committed slot
@@ -349,7 +339,7 @@ class KVCache:
             stored = (window - policy.chunk) * frame_tokens
             return 2 * (layers * stored * dim + layers * stored * heads * 4 + tokens * dim * dtype_bytes) + cross
         kept = _KeptFP8.estimate_bytes(layers, tokens, heads, head_dim, window) if (
-            fp8_operands and _keep_fp8_allowed()) else 0
+            fp8_operands and switches.KV_FP8_KEEP()) else 0
         return 2 * layers * tokens * dim * dtype_bytes + cross + kept
 
     # ------------------------------------------------------------------ introspection
@@ -660,5 +650,5 @@ def frames_bytes(frames: int, frame_tokens: int, layers: int, dim: int, dtype_by
     return 2 * frames * frame_tokens * layers * dim * dtype_bytes
 
 
-__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KEEP_FP8_ENV", "KVCache", "KV_DTYPES", "KeptCache", "LayerKV",
+__all__ = ["CHUNK_FRAMES", "CachePolicy", "CommitPlan", "KVCache", "KV_DTYPES", "KeptCache", "LayerKV",
            "dequantize_int8", "dequantize_int8_pytorch", "frames_bytes", "plan_commit", "quantize_int8"]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -44,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-OVERLAP_ENV = "LINGBOT_SP_OVERLAP"
+from . import switches
 
 _ACTIVE: contextvars.ContextVar["ShardedRun | None"] = contextvars.ContextVar("lingbot_sequence_parallel",
                                                                                      default=None)
@@ -67,7 +66,7 @@ class Exchange:
 
 def overlap_exchanges() -> bool:
     """Whether ``start_seq_to_heads`` callers let an exchange run beside the next projection."""
-    return os.environ.get(OVERLAP_ENV, "1") != "0"
+    return switches.SP_OVERLAP()
 
 
 @dataclass(frozen=True)
@@ -259,5 +258,5 @@ def current() -> ShardedRun | None:
     return _ACTIVE.get()
 
 
-__all__ = ["OVERLAP_ENV", "Exchange", "Gather", "SequenceParallel", "ShardPlan", "ShardedRun", "Split", "active",
+__all__ = ["Exchange", "Gather", "SequenceParallel", "ShardPlan", "ShardedRun", "Split", "active",
            "current", "overlap_exchanges"]

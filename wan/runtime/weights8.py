@@ -24,14 +24,13 @@ back to the dequantized bf16 weight: same weights, no activation rounding.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from . import fused, switches
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -232,12 +231,11 @@ def _quantized(x: "torch.Tensor | QuantizedRows", kind: str) -> tuple[torch.Tens
 # bench/RESULTS.md): the 5120² linears and the FFN's up projection 5-10 % faster, the error
 # against the float32 product of the same 8-bit operands 0.0017 -> 0.0022 (0.0033 for the
 # FFN's down projection, K = 13,824), against the ~0.036 the fp8 rounding of the operands
-# costs. "0" keeps the promoted accumulation.
-FAST_ACCUM_ENV = "LINGBOT_FP8_FAST_ACCUM"
+# costs. ``LINGBOT_FP8_FAST_ACCUM=0`` keeps the promoted accumulation.
 
 
 def _fast_accum(x: torch.Tensor) -> bool:
-    return x.is_cuda and os.environ.get(FAST_ACCUM_ENV, "1").strip() != "0"
+    return x.is_cuda and switches.FP8_FAST_ACCUM()
 
 
 def dequantize_rows(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -329,21 +327,21 @@ def fp8_linear(x: "torch.Tensor | QuantizedRows", weight: torch.Tensor, weight_s
 
 
 def int8_linear(x: "torch.Tensor | QuantizedRows", weight: torch.Tensor, weight_scale: torch.Tensor,
-                bias: torch.Tensor | None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                bias: torch.Tensor | None, out_dtype: torch.dtype = torch.bfloat16,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (or ``QuantizedRows``) times the int8 weight [N, K]ᵀ (int32 accumulation),
-    scaled per token and per channel, plus bias, in ``out_dtype`` [M, N]."""
+    scaled per token and per channel, plus bias, in ``out_dtype`` [M, N] (copied into ``out``
+    when given; returned)."""
     if not _int8_kernel_fits(x, weight):
         plain = x.x if isinstance(x, QuantizedRows) else x
-        return F.linear(plain.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        y = F.linear(plain.to(out_dtype), dequantize_rows(weight, weight_scale, out_dtype), bias)
+        return y if out is None else out.copy_(y)
     xq, x_scale = _quantized(x, "int8")
     acc = torch._int_mm(xq, weight.t())
     y = acc.float().mul_(x_scale[:, None]).mul_(weight_scale.float()[None, :])
     if bias is not None:
         y += bias.float()
-    return y.to(out_dtype)
-
-
-PRODUCTS = {"fp8": fp8_linear, "int8": int8_linear}
+    return y.to(out_dtype) if out is None else out.copy_(y)
 
 
 class Linear8bit(nn.Linear):
@@ -396,9 +394,12 @@ class Linear8bit(nn.Linear):
         return dequantize_rows(self.weight, scale, dtype or self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .dense import GEMM_KINDS  # the kinds' table (it imports this module)
+
         lead = x.shape[:-1]
         scale = self.weight_scale.to(self.weight.device)
-        y = PRODUCTS[self.kind](x.reshape(-1, x.shape[-1]), self.weight, scale, self.bias, self.compute_dtype)
+        y = GEMM_KINDS[self.kind].product(x.reshape(-1, x.shape[-1]), self.weight, scale, self.bias,
+                                          self.compute_dtype)
         return y.reshape(*lead, -1)
 
     def extra_repr(self) -> str:
