@@ -68,8 +68,12 @@ def check_combos(node: type[io.ComfyNode], host_checks: bool = HOST_CHECKS_COMBO
     if not taken:
         return node
 
-    def validate_inputs(cls, input_types=None, **given) -> bool | str:
-        values = {k: v for k, v in given.items() if v is not _ABSENT}
+    def validate_inputs(cls, *args, **kwargs) -> bool | str:
+        # Bound by the signature declared below, so a direct call with the node's own inputs in
+        # order (as its own validate_inputs took them) means what it meant.
+        given = validate_inputs.__signature__.bind(cls, *args, **kwargs).arguments
+        input_types = given.get("input_types")
+        values = {k: v for k, v in given.items() if k not in ("cls", "input_types") and v is not _ABSENT}
         linked = input_types if isinstance(input_types, dict) else {}
         nulls = [name for name in taken if name in values and values[name] is None and name not in linked]
         problems = [f"{name}: null is not one of its choices; give a value from its list" for name in nulls]
