@@ -9,6 +9,7 @@ reports, watch them, stop them.
 """
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import tempfile
@@ -29,7 +30,34 @@ from .worker import spawn_worker
 
 START_TIMEOUT_S = 600.0  # a worker's first model load (an A14B expert from disk) fits in it
 WATCH_PERIOD_S = 0.2
-RENDEZVOUS_PREFIX = "lingbot-group-"  # the temporary folder of the group's file store
+RENDEZVOUS_PREFIX = "lingbot-group-"  # the temporary folder of the group's file store: PREFIX<pid>-<random>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_rendezvous(folder: str | None = None) -> list[str]:
+    """Remove the rendezvous folders that processes killed before their ``close`` left in the
+    temporary folder (their pid is in the name and no longer runs); the names removed."""
+    root = folder or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(RENDEZVOUS_PREFIX):].partition("-")[0]
+        if name.startswith(RENDEZVOUS_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 class WorkerLost(RuntimeError):
@@ -80,7 +108,8 @@ class RankPool:
                                "holds the default group); restart ComfyUI to use the sequence-parallel modes")
         apply_env()
         ctx = mp.get_context("spawn")
-        self._init_dir = tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)
+        remove_stale_rendezvous()
+        self._init_dir = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
         try:
             init = f"file://{self._init_dir}/store"
             self._reports = ctx.Queue()

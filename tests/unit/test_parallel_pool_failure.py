@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -130,6 +132,25 @@ def test_close_and_a_failed_start_remove_the_rendezvous_folder(tmp_path, monkeyp
     with pytest.raises(OSError, match="cannot start a process"):
         RankPool(["cpu", "cpu"]).start()
     assert _rendezvous(tmp_path) == [] and not torch.distributed.is_initialized()
+
+
+def test_a_start_removes_what_killed_processes_left(tmp_path, monkeypatch):
+    """A process killed before its close (a server stopped with SIGKILL) leaves its rendezvous
+    folder; the next start removes those whose process is gone, never a running one's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid no longer runs
+    for pid in (dead.pid, os.getppid()):
+        (tmp_path / f"{rank_pool.RENDEZVOUS_PREFIX}{pid}-abc").mkdir()
+    (tmp_path / f"{rank_pool.RENDEZVOUS_PREFIX}oldname").mkdir()  # not a name this code makes: left alone
+    pool = RankPool(["cpu", "cpu"]).start()
+    try:
+        assert f"{rank_pool.RENDEZVOUS_PREFIX}{dead.pid}-abc" not in _rendezvous(tmp_path)
+        assert {f"{rank_pool.RENDEZVOUS_PREFIX}{os.getppid()}-abc", f"{rank_pool.RENDEZVOUS_PREFIX}oldname"} <= set(
+            _rendezvous(tmp_path))
+        assert any(n.startswith(f"{rank_pool.RENDEZVOUS_PREFIX}{os.getpid()}-") for n in _rendezvous(tmp_path))
+    finally:
+        pool.close()
 
 
 def test_every_command_has_one_handler_and_an_unknown_one_fails_the_worker_naming_it():
