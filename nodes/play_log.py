@@ -12,6 +12,7 @@ that Load Image did; the pixels' hash must be the log's either way, so the repla
 session's bit for bit or refused, never close."""
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Callable
@@ -19,13 +20,15 @@ from typing import Callable
 import numpy as np
 import torch
 from comfy_api.latest import io
-from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
 import folder_paths
 
+from ..loaders.image_file import open_image
 from ..pipeline.play.log_file import PlayLog, file_sha256, pixels_sha256, read_play_log
 from . import inputs
 from .host.model_files import NO_FILE, file_stamp, list_play_logs, resolve_play_log
+
+log = logging.getLogger(__name__)
 
 # A COMBO output: links into a combo widget (the Fast Sampler's kv_dtype, VAE Encode's precision).
 ComboValue = io.Custom("COMBO")
@@ -45,13 +48,12 @@ def load_image(path: Path, field: str) -> torch.Tensor:
     """An image file as a ComfyUI IMAGE [1, H, W, 3] in 0..1, decoded as Load Image decodes it
     before ComfyUI 0.21 (PIL: first frame, EXIF orientation applied, 16-bit grey scaled, RGB)."""
     try:
-        with Image.open(path) as file:
-            frame = ImageOps.exif_transpose(next(ImageSequence.Iterator(file)))
-            if frame.mode == "I":
-                frame = frame.point(lambda value: value * (1 / 255))
-            pixels = np.array(frame.convert("RGB")).astype(np.float32) / 255.0
-    except (OSError, UnidentifiedImageError) as error:
+        frame = open_image(path, note=log.info)  # the pack's one opener: first frame, upright
+    except ValueError as error:
         raise ValueError(f"{field}: {path.name} is not an image the replay can read ({error})") from error
+    if frame.mode == "I":  # 16-bit grey, scaled as Load Image scales it
+        frame = frame.point(lambda value: value * (1 / 255))
+    pixels = np.array(frame.convert("RGB")).astype(np.float32) / 255.0
     return torch.from_numpy(pixels)[None]
 
 

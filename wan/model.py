@@ -714,6 +714,7 @@ class LingBotDiT(nn.Module):
             return cache
 
         if not graphs:
+            self._kept_cache.release()  # an earlier session's kept cache would sit beside this one
             return build()
         return self._kept_cache.take((policy, latent_height, latent_width, latent_frames, device, dtype, parallel),
                                      build)

@@ -260,6 +260,8 @@ class FastGenerator:
         detail = None
         try:
             chunks, captures = self._guarded(lambda: self._warm_chunks(camera))
+            # Closed and taken again, not reset here: a ParallelModel's close and new-cache reach its
+            # workers' caches too (the model's kept cache comes back reset, with its graphs).
             self.cache.close()
             self.cache = None
             self.cache = self._new_cache()
@@ -362,11 +364,11 @@ class FastGenerator:
                 del x0
             return self.chunk_index
         except FastOutOfMemoryError:
-            self.close()
+            self.close(free=True)
             raise
         except torch.cuda.OutOfMemoryError as exc:
             detail = str(exc)  # only the text: the traceback holds the chunk's activations
-            self.close()
+            self.close(free=True)
         except BaseException:
             self.close()
             raise

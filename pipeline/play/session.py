@@ -28,6 +28,7 @@ Nothing here imports ComfyUI: the node passes the model, the callbacks and the s
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -53,6 +54,8 @@ from .frames import jpeg_frames
 from .protocol import (EVENT_FRAMES, EVENT_STARTED, EVENT_STARTING, EVENT_STATE, KEYS, MODES, STARTING_IMAGE,
                        STARTING_WARMUP, keys_text)
 from .registry import SESSIONS, SessionRegistry
+
+log = logging.getLogger(__name__)
 
 MAX_CHUNK_BUDGET = 320  # 3,837 frames, 4 minutes at 16 fps; the model's RoPE table reached ~341 chunks
 DEFAULT_CHUNK_BUDGET = 80  # 957 frames: one minute
@@ -360,7 +363,10 @@ class PlaySession:
         self.chunk_s.append(chunk_s)
         self.chunks_done += 1
         self.frames_done += sent
-        self._store_log()  # the chunk is in the file: the log on disk replays it from now on
+        try:
+            self._store_log()  # the chunk is in the file: the log on disk replays it from now on
+        except OSError as exc:  # the session goes on; the write at its end says it again if it still fails
+            log.warning("LingBot Play: the action log after chunk %d could not be written: %s", self.chunks_done, exc)
         # Every page gets the counts with the chunk's last frames (a state event sent when the
         # chunk was generated may predate its decode): viewers show what the controller shows.
         self._publish_state(force=True)

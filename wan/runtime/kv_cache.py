@@ -63,6 +63,7 @@ session replays what the last one (or a warm-up) captured. ``free()`` frees it f
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -312,8 +313,17 @@ class KVCache:
         # The session's captured forwards (runtime/cuda_graphs.py); they read this cache's
         # buffers, so they live and die with it. None: every pass runs eagerly.
         self.graphs: ForwardGraphs | None = None
-        # The model's ``KeptCache`` when the model keeps this cache between sessions.
-        self.keeper: KeptCache | None = None
+        # The model's ``KeptCache`` when the model keeps this cache between sessions (held weakly:
+        # the keeper holds the cache, so a dropped model frees both without the cycle collector).
+        self._keeper: weakref.ref | None = None
+
+    @property
+    def keeper(self) -> "KeptCache | None":
+        return None if self._keeper is None else self._keeper()
+
+    @keeper.setter
+    def keeper(self, keeper: "KeptCache | None") -> None:
+        self._keeper = None if keeper is None else weakref.ref(keeper)
 
     # ------------------------------------------------------------------ accounting
     def nbytes(self) -> int:
@@ -448,6 +458,8 @@ class KVCache:
             self._v_scale.zero_()
         if self._fp8 is not None:
             self._fp8.reset()
+        if self.graphs is not None and (self.graphs.disabled or "").startswith("capture failed"):
+            self.graphs.disabled = None  # a capture that failed (short of memory, say) is tried again
         self.closed = False
 
     def close(self) -> None:
