@@ -154,13 +154,14 @@ class LingBotWorldPlay(io.ComfyNode):
         node_id = None if unique_id is None else str(unique_id)
         saved: list[int] = []  # a log is saved once a chunk is in the .mp4
         try:
-            with announced_start(node_id), prepared_fast_run(
+            with announced_start(node_id) as start, prepared_fast_run(
                     fast_dit, settings, kv_dtype == inputs.KV_AUTO, *latent_size(height, width), None,
                     *vae_budgets(vae_bytes, height, width, precision, live_decoder is not None),
                     keep_warm=True) as run:
                 result = run_play_session(run, prompt, source, pixels, path,
                                           {"filename": name, "subfolder": subfolder, "type": "output"}, node_id,
-                                          save_log=log_saver(path, saved), recipe=recipe, live_decoder=live_decoder)
+                                          save_log=log_saver(path, saved), recipe=recipe, live_decoder=live_decoder,
+                                          start=start)
         finally:
             if not saved:  # no chunk (a Cancel or a failure while loading or waiting): the file would not play
                 path.unlink(missing_ok=True)

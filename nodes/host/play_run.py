@@ -17,7 +17,7 @@ from ...pipeline.image import VAESource, open_vae, vae_dtype
 from ...pipeline.memory import build_or_release, release_module
 from ...pipeline.play import PlaySession, PlaySettings
 from ...pipeline.play.log_file import file_sha256, pixels_sha256
-from ...pipeline.play.protocol import EVENT_STARTING, STARTING_MODEL
+from ...pipeline.play.protocol import EVENT_STARTED, EVENT_STARTING, STARTING_MODEL
 from ...pipeline.play.session import PlayResult
 from ...pipeline.video_file import VideoWriter
 from .devices import check_interrupt
@@ -67,38 +67,60 @@ def prompt_recipe(text) -> dict:
             "prompt_source": "positive: a CONDITIONING whose text this node does not see (copy it from its encoder)"}
 
 
+class Start:
+    """A Play node's start as the pages hear it: ``began`` once its session said ``started``."""
+
+    def __init__(self) -> None:
+        self.began = False
+
+    def emitter(self) -> Callable[[str, dict], None]:
+        """The pages' emitter, noting the session's ``started``."""
+        emit = emitter()
+
+        def send(event: str, data: dict) -> None:
+            if event == EVENT_STARTED:
+                self.began = True
+            emit(event, data)
+        return send
+
+
 @contextlib.contextmanager
-def announced_start(node_id: str | None) -> Iterator[None]:
+def announced_start(node_id: str | None) -> Iterator[Start]:
     """Tells every page that the Play node ``node_id`` is starting a session ("loading the
     model"; the session then says "encoding the image" and "warming up"), and, when the node
-    fails before its session ended on its own (the transformer or the VAE would not load),
-    that it did not start: ``step`` null and the error's first line."""
+    fails before its session started (the transformer or the VAE would not load, a Cancel
+    while loading), that it did not start: ``step`` null and the error's first line. A failure
+    after the start is the session's own to tell (its state events)."""
     emit = emitter()
     emit(EVENT_STARTING, {"session_id": None, "node_id": node_id, "step": STARTING_MODEL})
+    start = Start()
     try:
-        yield
+        yield start
     except BaseException as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        emit(EVENT_STARTING, {"session_id": None, "node_id": node_id, "step": None, "error": first})
+        if not start.began:
+            first = ("cancelled" if isinstance(error, interrupt_types()) else
+                     (str(error).strip().splitlines() or [type(error).__name__])[0])
+            emit(EVENT_STARTING, {"session_id": None, "node_id": node_id, "step": None, "error": first})
         raise
 
 
 def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: VAESource, pixels: torch.Tensor,
                      path: Path, video_ref: dict, node_id: str | None,
                      save_log: Callable[[dict], None], recipe: dict | None = None,
-                     live_decoder=None) -> PlayResult:
+                     live_decoder=None, start: Start | None = None) -> PlayResult:
     """Run one session (``run``: the loaded transformer, the settings, the memory plan:
     where the VAE goes, whether the decode overlaps) into the .mp4 at ``path``;
     ``save_log(log)`` after every chunk and at the end (``PlaySession``). ``live_decoder``:
     ComfyUI's tiny video VAE (Load VAE with lighttaew2_1) decodes the chunks instead of the
-    Wan VAE, which then only encodes the start image."""
+    Wan VAE, which then only encodes the start image. ``start``: the node's ``announced_start``,
+    told when the session started."""
     settings, device = run.run, run.vae_device
     decoder = tiny_live_decoder(live_decoder, device) if live_decoder is not None else None
     vae_module = build_or_release(lambda: open_vae(vae, device, vae_dtype(device, settings.vae_precision)))
     controller = controller_id()
     try:
         with VideoWriter(path, fps=settings.fps) as writer:
-            session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer, emit=emitter(),
+            session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer, emit=(start or Start()).emitter(),
                                   controller=controller, node_id=node_id,
                                   client_connected=client_connected(controller), check_interrupt=check_interrupt,
                                   interrupt_types=interrupt_types(), video_ref=video_ref, overlap=run.overlap,
@@ -109,4 +131,4 @@ def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: 
         del vae_module, decoder
 
 
-__all__ = ["announced_start", "interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]
+__all__ = ["Start", "announced_start", "interrupt_types", "prompt_recipe", "run_play_session", "start_image_record", "start_image_source"]

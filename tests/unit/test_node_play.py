@@ -389,3 +389,26 @@ def test_the_pages_hear_what_the_node_does_before_its_session_starts(fast_instal
                       ("lingbot.play.starting", {"session_id": None, "node_id": "6", "step": None,
                                                  "error": "not enough memory for the transformer"})]
     assert not list(fast_installed["output"].rglob("*.mp4"))  # nor an empty video left behind
+
+
+def test_a_failure_after_the_session_started_is_not_told_as_a_start_that_failed(fast_installed, monkeypatch):
+    """Only a node that fails before its session started says "did not start" (step null)."""
+    from comfyui_lingbot_world.nodes import play as play_node
+    from comfyui_lingbot_world.nodes.host import play_run
+
+    events: list = []
+    monkeypatch.setattr(play_run, "emitter", lambda: lambda event, data: events.append((event, dict(data))))
+    real = play_node.run_play_session
+
+    def session_then_failure(*args, **kwargs):
+        real(*args, **kwargs)
+        raise RuntimeError("the disk filled after the session")
+    monkeypatch.setattr(play_node, "run_play_session", session_then_failure)
+    fast_dit, _ = load_fast()
+    thread, out = start(play_inputs(fast_dit, encode_prompt()))
+    press(out["session"], "w")
+    out["session"].controls.act("stop")
+    thread.join(120)
+    assert "the disk filled" in str(out["error"])
+    assert any(event.endswith(".started") for event, _ in events)
+    assert [d for event, d in events if event == "lingbot.play.starting" and d.get("step") is None] == []
