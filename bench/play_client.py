@@ -242,15 +242,11 @@ def server_for(args: argparse.Namespace, base: Path) -> ComfyServer:
 
 
 def start_image(args: argparse.Namespace, path: Path) -> None:
-    from PIL import Image
+    """The start image in the server's input folder, upright (EXIF applied) as the in-process
+    benches read it, or seeded noise of the session's size."""
+    from fast_chunks import load_image
 
-    if args.image:
-        Image.open(args.image).convert("RGB").save(path)
-        return
-    import numpy as np
-
-    height, width = size_of(args)
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)).save(path)
+    load_image(args.image, *size_of(args)).convert("RGB").save(path)
 
 
 def size_of(args: argparse.Namespace) -> tuple[int, int]:

@@ -200,10 +200,17 @@ def start_image(recipe: PlayLog, image: torch.Tensor | None, log: str) -> torch.
                          "differs from the log's start_image.sha256); put the session's image back under that "
                          "name, or connect it to the image input")
     decoders = start_image_decoders()
+    unread = []  # each decoder that could not read the file, and why: the next one may
     for _, decode in decoders:
-        pixels = decode(path, record.file)
+        try:
+            pixels = decode(path, record.file)
+        except ValueError as error:
+            unread.append(str(error))
+            continue
         if pixels_sha256(pixels) == record.pixels_sha256:
             return pixels
+    if len(unread) == len(decoders):
+        raise ValueError("; ".join(unread))
     tried = " or ".join(label for label, _ in decoders)
     if record.sha256 is not None:
         raise ValueError(f"log {log!r}: the start image {record.file!r} is the session's file (its sha256 matches) "

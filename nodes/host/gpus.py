@@ -32,8 +32,11 @@ def decide(devices: str, model: str, heads: int) -> DevicesDecision:
     """What ``devices`` runs for ``model``'s loader (``pipeline.placement.BASE`` or ``FAST``)
     on this host. A pool started only to measure the link is stopped unless the mode runs on it."""
     gpus, host = usable_gpus()
-    decision = decide_devices(devices, model, gpus, heads, host, lambda group: measured_link(group)["gbps"])
-    settle_link_pool(keep=decision.mode.strategy == "ulysses")
+    decision = None
+    try:
+        decision = decide_devices(devices, model, gpus, heads, host, lambda group: measured_link(group)["gbps"])
+    finally:  # a refusal after the measurement stops its pool too
+        settle_link_pool(keep=decision is not None and decision.mode.strategy == "ulysses")
     return decision
 
 

@@ -44,7 +44,7 @@ def test_lock_step_forwards_and_fast_cache_match_one_gpu(world):
     pool = RankPool(devices).start()
     try:
         link = pool.measure_link(16.0, 3)
-        assert link["gbps"] > 0 and link["auto_picks"] in ("sequence_parallel", "cfg_split")
+        assert link["gbps"] > 0  # what auto makes of it: pipeline.placement.decide_devices (test_placement.py)
         parallel = ParallelModel(pool, "tiny", pool.load("tiny", parallel_ranks.build, local=reference))
         x, t, context, y, plucker = _inputs(devices[0])
         with torch.no_grad():

@@ -252,6 +252,17 @@ def test_a_session_of_a_pil_host_replays_on_a_pyav_host(comfy_dirs, monkeypatch)
     assert torch.equal(LingBotWorldPlayLog.execute(LOG).args[0], pixels)
 
 
+def test_a_host_load_image_that_cannot_read_the_file_leaves_it_to_pil(comfy_dirs, monkeypatch):
+    """The host's decoder failing (a format its PyAV build lacks, say) is not the end: PIL, as
+    Load Image decoded before 0.21, still replays a session that started from PIL's pixels."""
+    def unreadable(path):
+        raise RuntimeError("no decoder for this file")
+
+    pixels = jpeg_session_log(comfy_dirs, pil_load_image)
+    host_with_load_image(monkeypatch, comfy_dirs, unreadable)
+    assert torch.equal(LingBotWorldPlayLog.execute(LOG).args[0], pixels)
+
+
 def test_a_session_of_a_pyav_host_on_a_pil_host_is_refused_saying_why(comfy_dirs, monkeypatch):
     jpeg_session_log(comfy_dirs, pyav_load_image)
     host_with_load_image(monkeypatch, comfy_dirs, pil_load_image)
