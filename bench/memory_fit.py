@@ -73,7 +73,7 @@ class Meter:
 
 
 def gib(n: int | float | None) -> float | None:
-    return None if n is None else round(float(n) / GIB, 4)
+    return None if n is None else round(float(n) / GIB, 6)
 
 
 def part(measured: Meter, estimate: int | None, what: str) -> dict:

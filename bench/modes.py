@@ -7,12 +7,14 @@ bench/RESULTS.md whose figures it reproduces. Adding a mode is adding one row to
 
 A command is bash that run_device.sh evaluates after its set-up, so it may use what that set-up
 defines: ``$OUT`` (where the JSON goes), ``$PKG`` (the synthetic a14b NF4 package), ``$CAM``
-(the start image and poses in .bench_data/), ``$VAEPKG``, ``$PLAY_TAG``, and the functions
-``ensure_package``, ``ensure_vae``, ``server_wheels``, ``bench``, ``fast``, ``play``,
-``play_syn``, ``multi``, ``gpu_pytest``, ``long_video``, ``ttv`` and ``ttv_save``. The
-environment variables a command reads (``PLAY_MODES``, ``PIPES``, ``SWAP_VARIANTS``,
-``ATTENTIONS``, ...) have their defaults written in it. ``carry``: the ignored paths beside the checkout that the command reads (the
-header of run_device.sh says how each is made). Only the standard library is imported here.
+(the start image and poses in .bench_data/), ``$VAEPKG``, ``$FASTPKG`` and ``$FP8PKG`` (the
+client bench's Fast packages), ``$PLAY_TAG``, and the functions ``ensure_package``,
+``ensure_vae``, ``ensure_fast_package``, ``ensure_fp8_package``, ``server_wheels``, ``bench``,
+``fast``, ``play``, ``play_syn``, ``play_client``, ``multi``, ``gpu_pytest``, ``long_video``,
+``ttv`` and ``ttv_save``. The environment variables a command reads (``PLAY_MODES``, ``PIPES``,
+``SWAP_VARIANTS``, ``ATTENTIONS``, ``STEPS``, ``CLIENT_ARGS``, ...) have their defaults written in
+it. ``carry``: the ignored paths beside the checkout that the command reads (the header of
+run_device.sh says how each is made). Only the standard library is imported here.
 """
 from __future__ import annotations
 
@@ -76,6 +78,10 @@ MODES: tuple[Mode, ...] = (
     Mode("play_client", HOW_TO, 'ensure_fast_package; play_client --package "$FASTPKG" --weights fp8 '
          '--sessions "${CLIENT_SESSIONS:-continuous,turn}" --seconds "${CLIENT_SECONDS:-60}" '
          '--out "$OUT/play_client_steps${STEPS:-4}${CLIENT_TAG:-}.json"', carry=FA3_HOST),
+    # each part of a Fast run measured beside the memory plan's estimate (bench/memory_fit.py)
+    Mode("memory_fit", HOW_TO, 'ensure_vae; python3 bench/memory_fit.py --synthetic a14b --weights fp8 '
+         '--vae "$VAEPKG/Wan2.1_VAE.pth" --comfy .bench_host --cuda-graphs --attention "${ATTENTION:-flash_fp8}" '
+         '--out "$OUT/memory_fit.json" 2>&1 | grep -v "^Failed to load" | tail -3', carry=FA3_HOST),
     Mode("play_client_fp8", HOW_TO, 'ensure_fp8_package; play_client --package "$FP8PKG" '
          '--sessions "${CLIENT_SESSIONS:-continuous}" --seconds "${CLIENT_SECONDS:-20}" '
          '--out "$OUT/play_client_fp8_package_steps${STEPS:-4}${CLIENT_TAG:-}.json"', carry=FA3_HOST),

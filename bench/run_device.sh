@@ -15,7 +15,7 @@
 #                 tar cf - -C site . | xz -9e -T8 > .site_xz/site.tar.xz
 #   .bench_host, .whl_server   ComfyUI's sources and the wheels of their start-up imports: bash bench/server_carry.sh
 #   .bench_data/example00      a start image.jpg with its poses.npy and intrinsics.npy (the reference's example 00)
-# STEPS (1-4, default 4): LingBot-World Fast's denoising steps per chunk in the Fast, Play and fast_kept modes;
+# STEPS (1-4, default 4): LingBot-World Fast's denoising steps per chunk in the Fast, Play, play_client and fast_kept modes;
 # each JSON records it as "steps".
 set -uo pipefail
 cd "$(dirname "$0")/.."
