@@ -719,6 +719,13 @@ class LingBotDiT(nn.Module):
         return self._kept_cache.take((policy, latent_height, latent_width, latent_frames, device, dtype, parallel),
                                      build)
 
+    def keeps_captures(self) -> bool:
+        """Whether the model keeps a cache whose CUDA graphs hold captured passes (what a later
+        session with the same shapes replays at once)."""
+        kept = self._kept_cache.cache
+        graphs = None if kept is None else kept.graphs
+        return graphs is not None and graphs.disabled is None and graphs.captures > 0
+
     def release_state(self) -> None:
         """Free what the model keeps between runs besides its weights (the kept KV cache and
         its graphs); ``pipeline.memory.release_module`` calls it."""

@@ -251,7 +251,8 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
         try:
             for worker in workers:
                 unload_patcher(worker)
-            if ended_well and keep_loaded and not workers:
+            kept = fast.patcher.expert
+            if ended_well and keep_loaded and not workers and kept is not None and kept.keeps_captures():
                 log.info("LingBot Fast: the transformer stays loaded on %s with its captured passes for the next "
                          "session (ComfyUI unloads it when it needs the memory; Unload Models frees it)",
                          fast.patcher.load_device)

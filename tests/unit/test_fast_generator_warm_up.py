@@ -96,7 +96,9 @@ def test_the_warm_up_captures_every_graph_the_session_replays_and_the_next_sessi
         eager = session(model, FastParams(seed=5, camera_terms=1), warm=False)
         cold = session(model, params, warm=False)
         model.release_state()  # the warm session starts from nothing kept
+        assert not model.keeps_captures()
         first = session(model, params, warm=True)
+        assert model.keeps_captures()  # what lets the Play node keep the model loaded for the next session
         second = session(model, params, warm=True)
         for run in (cold, first, second):
             assert torch.equal(run["chunks"], eager["chunks"])
