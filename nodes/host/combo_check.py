@@ -62,6 +62,8 @@ def check_combos(node: type[io.ComfyNode], host_checks: bool = HOST_CHECKS_COMBO
     own_func: Callable | None = own.__func__ if own is not None else None
     own_params = list(inspect.signature(own_func).parameters.values())[1:] if own_func else []
     own_names = {p.name for p in own_params}
+    if host_checks and own_func is None:  # the host checks every combo, nulls included: no schema to read now
+        return node
     combos = [i.id for i in node.define_schema().inputs if isinstance(i, io.Combo.Input)]
     fixed = [] if host_checks else [name for name in combos if name not in own_names]
     taken = [name for name in combos if name in own_names] + fixed  # combos the host leaves to the node

@@ -35,7 +35,6 @@ EVENT_STATE = "lingbot.play.state"
 STARTING_MODEL = "loading the model"
 STARTING_IMAGE = "encoding the image"
 STARTING_WARMUP = "warming up"
-STARTING_STEPS = (STARTING_MODEL, STARTING_IMAGE, STARTING_WARMUP)
 
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,%d}$" % MAX_CLIENT_ID)
