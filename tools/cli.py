@@ -203,6 +203,11 @@ def output_file(path: Path, flag: str, suffix: str, overwrite: bool) -> Path:
     return path
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes of a file, or of every file below a folder."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
 def human_bytes(n: float) -> str:
     """A size as a person reads it: GB from 0.1 GB on, else MB."""
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"

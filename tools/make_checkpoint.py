@@ -58,7 +58,7 @@ from ..wan.model import LingBotDiT
 from ..wan.t5 import T5_TINY, UMT5_XXL, UMT5Encoder
 from ..wan.vae import VAE_TINY, WAN21, WanVAE
 from . import cli
-from .cli import duration, human_bytes
+from .cli import duration, human_bytes, tree_bytes
 
 GEOMETRY_PRESETS = {
     "tiny": {"dit": TINY, "t5": T5_TINY, "vae": VAE_TINY},
@@ -117,18 +117,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--device cuda: no CUDA device is available")
     args.parts = parts
     return args
-
-
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def part_targets(out: Path, layout: str, parts: list[str], comfy_t5: str = "bf16") -> list[Path]:
@@ -269,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in written:
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
         for f in files:
-            print(f"  {_human(f.stat().st_size):>9}  {f.relative_to(args.out)}")
-    print(f"  {_human(sum(_size(p) for p in written)):>9}  total")
+            print(f"  {human_bytes(f.stat().st_size):>9}  {f.relative_to(args.out)}")
+    print(f"  {human_bytes(sum(tree_bytes(p) for p in written)):>9}  total")
     return 0
 
 

@@ -43,7 +43,7 @@ from ..loaders.nf4_convert import ConversionPlan, Progress, convert_to_nf4, plan
 from ..loaders.package import FAST, expert_folder
 from ..loaders.release import Release, ReleaseExpert, find_release
 from . import cli
-from .cli import duration, human_bytes
+from .cli import duration, human_bytes, tree_bytes
 
 PROGRESS_SECONDS = 5.0  # at most one progress line this often per expert
 FORMATS = ("nf4", "fp8")  # rows of loaders.layout.LAYOUTS this tool writes
@@ -76,10 +76,6 @@ class Job:
     def out_name(self, expert: ReleaseExpert) -> str:
         """The expert's folder in --out: its official name with the layout's suffix."""
         return expert_folder(expert.role, self.format)
-
-
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -135,7 +131,7 @@ def check(args: argparse.Namespace) -> Job:
     # fp8: one byte a linear weight, about half the bf16 source.
     needed = sum(plan.output_bytes if args.format == "nf4" else plan.source_bytes // 2 + 2**20 for _, plan in plans)
     out_device = room_at.stat().st_dev
-    needed += sum(_size(p) for p in release.shared if p.stat().st_dev != out_device)  # copied, not linked
+    needed += sum(tree_bytes(p) for p in release.shared if p.stat().st_dev != out_device)  # copied, not linked
     cli.check_room(room_at, needed, "--out")
     for expert, _ in plans:
         if expert.note:
@@ -265,7 +261,7 @@ def _expert(job: Job, expert: ReleaseExpert, plan: ConversionPlan) -> str:
     except BaseException:
         remove(temporary)
         raise
-    size = _size(job.out / name)
+    size = tree_bytes(job.out / name)
     return (f"{label}: {human_bytes(plan.source_bytes)} bf16 -> {human_bytes(size)} {job.format.upper()} in {name}/, "
             f"{duration(time.perf_counter() - start)}")
 
