@@ -30,7 +30,7 @@ import math
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -257,22 +257,16 @@ class FastGenerator:
         if self.chunk_index or self.forwards:
             raise RuntimeError("warm_up runs before the session's first chunk")
         started = time.perf_counter()
-        detail = None
-        try:
+        out_of_memory: list[str] = []
+        with self._closed_on_failure(out_of_memory):
             chunks, captures = self._guarded(lambda: self._warm_chunks(camera))
             # Closed and taken again, not reset here: a ParallelModel's close and new-cache reach its
             # workers' caches too (the model's kept cache comes back reset, with its graphs).
             self.cache.close()
             self.cache = None
             self.cache = self._new_cache()
-        except torch.cuda.OutOfMemoryError as exc:
-            detail = str(exc)  # only the text: the traceback holds the chunk's activations
-            self.close(free=True)
-        except BaseException:
-            self.close()
-            raise
-        if detail is not None:
-            raise self._out_of_memory(1, detail)
+        if out_of_memory:
+            raise self._out_of_memory(1, out_of_memory[0])
         forwards, self.forwards = self.forwards, 0
         return WarmUp(time.perf_counter() - started, chunks, forwards, captures)
 
@@ -347,8 +341,8 @@ class FastGenerator:
         ``torch.cuda.OutOfMemoryError`` naming the chunk, the size and what to change."""
         steps = self.schedule.steps
         total_steps = None if chunks is None else chunks * steps
-        detail, c = None, self.chunk_index
-        try:
+        c, out_of_memory = self.chunk_index, []
+        with self._closed_on_failure(out_of_memory):
             while chunks is None or self.chunk_index < chunks:
                 c = self.chunk_index
                 job = plan(c)
@@ -363,16 +357,25 @@ class FastGenerator:
                     on_chunk(c, x0)
                 del x0
             return self.chunk_index
+        raise self._out_of_memory(c + 1, out_of_memory[0])
+
+    @contextlib.contextmanager
+    def _closed_on_failure(self, out_of_memory: list[str]) -> Iterator[None]:
+        """Any exception in the block closes the session (the cache freed on an out-of-memory
+        error). A CUDA out-of-memory error other than the pack's own is kept as its text only
+        (its traceback holds the chunk's activations) in ``out_of_memory`` and not raised: the
+        caller raises ``_out_of_memory`` outside the ``except``."""
+        try:
+            yield
         except FastOutOfMemoryError:
             self.close(free=True)
             raise
         except torch.cuda.OutOfMemoryError as exc:
-            detail = str(exc)  # only the text: the traceback holds the chunk's activations
+            out_of_memory.append(str(exc))
             self.close(free=True)
         except BaseException:
             self.close()
             raise
-        raise self._out_of_memory(c + 1, detail)
 
     def _out_of_memory(self, chunk: int, detail: str | None) -> FastOutOfMemoryError:
         """Memory given back, the error to raise (outside the ``except``: no traceback kept)."""
