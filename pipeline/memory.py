@@ -64,6 +64,15 @@ _PIXELS_480P = 480 * 832
 # process on the CPU, 0.16 GB of it kept; the budget leaves room for cuDNN's workspaces.
 _TINY_KEPT_BYTES_480P = 0.25 * GIB
 _TINY_DECODE_BYTES_480P = 0.5 * GIB
+# Fitted to a Fast run measured on an H100 (bench/memory_fit.py, 2026-12-06, 480x832, window 9,
+# fp8 weights, CUDA graphs; bench/RESULTS.md): at its peak a run holds beside its cache and kept
+# camera terms one chunk's activations, plus this share of them for the graphs' pool (a graphed
+# pass allocates there, not in the eager cache: the int8 run peaked 0.27 GiB above its cache),
+# plus, where a bf16 cache keeps fp8 operands, this share of those (its peak without kept terms
+# sat 2.3 GiB higher than the int8 run's). With them every run measured is within 9 % of its
+# estimate (tests/gpu/test_memory_plan_cuda.py holds 10 %).
+GRAPH_POOL_SHARE = 0.25
+KEPT_OPERANDS_PASS_SHARE = 0.25
 
 
 def activation_bytes(tokens: int, dim: int) -> int:
@@ -116,11 +125,16 @@ def fast_run_bytes(config: DiTConfig, policy: CachePolicy, latent_height: int, l
     choice; with ``flash_fp8`` a bf16 cache also keeps its fp8 operands."""
     _, ph, pw = config.patch_size
     frame_tokens = (latent_height // ph) * (latent_width // pw)
-    cache = KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
-                                   head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
-                                   latent_frames=latent_frames, text_tokens=config.text_len,
-                                   fp8_operands=attends_kept_operands(attention))
-    return cache + activation_bytes(policy.chunk * frame_tokens, config.dim) + int(extra)
+    def cache_bytes(fp8_operands: bool) -> int:
+        return KVCache.estimate_bytes(policy, layers=config.num_layers, heads=config.num_heads,
+                                      head_dim=config.head_dim, frame_tokens=frame_tokens, dtype_bytes=KV_DTYPE_BYTES,
+                                      latent_frames=latent_frames, text_tokens=config.text_len,
+                                      fp8_operands=fp8_operands)
+
+    cache = cache_bytes(attends_kept_operands(attention))
+    operands = cache - cache_bytes(False)  # the kept fp8 operands (0: none kept)
+    return (cache + int(KEPT_OPERANDS_PASS_SHARE * operands) + activation_bytes(policy.chunk * frame_tokens, config.dim)
+            + int(extra))
 
 
 def camera_terms_bytes(config: DiTConfig, latent_height: int, latent_width: int, chunk: int, ranks: int = 1) -> int:
@@ -132,11 +146,11 @@ def camera_terms_bytes(config: DiTConfig, latent_height: int, latent_width: int,
 
 
 def graph_pool_bytes(config: DiTConfig, latent_height: int, latent_width: int, chunk: int, ranks: int = 1) -> int:
-    """The CUDA graphs' memory pool of a Fast session on each GPU: one more chunk forward's
-    working memory (the graphs' own, beside the eager passes' in PyTorch's cache)."""
+    """The CUDA graphs' memory pool of a Fast session on each GPU beyond a chunk's eager
+    activations (``GRAPH_POOL_SHARE`` of them, measured)."""
     _, ph, pw = config.patch_size
     tokens = -(-chunk * (latent_height // ph) * (latent_width // pw) // max(int(ranks), 1))
-    return activation_bytes(tokens, config.dim)
+    return int(GRAPH_POOL_SHARE * activation_bytes(tokens, config.dim))
 
 
 # The weights' auto keeps this share of the card (at least WEIGHTS_RESERVE_MIN) free of the

@@ -123,5 +123,5 @@ def cpu_graphs(monkeypatch) -> None:
     """Caches made with ``graphs=True`` get ``CpuGraphs`` (for this test)."""
     from comfyui_lingbot_world.wan import model as model_module
 
-    monkeypatch.setattr(model_module, "graphs_supported", lambda device: True)
+    monkeypatch.setattr(model_module, "graphs_off_reason", lambda device: None)
     monkeypatch.setattr(model_module, "ForwardGraphs", CpuGraphs)

@@ -33,6 +33,7 @@ causal and graphed passes, the sequence-parallel cuts of ``LingBotDiT.sharding``
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable, Iterator, Sequence
 
@@ -44,12 +45,14 @@ from .runtime import fused
 from .runtime import parallel as sequence_parallel
 from .runtime.attention import attention, kept_operands_kernel
 from .runtime.camera_terms import CameraTerms
-from .runtime.cuda_graphs import ForwardGraphs, graphs_supported
+from .runtime.cuda_graphs import ForwardGraphs, graphs_off_reason
 from .runtime.dense import Dense, dense, shared_input
 from .runtime.executor import run_forward
 from .runtime.kv_cache import CachePolicy, KeptCache, KVCache, LayerKV
 from .runtime.parallel import Gather, SequenceParallel, ShardPlan, Split
 from .config import CONTROL_CHANNELS, CONTROL_NAMES, FOLD_PIXELS, DiTConfig
+
+log = logging.getLogger(__name__)
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [L, 1, head_dim // 2] float32
 
@@ -709,8 +712,11 @@ class LingBotDiT(nn.Module):
             cache = KVCache(policy, layers=self.config.num_layers, heads=heads, head_dim=self.config.head_dim,
                             frame_tokens=(latent_height // ph) * (latent_width // pw), dtype=dtype, device=device,
                             latent_frames=latent_frames)
-            if graphs and graphs_supported(cache.device):
+            off = graphs_off_reason(cache.device) if graphs else None
+            if graphs and off is None:
                 cache.graphs = ForwardGraphs(cache.device)
+            elif graphs and cache.device.type == "cuda":
+                log.info("LingBot: this session's passes run eagerly, without CUDA graphs: %s", off)
             return cache
 
         if not graphs:

@@ -159,8 +159,8 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
     takes when ``auto_dtype`` and whose block swap applies where the loader keeps every block
     on the GPU (its "0"); the run's memory asked of ComfyUI and the transformer loaded,
     unloaded however the block ends (``keep_warm``, Play: kept loaded after a run that ended
-    well where its passes were captured as CUDA graphs, so the next session starts on the same
-    captures; ``loaded_fast_model``)."""
+    well on a GPU with every block there, so the next session skips the load and starts on the
+    same captures where it made any; ``loaded_fast_model``)."""
     device = torch.device(fast.patcher.load_device)
     decode_device = decode_gpu_with_room(fast.decode_device, vae + decode) if device.type == "cuda" else None
     if decode_device is not None:  # the VAE streams are the other GPU's: the transformer's GPU keeps their room
@@ -189,9 +189,9 @@ def prepared_fast_run(fast: FastDiT, run: R, auto_dtype: bool, latent_height: in
                         (vae if plan.vae_on_gpu else 0)
                         + terms * terms_memory(fast, run.policy, latent_height, latent_width)
                         + (graph_memory(fast, run.policy, latent_height, latent_width) if graphs else 0))
-    # The captures read the weights at their addresses: only the loaded patcher itself keeps them
-    # (a plan's block swap makes a patcher per run, and swapped blocks are never captured).
-    keep = keep_warm and graphs and load is fast
+    # On a GPU only (what a warm start is for), and only the loaded patcher itself (a plan's block
+    # swap makes a patcher per run); captures, where there are any, read its weights at their addresses.
+    keep = keep_warm and load is fast and device.type == "cuda"
     with loaded_fast_model(load, memory, keep_loaded=keep) as model:
         yield PreparedRun(model, run, plan, model.patch_embedding.weight.device, decode_device)
 
@@ -225,8 +225,8 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
     """The transformer, loaded by ComfyUI with ``memory`` bytes left free (other models are
     evicted as needed); unloaded when the block ends, however it ends, except with
     ``keep_loaded`` after a run that ended well on one GPU: then it stays in ComfyUI's list of
-    loaded models (with what it keeps beside its weights: the KV cache and the CUDA graphs its
-    warm-up captured) for the next run, until ComfyUI needs the memory or Unload Models /
+    loaded models (with what it keeps beside its weights: where it captured CUDA graphs, the
+    KV cache and the graphs its warm-up captured) for the next run, until ComfyUI needs the memory or Unload Models /
     ``POST /free`` (either unload frees the kept state too: ``release_module``). With
     ``fast.devices`` its copies on the worker GPUs load and unload with it, and the module is
     a ``ParallelModel`` running every forward on all of them."""
@@ -252,10 +252,10 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
             for worker in workers:
                 unload_patcher(worker)
             kept = fast.patcher.expert
-            if ended_well and keep_loaded and not workers and kept is not None and kept.keeps_captures():
-                log.info("LingBot Fast: the transformer stays loaded on %s with its captured passes for the next "
-                         "session (ComfyUI unloads it when it needs the memory; Unload Models frees it)",
-                         fast.patcher.load_device)
+            if ended_well and keep_loaded and not workers and kept is not None:
+                log.info("LingBot Fast: the transformer stays loaded on %s%s for the next session (ComfyUI unloads "
+                         "it when it needs the memory; Unload Models frees it)", fast.patcher.load_device,
+                         " with its captured passes" if kept.keeps_captures() else "")
             else:
                 unload_patcher(fast.patcher)
         finally:

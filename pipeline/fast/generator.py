@@ -384,6 +384,15 @@ class FastGenerator:
         height, width = pixel_size(self.i2v.latent_height, self.i2v.latent_width)
         return FastOutOfMemoryError(out_of_memory_message(frames, height, width, self.params.policy, chunk, detail))
 
+    def graph_counts(self) -> dict | None:
+        """The CUDA graphs of this session's cache so far: captured, replayed, run eagerly, and
+        why they were turned off (None: no graphs)."""
+        graphs = None if self.cache is None else self.cache.graphs
+        if graphs is None:
+            return None
+        return {"captures": graphs.captures, "replays": graphs.replays, "eager": graphs.eager,
+                "disabled": graphs.disabled}
+
     def close(self, free: bool = False) -> None:
         """End the session: the KV cache closed (kept by the model for its next session when it
         was made for CUDA graphs, else freed; ``free``: freed either way) and the image

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -377,6 +378,13 @@ class PlaySession:
 
     def _close(self, reason: str) -> None:
         self.end_reason = reason
+        graphs = self._generator.graph_counts() if self._generator is not None else None
+        if self.chunk_s:
+            # Where a chunk's time went, for whoever reads the server's log after a slow session.
+            log.info("LingBot Play: %d chunks (%s); the transformer %.3f s, the decode %.3f s per chunk (median)%s",
+                     self.chunks_done, reason, statistics.median(self.chunk_s),
+                     statistics.median(self.decode_s) if self.decode_s else 0.0,
+                     f"; CUDA graphs: {graphs}" if graphs is not None else "")
         try:
             if self._worker is not None:
                 self._worker.close(failed=True)  # the chunk in flight is written; a failure there was raised

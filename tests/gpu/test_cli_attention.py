@@ -3,23 +3,22 @@ model loads; one that cannot run (not installed, or built for another GPU or tor
 one-line answer naming --attention, one that runs is kept (tools/cli.py ``attention``)."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from comfyui_lingbot_world.tools import cli
+from comfyui_lingbot_world.wan.runtime.attention import ATTENTION_BACKENDS, installed_kernels
 
 pytestmark = pytest.mark.gpu
-
-PACKAGES = {"flash": ("flash_attn_interface", "flash_attn"), "sage": ("sageattention",)}
 
 
 @pytest.mark.parametrize("backend", ["flash", "sage"])
 def test_attention_choice_is_checked_on_the_gpu_before_work(backend):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    installed = any(importlib.util.find_spec(name) is not None for name in PACKAGES[backend])
+    # Installed: one of the backend's kernels imports (flash: FlashAttention 3 from either of its
+    # packages, or flash-attn 2; the registry's rows name them).
+    installed = bool(set(ATTENTION_BACKENDS[backend].kernels) & installed_kernels())
     try:
         chosen = cli.attention(backend, "cuda", "--attention")
     except cli.UsageError as exc:

@@ -293,3 +293,28 @@ def test_sequence_parallel_graphs_equal_eager_on_two_gpus(latent_width: int) -> 
         assert float((graphed - one).norm() / one.norm()) < 1e-4  # the split itself: float32 rounding
     finally:
         pool.close()
+
+
+def test_under_the_cuda_malloc_async_allocator_a_session_runs_eagerly() -> None:
+    """ComfyUI's default allocator (cudaMallocAsync, set before torch starts) replays captured
+    passes at half the eager speed (bench/RESULTS.md, 2026-12-06): a Fast cache made for graphs
+    there gets none and the session runs eagerly. Run in a process of its own, as the
+    allocator is chosen when CUDA starts."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from _standalone import import_pack; import_pack()\n"
+            "import torch\n"
+            "from comfyui_lingbot_world.wan.runtime.cuda_graphs import allocator_backend, graphs_off_reason\n"
+            "from comfyui_lingbot_world.wan.runtime.kv_cache import CachePolicy\n"
+            "sys.path.insert(0, sys.argv[2]); from fast_helpers import tiny_fast_model\n"
+            "model = tiny_fast_model().to('cuda', torch.bfloat16)\n"
+            "cache = model.new_kv_cache(CachePolicy(window=9, sink=3), 4, 6, graphs=True)\n"
+            "print(allocator_backend(), graphs_off_reason('cuda') is not None, cache.graphs is None)\n")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    done = subprocess.run([sys.executable, "-c", code, str(root), str(root / "tests")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["cudaMallocAsync", "True", "True"], done.stdout

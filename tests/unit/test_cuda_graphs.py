@@ -99,6 +99,23 @@ def test_no_graphs_off_cuda() -> None:
     assert graphs.captures == graphs.replays == 0
 
 
+def test_no_graphs_under_the_cuda_malloc_async_allocator(monkeypatch, caplog) -> None:
+    """ComfyUI runs PyTorch's cudaMallocAsync allocator by default; there the captured passes
+    replayed at half the eager speed (bench/RESULTS.md), so a session there runs eagerly and
+    says why, in the graphs' reason and the log. Under the native allocator they are captured."""
+    from comfyui_lingbot_world.wan.runtime import cuda_graphs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    reason = cuda_graphs.graphs_off_reason("cuda:0")
+    assert reason is not None and "cudaMallocAsync" in reason and "--disable-cuda-malloc" in reason
+    assert not graphs_supported("cuda:0")
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native")
+    assert cuda_graphs.graphs_off_reason("cuda:0") is None and graphs_supported("cuda:0")
+    monkeypatch.setenv("LINGBOT_CUDA_GRAPHS", "0")
+    assert cuda_graphs.graphs_off_reason("cuda:0") == "LINGBOT_CUDA_GRAPHS=0"
+
+
 def test_fast_params_cuda_graphs_on_the_cpu_change_nothing(model) -> None:
     """The setting on a CPU run: the cache makes no graphs, the clip is the same."""
     y = torch.randn(20, 9, LAT_H, LAT_W, generator=torch.Generator().manual_seed(2))

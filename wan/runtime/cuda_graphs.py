@@ -66,12 +66,39 @@ class _Captured:
     output: torch.Tensor | None
 
 
-def graphs_supported(device: torch.device | str) -> bool:
-    """CUDA graphs run on CUDA devices only (the CPU and other backends run eagerly), unless
-    ``LINGBOT_CUDA_GRAPHS=0``."""
+# PyTorch's allocator backend under which captured passes lose: ComfyUI turns it on by default
+# (its cuda_malloc.py; --disable-cuda-malloc turns it off). Measured on an H100 (bench/RESULTS.md,
+# 2026-12-06): a Fast chunk of graph replays took 2.30 s under it against 1.10 s eager under it
+# and 1.09 s of replays under PyTorch's own caching allocator.
+SLOW_ALLOCATOR = "cudaMallocAsync"
+
+
+def allocator_backend() -> str:
+    """PyTorch's CUDA allocator backend ("native" or "cudaMallocAsync")."""
+    try:
+        return str(torch.cuda.get_allocator_backend())
+    except (AttributeError, RuntimeError):  # a build without CUDA
+        return "native"
+
+
+def graphs_off_reason(device: torch.device | str) -> str | None:
+    """Why a session on ``device`` runs its passes eagerly, or None where it captures them:
+    the one rule of CUDA graphs. Off the CPU and other non-CUDA backends, with
+    ``LINGBOT_CUDA_GRAPHS=0``, and under the ``cudaMallocAsync`` allocator (``SLOW_ALLOCATOR``:
+    there the replays run at half the eager speed)."""
     if not switches.CUDA_GRAPHS():
-        return False
-    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+        return "LINGBOT_CUDA_GRAPHS=0"
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return f"no CUDA graphs on {device}"
+    if allocator_backend() == SLOW_ALLOCATOR:
+        return (f"PyTorch's {SLOW_ALLOCATOR} allocator (ComfyUI's default) replays captured passes at half the "
+                "eager speed; start ComfyUI with --disable-cuda-malloc to use CUDA graphs")
+    return None
+
+
+def graphs_supported(device: torch.device | str) -> bool:
+    """Whether a session on ``device`` captures its passes (``graphs_off_reason``)."""
+    return graphs_off_reason(device) is None
 
 
 class ForwardGraphs:
@@ -88,7 +115,7 @@ class ForwardGraphs:
         # What the caller keeps at fixed addresses for the graphs (tables, terms, ...): it
         # outlives ``reset`` (new captures read it again) and goes with ``close``.
         self.state: dict[str, object] = {}
-        self.disabled: str | None = None if graphs_supported(self.device) else f"no CUDA graphs on {self.device}"
+        self.disabled: str | None = graphs_off_reason(self.device)
         self.replays = 0
         self.captures = 0
         self.eager = 0  # calls that ran the body eagerly (a key's warm-up, or graphs off)
@@ -241,4 +268,5 @@ def _kept_camera(model: Any, graphs: ForwardGraphs, camera_tokens: "torch.Tensor
     return kept
 
 
-__all__ = ["ForwardGraphs", "graphed_pass", "graphs_supported", "replays_graphs"]
+__all__ = ["ForwardGraphs", "SLOW_ALLOCATOR", "allocator_backend", "graphed_pass", "graphs_off_reason", "graphs_supported",
+           "replays_graphs"]

@@ -94,8 +94,8 @@ ATTENTION: Switch[str | None] = Switch(
     "choice still wins); one that cannot run here is refused before any model loads",
     _backend, lambda: f"one of {', '.join(_attention_backends())} (unset: auto's own pick)")
 FUSED = flag("LINGBOT_FUSED", "the fused Triton kernels on CUDA; 0: the PyTorch ops (the same numbers, slower)")
-CUDA_GRAPHS = flag("LINGBOT_CUDA_GRAPHS", "LingBot-World Fast's passes captured once as CUDA graphs and replayed; "
-                   "0: every pass eager")
+CUDA_GRAPHS = flag("LINGBOT_CUDA_GRAPHS", "LingBot-World Fast's passes captured once as CUDA graphs and replayed "
+                   "(never under PyTorch's cudaMallocAsync allocator, ComfyUI's default); 0: every pass eager")
 KV_FP8_KEEP = flag("LINGBOT_KV_FP8_KEEP", "a bf16 Fast KV cache keeps `flash_fp8`'s fp8 cast of its committed "
                    "frames between passes; 0: cast again on every pass (less memory, slower)")
 FP8_FAST_ACCUM = flag("LINGBOT_FP8_FAST_ACCUM", "fp8 GEMMs on Hopper skip the periodic float32 promotion of their "
