@@ -32,6 +32,10 @@ press, each pressed as soon as the previous chunk's last part arrived. Per sessi
   image's encode, and whatever warm-up the session runs before it reports itself started) and
   ``run_to_first_frame_s``.
 
+``server_log``: the server's own lines about its device (the allocator ComfyUI chose) and the
+pack's (per Play run: the transformer's and the decode's time a chunk, the CUDA graphs
+captured and replayed, or why the passes ran eagerly).
+
 The record's top level names ``gpu``, ``ranks`` and ``steps``, the cold start (the first
 session's ``run_to_first_frame_s``, with the package read once before the server starts so it
 is in the page cache, ``page_cache_read_s``), the server's start, and the main figures: the
@@ -530,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
                     write(record, args.out)  # after every session: a timeout keeps the others
             finally:
                 socket.close()
+                # What the server said of its device (its allocator) and of each session (the
+                # transformer's and the decode's time a chunk, its CUDA graphs or why none).
+                record["server_log"] = [line for line in server.log_text().splitlines()
+                                        if line.startswith(("LingBot", "Device:"))][-60:]
             record["gpu_used_peak_mib"] = memory.peak_mib
     finally:
         shutil.rmtree(base, ignore_errors=True)

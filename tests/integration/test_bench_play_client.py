@@ -57,3 +57,6 @@ def test_the_client_bench_records_a_session_at_the_client(fast_package: Path, tm
     assert session["transit_s"]["median"] >= 0 and session["client_over_server_fps"] <= 1.0 + 1e-6
     assert session["client_key_to_frame_s"]["median"] >= session["server"]["key_to_frame_s"]["median"]
     assert record["cold_start_s"] == session["run_to_first_frame_s"] > session["run_to_started_s"]
+    # the server's word on each Play run: where a chunk's time went (what found the allocator's cost)
+    assert any(line.startswith("LingBot Play: 4 chunks (budget); the transformer") for line in record["server_log"]), \
+        record["server_log"]
