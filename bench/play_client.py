@@ -225,7 +225,7 @@ def server_for(args: argparse.Namespace, base: Path) -> ComfyServer:
     host = Path(args.comfy) if args.comfy else comfy_root()
     if host is None or not (host / "main.py").is_file():
         raise SystemExit(f"--comfy: no ComfyUI sources at {host} (bench/server_carry.sh makes .bench_host)")
-    extra, env = ["--preview-method", "none"], {}
+    extra, env = ["--preview-method", "none", *shlex.split(args.server_args)], {}
     if args.vram_cap_gb:
         plugins = base / "plugins"
         plugins.mkdir(parents=True)
@@ -489,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--live-decoder", action="store_true",
                    help="Play's live_decoder: core's Load VAE with a tiny video VAE (random weights)")
     p.add_argument("--vram-cap-gb", type=float, default=None, help="the server as on a card of this size")
+    p.add_argument("--server-args", default="", help="more arguments for ComfyUI's main.py, as one string "
+                   "(\"--disable-cuda-malloc\": PyTorch's own allocator, under which Play captures CUDA graphs)")
     p.add_argument("--no-page-cache", action="store_true", help="do not read the package before the start")
     p.add_argument("--idle-timeout", type=int, default=600)
     p.add_argument("--start-timeout", type=float, default=300.0)
@@ -509,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_window": args.kv_window, "kv_sink": args.kv_sink, "kv_dtype": args.kv_dtype,
         "vae_precision": args.vae_precision, "weights": args.weights, "bf16_quantize": args.bf16_quantize,
         "block_swap": args.block_swap, "devices": args.devices, "attention": args.attention,
-        "live_decoder": args.live_decoder, "cap_gb": args.vram_cap_gb,
+        "live_decoder": args.live_decoder, "cap_gb": args.vram_cap_gb, "server_args": args.server_args,
         "env": {k: v for k, v in os.environ.items() if k.startswith("LINGBOT_")}, "sessions": [],
     }
     if not args.no_page_cache:

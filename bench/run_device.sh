@@ -87,7 +87,8 @@ ensure_fp8_package() {
 # Play at a client of a real server (bench/play_client.py): fp8 linears (made on load from the NF4 package, or as
 # the fp8 package stores them), the live tiny decoder, bf16 VAE; the cold start is the first session's Run -> first
 # frame with the package read into the page cache first. CLIENT_ARGS adds or overrides flags ("--vram-cap-gb 24",
-# "--weights nf4"); CLIENT_TAG goes into the JSON's name.
+# "--weights nf4", "--server-args=--disable-cuda-malloc": ComfyUI on PyTorch's own allocator, with CUDA graphs);
+# CLIENT_TAG goes into the JSON's name.
 play_client() { server_wheels; python3 bench/play_client.py --comfy .bench_host --image "$CAM/image.jpg" \
                     --size 480x832 --steps "${STEPS:-4}" --live-decoder --vae-precision bf16 "$@" ${CLIENT_ARGS:-} 2>&1 \
                     | grep -v "^Failed to load" | tail -4; }
