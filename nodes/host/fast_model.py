@@ -225,9 +225,10 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
     """The transformer, loaded by ComfyUI with ``memory`` bytes left free (other models are
     evicted as needed); unloaded when the block ends, however it ends, except with
     ``keep_loaded`` after a run that ended well on one GPU: then it stays in ComfyUI's list of
-    loaded models (with what it keeps beside its weights: where it captured CUDA graphs, the
-    KV cache and the graphs its warm-up captured) for the next run, until ComfyUI needs the memory or Unload Models /
-    ``POST /free`` (either unload frees the kept state too: ``release_module``). With
+    loaded models for the next run (its weights; where it captured CUDA graphs, also the KV
+    cache they read and the graphs, which ComfyUI's model size does not count), until ComfyUI
+    needs the memory or Unload Models / ``POST /free`` (either unload frees the kept state
+    too: ``release_module``). With
     ``fast.devices`` its copies on the worker GPUs load and unload with it, and the module is
     a ``ParallelModel`` running every forward on all of them."""
     workers = fast.worker_patchers()
@@ -253,9 +254,14 @@ def loaded_fast_model(fast: FastDiT, memory: int, keep_loaded: bool = False) -> 
                 unload_patcher(worker)
             kept = fast.patcher.expert
             if ended_well and keep_loaded and not workers and kept is not None:
+                captured = kept.keeps_captures()
+                if not captured:
+                    # Without captures the kept KV cache saves only an allocation; freed, what
+                    # stays is the weights, which ComfyUI counts in the model's size.
+                    kept.release_state()
                 log.info("LingBot Fast: the transformer stays loaded on %s%s for the next session (ComfyUI unloads "
                          "it when it needs the memory; Unload Models frees it)", fast.patcher.load_device,
-                         " with its captured passes" if kept.keeps_captures() else "")
+                         " with its captured passes and their KV cache" if captured else "")
             else:
                 unload_patcher(fast.patcher)
         finally:

@@ -50,7 +50,7 @@ def test_symlink_loops_visit_each_real_folder_once(dirs):
     assert len({p.resolve() for p in seen}) == len(seen)
     started = time.monotonic()
     assert model_files.list_weight_files(("lingbot",), ("umt5",)) == ["lingbot/a/b/umt5.pth"]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # the loops unchecked take minutes
 
     inputs = dirs["input"]
     (inputs / "traj").mkdir()

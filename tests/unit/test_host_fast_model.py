@@ -109,7 +109,8 @@ def test_camera_terms_under_block_swap_follow_whose_block_count_the_run_uses():
 def test_a_run_that_ended_well_may_keep_the_transformer_loaded_for_the_next(fast_installed):
     """``keep_loaded`` (Play): after a run that ended well the transformer stays in ComfyUI's
     list, the same weights for the next run (captures, where it made any, read them at their
-    addresses; under ComfyUI's default allocator it makes none and still skips the load);
+    addresses; under ComfyUI's default allocator it makes none, frees its KV cache and still
+    skips the load);
     Unload Models unloads it and what it keeps; a failed run never keeps it, nor a run
     without ``keep_loaded``."""
     fast, _ = load_fast(FAST, "nf4")
@@ -124,6 +125,13 @@ def test_a_run_that_ended_well_may_keep_the_transformer_loaded_for_the_next(fast
         assert again is model and again.blocks[0].self_attn.q.weight is weight  # nothing reloaded
     released = []
     model.release_state = lambda: released.append(True)  # what the kept KV cache and graphs hang on
+    with loaded_fast_model(fast, window, keep_loaded=True):
+        pass
+    assert released == [True]  # no captures: the kept KV cache goes, the weights stay
+    model.keeps_captures = lambda: True
+    with loaded_fast_model(fast, window, keep_loaded=True):
+        pass
+    assert released == [True]  # captures read the kept cache at its addresses: it stays with them
     mm.unload_all_models()  # Unload Models, POST /free
     assert fast.patcher.expert is None and released
     with pytest.raises(RuntimeError, match="boom"), loaded_fast_model(fast, window, keep_loaded=True):
