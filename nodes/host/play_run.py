@@ -120,7 +120,8 @@ def run_play_session(run: PreparedRun[PlaySettings], prompt: torch.Tensor, vae: 
     controller = controller_id()
     try:
         with VideoWriter(path, fps=settings.fps) as writer:
-            session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer, emit=(start or Start()).emitter(),
+            emit = (start or Start()).emitter()
+            session = PlaySession(run.model, prompt, vae_module, pixels, settings, writer=writer, emit=emit,
                                   controller=controller, node_id=node_id,
                                   client_connected=client_connected(controller), check_interrupt=check_interrupt,
                                   interrupt_types=interrupt_types(), video_ref=video_ref, overlap=run.overlap,
